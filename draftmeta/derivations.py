@@ -1,0 +1,252 @@
+"""Formulas for derived fields and hooks for recomputed ones.
+
+A :class:`Derivation` recomputes a tensor field from other fields every draft step (slot mapping
+from positions and the block table, DCP-local sequence lengths from global ones, a token-to-
+request map, ...). A :class:`RecomputeHook` refills a persistent buffer with a backend kernel
+(a scheduler's metadata). Both work strictly in place: ``check`` validates shapes, dtypes and
+devices before the update writes anything, and ``apply`` writes with ``out=`` ops and workspace
+buffers only, so the steady state allocates nothing and never waits on the device.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+import attrs
+import torch
+
+from draftmeta.workspace import Workspace
+
+__all__ = [
+    "CopyFrom",
+    "DcpLocalSeqLens",
+    "Derivation",
+    "Fill",
+    "InPlaceFunction",
+    "RecomputeHook",
+    "SlotMapping",
+    "TokenToRequest",
+]
+
+
+class InPlaceFunction(abc.ABC):
+    """Something that writes one tensor in place from inputs: the common base of the two kinds.
+
+    Class attributes:
+        name: a short identifier, used in the generated source.
+        formula: a human-readable statement of what is computed.
+    """
+
+    name: ClassVar[str]
+    formula: ClassVar[str]
+
+    @abc.abstractmethod
+    def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        """Return ``None`` if ``apply`` can run on these arguments, else what is wrong.
+
+        Runs before the update writes anything; must not write and must not sync.
+        """
+
+    @abc.abstractmethod
+    def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
+        """Write the result into ``out`` in place (allocation-free in steady state)."""
+
+
+class Derivation(InPlaceFunction):
+    """An elementwise formula computing a tensor field from other fields."""
+
+
+class RecomputeHook(InPlaceFunction):
+    """A backend kernel that refills a persistent buffer of fixed shape.
+
+    Attributes:
+        capture_safe: whether the hook may run inside a CUDA graph (no device-to-host reads,
+            no pageable copies, results written in place).
+    """
+
+    capture_safe: ClassVar[bool] = True
+
+
+def _tensor(x: object) -> torch.Tensor:
+    assert isinstance(x, torch.Tensor)
+    return x
+
+
+def _int(x: object) -> int:
+    assert isinstance(x, int)
+    return x
+
+
+def _same_device(out: torch.Tensor, *tensors: torch.Tensor) -> str | None:
+    for t in tensors:
+        if t.device != out.device:
+            return f"input on {t.device} but output on {out.device}"
+    return None
+
+
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+@attrs.frozen
+class SlotMapping(Derivation):
+    """``slot = block_table[r, min(pos // bs, W - 1)] * bs + pos % bs``, padded rows -1.
+
+    Inputs: positions ``[B]``, block_table ``[>=B, W]``, seq_lens ``[B]``, block_size, num_reqs.
+    A row is padded (slot -1) when ``r >= num_reqs`` or ``seq_len <= 1``: a decode token has at
+    least one token of context, so ``seq_len <= 1`` marks a row whose position wrapped past
+    ``max_model_len`` under the wrap policy.
+    """
+
+    name: ClassVar[str] = "slot_mapping"
+    formula: ClassVar[str] = (
+        "block_table[r, min(pos // block_size, W - 1)] * block_size + pos % block_size; "
+        "-1 where r >= num_reqs or seq_len <= 1"
+    )
+
+    def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        positions, block_table, seq_lens = map(_tensor, inputs[:3])
+        n = out.shape[0]
+        if out.dim() != 1 or positions.shape != out.shape or seq_lens.shape != out.shape:
+            return (
+                f"shapes differ: out {tuple(out.shape)}, positions {tuple(positions.shape)}, "
+                f"seq_lens {tuple(seq_lens.shape)}"
+            )
+        if block_table.dim() != 2 or block_table.shape[0] < n:
+            return f"block_table has shape {tuple(block_table.shape)}, needs [>= {n}, W]"
+        if out.dtype not in _INT_DTYPES or positions.dtype not in _INT_DTYPES:
+            return f"slot mapping and positions must be int32/int64, got {out.dtype}, {positions.dtype}"
+        return _same_device(out, positions, block_table, seq_lens)
+
+    def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
+        positions, block_table, seq_lens = map(_tensor, inputs[:3])
+        block_size, num_reqs = _int(inputs[3]), _int(inputs[4])
+        n, width = out.shape[0], block_table.shape[1]
+        dev = out.device
+        index = workspace.buffer("slot_mapping.index", (n, 1), torch.int64, dev)
+        block = workspace.buffer("slot_mapping.block", (n, 1), block_table.dtype, dev)
+        valid = workspace.buffer("slot_mapping.valid", (n,), torch.bool, dev)
+        torch.div(positions.view(n, 1), block_size, rounding_mode="floor", out=index)
+        index.clamp_(max=width - 1)
+        torch.gather(block_table[:n] if block_table.shape[0] != n else block_table, 1, index, out=block)
+        torch.remainder(positions, block_size, out=out)
+        out.add_(block.view(n), alpha=block_size)
+        torch.gt(seq_lens, 1, out=valid)
+        if num_reqs < n:
+            valid[num_reqs:].fill_(False)
+        out.add_(1).mul_(valid).sub_(1)
+
+
+@attrs.frozen
+class DcpLocalSeqLens(Derivation):
+    """The share of each sequence held by one decode-context-parallel rank.
+
+    Tokens are dealt to ``N = dcp_world_size`` ranks round-robin in groups of
+    ``I = interleave``: ``local = seq // (I*N) * I + clamp(seq - seq // (I*N) * I * N - rank*I,
+    0, I)``. Recomputed from the global lengths every step, never incremented.
+
+    Inputs: seq_lens ``[B]``, dcp_world_size, dcp_rank, interleave.
+    """
+
+    name: ClassVar[str] = "dcp_local_seq_lens"
+    formula: ClassVar[str] = (
+        "seq // (I*N) * I + clamp(seq - seq // (I*N) * I * N - rank*I, 0, I) "
+        "with N = dcp_world_size, I = interleave"
+    )
+
+    def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        seq_lens = _tensor(inputs[0])
+        if seq_lens.shape != out.shape:
+            return f"shapes differ: out {tuple(out.shape)}, seq_lens {tuple(seq_lens.shape)}"
+        world, rank, interleave = _int(inputs[1]), _int(inputs[2]), _int(inputs[3])
+        if world < 1 or interleave < 1 or not 0 <= rank < world:
+            return f"invalid DCP setting: world {world}, rank {rank}, interleave {interleave}"
+        return _same_device(out, seq_lens)
+
+    def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
+        seq_lens = _tensor(inputs[0])
+        world, rank, interleave = _int(inputs[1]), _int(inputs[2]), _int(inputs[3])
+        rest = workspace.buffer("dcp_local.rest", tuple(out.shape), out.dtype, out.device)
+        torch.div(seq_lens, interleave * world, rounding_mode="floor", out=out)
+        out.mul_(interleave)  # tokens of each full round held by this rank
+        torch.mul(out, -world, out=rest)
+        rest.add_(seq_lens).sub_(rank * interleave).clamp_(0, interleave)
+        out.add_(rest)
+
+
+@attrs.frozen
+class TokenToRequest(Derivation):
+    """``req[t]`` = the request that token ``t`` belongs to, from ``query_start_loc``.
+
+    Inputs: query_start_loc ``[B+1]``, num_reqs. Tokens at or past the end of the last request
+    map to 0, as in vLLM. With query length 1 per request this is ``req[t] = t``.
+    """
+
+    name: ClassVar[str] = "token_to_request"
+    formula: ClassVar[str] = (
+        "searchsorted(query_start_loc[1:num_reqs+1], t, right=True) % num_reqs"
+    )
+
+    def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        qsl = _tensor(inputs[0])
+        num_reqs = _int(inputs[1])
+        if out.dim() != 1 or qsl.dim() != 1 or qsl.shape[0] < num_reqs + 1:
+            return f"query_start_loc {tuple(qsl.shape)} does not cover {num_reqs} requests"
+        if out.dtype not in _INT_DTYPES:
+            return f"token-to-request map must be int32/int64, got {out.dtype}"
+        return _same_device(out, qsl)
+
+    def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
+        qsl = _tensor(inputs[0])
+        num_reqs = _int(inputs[1])
+        tokens = workspace.arange(out.shape[0], qsl.dtype, out.device)
+        torch.searchsorted(
+            qsl[1 : num_reqs + 1], tokens, right=True, out_int32=out.dtype == torch.int32, out=out
+        )
+        out.remainder_(num_reqs)  # tokens past the last request: num_reqs -> 0
+
+
+@attrs.frozen
+class Fill(Derivation):
+    """Every element takes the constant ``value`` (per-request decode lengths of 1, ...).
+
+    Attributes:
+        value: the constant.
+    """
+
+    name: ClassVar[str] = "fill"
+    value: int = 0
+
+    @property
+    def formula(self) -> str:  # type: ignore[override]
+        return f"every element = {self.value}"
+
+    def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        return None
+
+    def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
+        out.fill_(self.value)
+
+
+@attrs.frozen
+class CopyFrom(Derivation):
+    """The field is a copy of another tensor of the same shape (an expanded block table, ...).
+
+    Inputs: the source tensor; its shape must equal the field's, or broadcast to it.
+    """
+
+    name: ClassVar[str] = "copy"
+    formula: ClassVar[str] = "copy of the input"
+
+    def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        src = _tensor(inputs[0])
+        try:
+            shape = torch.broadcast_shapes(src.shape, out.shape)
+        except RuntimeError:
+            shape = None
+        if shape != out.shape:
+            return f"source shape {tuple(src.shape)} does not fit {tuple(out.shape)}"
+        return _same_device(out, src)
+
+    def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
+        out.copy_(_tensor(inputs[0]))

@@ -1,0 +1,1 @@
+"""vLLM integration for draftmeta; importing this package does not import vLLM."""

@@ -1,0 +1,360 @@
+"""The rule vocabulary: how one metadata field changes between two draft steps.
+
+A spec binds exactly one rule to every field of a metadata class. Rules are immutable values;
+the code generator turns each into a few lines of the generated update function.
+
+Names that a rule reads are *references*:
+
+* ``"state.NAME"`` reads field ``NAME`` of the :class:`~draftmeta.state.DraftState` that the
+  draft loop advances once per step (positions, seq_lens, slot_mapping, max_model_len, ...);
+* any other string is a dotted path into the metadata object itself (``"decode.seq_lens"``).
+
+Bounds of overflow policies and host rules name host scalars of the draft state
+(``"max_model_len"``), without the ``state.`` prefix.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import ClassVar, Literal
+
+import attrs
+
+from draftmeta.derivations import Derivation, RecomputeHook
+
+__all__ = [
+    "Advance",
+    "Alias",
+    "Clamp",
+    "Derive",
+    "HostAdvance",
+    "HostConstant",
+    "HostDerive",
+    "HostUpperBound",
+    "Overflow",
+    "Recompute",
+    "Reset",
+    "Rule",
+    "Target",
+    "Unchanged",
+    "Unsupported",
+    "Wrap",
+]
+
+Target = Literal["tensor", "int tensor", "host", "int", "object", "any"]
+"""What kind of field a rule may be bound to."""
+
+
+def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{attribute.name} must be a positive int, got {value!r}")
+
+
+def _identifier(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or not value.isidentifier():
+        raise ValueError(
+            f"{attribute.name} must name a draft-state field (a Python identifier), got {value!r}"
+        )
+
+
+def _refs(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
+    for ref in value:
+        if not isinstance(ref, str) or not all(p.isidentifier() for p in ref.split(".")):
+            raise ValueError(
+                f"{attribute.name} must hold dotted field paths such as 'decode.seq_lens' or "
+                f"'state.positions', got {ref!r}"
+            )
+
+
+class Rule(abc.ABC):
+    """Base class of every rule.
+
+    Class attributes:
+        kind: the rule's name as shown by ``explain`` and in errors.
+        target: which kind of field the rule fits.
+        writes: whether the rule writes the field (mutating rules must be ordered).
+    """
+
+    kind: ClassVar[str]
+    target: ClassVar[Target]
+    writes: ClassVar[bool]
+
+    def reads(self) -> tuple[str, ...]:
+        """The references (``state.X`` or metadata paths) the rule reads."""
+        return ()
+
+    def bounds(self) -> tuple[str, ...]:
+        """The host scalars of the draft state that the rule uses as bounds."""
+        return ()
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """A one-line description, used as a comment in the generated source."""
+
+
+@attrs.frozen
+class Unchanged(Rule):
+    """The field keeps its value across draft steps (block tables, counts, ``None`` parts).
+
+    Bound to a nested record, it covers every field of that record.
+    """
+
+    kind: ClassVar[str] = "unchanged"
+    target: ClassVar[Target] = "any"
+    writes: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return "unchanged"
+
+
+@attrs.frozen
+class Alias(Rule):
+    """The field is a view of a persistent draft-state buffer that the loop already advances.
+
+    Nothing is written; the update checks, before any write, that the field still shares
+    storage with ``state.<source>`` (a copy would silently go stale).
+
+    Attributes:
+        source: the draft-state tensor the field is a view of, e.g. ``"seq_lens"``.
+    """
+
+    kind: ClassVar[str] = "alias"
+    target: ClassVar[Target] = "tensor"
+    writes: ClassVar[bool] = False
+    source: str = attrs.field(validator=_identifier)
+
+    def reads(self) -> tuple[str, ...]:
+        return (f"state.{self.source}",)
+
+    def describe(self) -> str:
+        return f"alias: a view of state.{self.source}, advanced by the loop"
+
+
+@attrs.frozen
+class Clamp:
+    """Overflow policy of the new model runner: values stop at ``state.<bound> + offset``.
+
+    Positions use ``Clamp("max_model_len", -1)``, sequence lengths ``Clamp("max_model_len")``.
+    """
+
+    kind: ClassVar[str] = "clamp"
+    bound: str = attrs.field(validator=_identifier)
+    offset: int = 0
+
+
+@attrs.frozen
+class Wrap:
+    """Overflow policy of the older proposer: a value past ``state.<bound> + offset`` restarts.
+
+    A value that would pass the limit restarts at ``restart`` (positions restart at 0, sequence
+    lengths at 1; the slot-mapping derivation then pads the row with -1).
+    """
+
+    kind: ClassVar[str] = "wrap"
+    bound: str = attrs.field(validator=_identifier)
+    offset: int = 0
+    restart: int = 0
+
+
+Overflow = Clamp | Wrap
+"""An overflow policy: :class:`Clamp` or :class:`Wrap`."""
+
+
+@attrs.frozen
+class Advance(Rule):
+    """An integer tensor grows by ``by`` in place each step, with an explicit overflow policy.
+
+    Attributes:
+        overflow: what happens at the limit (:class:`Clamp` or :class:`Wrap`).
+        by: the increment per step (a positive int).
+    """
+
+    kind: ClassVar[str] = "advance"
+    target: ClassVar[Target] = "int tensor"
+    writes: ClassVar[bool] = True
+    overflow: Overflow = attrs.field(validator=attrs.validators.instance_of((Clamp, Wrap)))
+    by: int = attrs.field(default=1, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.overflow, Wrap) and self.overflow.restart < 0:
+            raise ValueError(f"Wrap.restart must be >= 0, got {self.overflow.restart}")
+
+    def bounds(self) -> tuple[str, ...]:
+        return (self.overflow.bound,)
+
+    def describe(self) -> str:
+        o = self.overflow
+        limit = f"state.{o.bound}{o.offset:+d}" if o.offset else f"state.{o.bound}"
+        if isinstance(o, Clamp):
+            return f"advance: += {self.by}, clamped to {limit}"
+        return f"advance: += {self.by}, past {limit} restarts at {o.restart}"
+
+
+@attrs.frozen
+class Derive(Rule):
+    """The field is recomputed every step from other fields by a formula, never incremented.
+
+    Attributes:
+        derivation: the formula (an in-place, allocation-free torch implementation).
+        inputs: references the formula reads, in the order it takes them.
+    """
+
+    kind: ClassVar[str] = "derive"
+    target: ClassVar[Target] = "tensor"
+    writes: ClassVar[bool] = True
+    derivation: Derivation = attrs.field(validator=attrs.validators.instance_of(Derivation))
+    inputs: tuple[str, ...] = attrs.field(converter=tuple, validator=_refs)
+
+    def reads(self) -> tuple[str, ...]:
+        return self.inputs
+
+    def describe(self) -> str:
+        return f"derive: {self.derivation.formula}"
+
+
+@attrs.frozen
+class Recompute(Rule):
+    """A backend kernel refills a persistent buffer of fixed shape (a scheduler's metadata).
+
+    Attributes:
+        hook: the backend hook; it writes into the field's tensor in place.
+        inputs: references the hook reads.
+    """
+
+    kind: ClassVar[str] = "recompute"
+    target: ClassVar[Target] = "tensor"
+    writes: ClassVar[bool] = True
+    hook: RecomputeHook = attrs.field(validator=attrs.validators.instance_of(RecomputeHook))
+    inputs: tuple[str, ...] = attrs.field(converter=tuple, validator=_refs)
+
+    def reads(self) -> tuple[str, ...]:
+        return self.inputs
+
+    def describe(self) -> str:
+        return f"recompute: {self.hook.name} refills the buffer in place"
+
+
+@attrs.frozen
+class Reset(Rule):
+    """A lazily filled host object is replaced by a fresh one each step.
+
+    FlashMLA's scheduler object caches its tile schedule on first use and may only be reused
+    while the sequence lengths are unchanged, so every draft step needs a new one.
+
+    Attributes:
+        factory: makes the fresh object (called with no arguments).
+        label: how the factory is shown in the generated source.
+    """
+
+    kind: ClassVar[str] = "reset"
+    target: ClassVar[Target] = "object"
+    writes: ClassVar[bool] = True
+    factory: Callable[[], object] = attrs.field(validator=attrs.validators.is_callable())
+    label: str = ""
+
+    def describe(self) -> str:
+        name = self.label or getattr(self.factory, "__qualname__", repr(self.factory))
+        return f"reset: replaced by a fresh {name}()"
+
+
+@attrs.frozen
+class HostConstant(Rule):
+    """A host scalar that keeps its value for the whole draft loop (num_reqs, max_query_len)."""
+
+    kind: ClassVar[str] = "host constant"
+    target: ClassVar[Target] = "host"
+    writes: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return "host constant"
+
+
+@attrs.frozen
+class HostAdvance(Rule):
+    """A host int grows by ``by`` each step, clamped to ``state.<clamp>`` if given.
+
+    Attributes:
+        clamp: the draft-state scalar that bounds the value, or ``None`` for no bound.
+        by: the increment per step.
+    """
+
+    kind: ClassVar[str] = "host advance"
+    target: ClassVar[Target] = "int"
+    writes: ClassVar[bool] = True
+    clamp: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_identifier)
+    )
+    by: int = attrs.field(default=1, validator=_positive)
+
+    def bounds(self) -> tuple[str, ...]:
+        return (self.clamp,) if self.clamp else ()
+
+    def describe(self) -> str:
+        bound = f", clamped to state.{self.clamp}" if self.clamp else ""
+        return f"host advance: += {self.by}{bound}"
+
+
+@attrs.frozen
+class HostUpperBound(Rule):
+    """A host int frozen at a worst-case bound (``max_model_len``), as CUDA-graph capture needs.
+
+    Attributes:
+        bound: the draft-state scalar whose value the field takes.
+    """
+
+    kind: ClassVar[str] = "host upper bound"
+    target: ClassVar[Target] = "int"
+    writes: ClassVar[bool] = True
+    bound: str = attrs.field(validator=_identifier)
+
+    def bounds(self) -> tuple[str, ...]:
+        return (self.bound,)
+
+    def describe(self) -> str:
+        return f"host upper bound: frozen at state.{self.bound}"
+
+
+@attrs.frozen
+class HostDerive(Rule):
+    """A host scalar computed from other host scalars each step.
+
+    ``fn`` receives the values of ``inputs`` in order and returns the new value. Inputs must be
+    host values: reading a device tensor on the host would wait for the device.
+
+    Attributes:
+        fn: the function computing the value.
+        inputs: references it reads (host scalars only).
+        formula: how the computation is shown in the generated source.
+    """
+
+    kind: ClassVar[str] = "host derive"
+    target: ClassVar[Target] = "host"
+    writes: ClassVar[bool] = True
+    fn: Callable[..., object] = attrs.field(validator=attrs.validators.is_callable())
+    inputs: tuple[str, ...] = attrs.field(converter=tuple, validator=_refs)
+    formula: str = ""
+
+    def reads(self) -> tuple[str, ...]:
+        return self.inputs
+
+    def describe(self) -> str:
+        name = self.formula or getattr(self.fn, "__qualname__", repr(self.fn))
+        return f"host derive: {name}({', '.join(self.inputs)})"
+
+
+@attrs.frozen
+class Unsupported(Rule):
+    """The field cannot be updated in place: builders with this spec always rebuild.
+
+    Attributes:
+        reason: why, reported by the draft loop as the fallback reason.
+    """
+
+    kind: ClassVar[str] = "unsupported"
+    target: ClassVar[Target] = "any"
+    writes: ClassVar[bool] = False
+    reason: str = attrs.field(validator=attrs.validators.min_len(1))
+
+    def describe(self) -> str:
+        return f"unsupported: {self.reason}"

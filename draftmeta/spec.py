@@ -1,0 +1,503 @@
+"""Specs: a rule for every field of a metadata class, validated when declared.
+
+>>> import dataclasses, torch
+>>> from draftmeta import DraftSpec, Alias, Unchanged, HostAdvance
+>>> @dataclasses.dataclass
+... class Meta:
+...     seq_lens: torch.Tensor
+...     block_table: torch.Tensor
+...     max_seq_len: int
+>>> spec = DraftSpec(Meta, {
+...     "seq_lens": Alias("seq_lens"),
+...     "block_table": Unchanged(),
+...     "max_seq_len": HostAdvance(clamp="max_model_len"),
+... })
+
+A spec that leaves a field out, names a field that does not exist, has a dependency cycle, or
+binds a rule that does not fit its field raises :class:`~draftmeta.errors.SpecError` at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+import torch
+
+from draftmeta.conditions import Equals, Precondition, SameValue, Satisfies
+from draftmeta.errors import SpecError
+from draftmeta.fields import FieldInfo, FieldKind, class_fields, is_record_class
+from draftmeta.rules import HostDerive, Reset, Rule, Unchanged, Unsupported
+from draftmeta.state import DraftState
+
+if TYPE_CHECKING:
+    from draftmeta.codegen import UpdateFunction
+
+__all__ = ["STATE_PREFIX", "DraftSpec", "is_state_ref"]
+
+M = TypeVar("M")
+
+STATE_PREFIX = "state."
+"""References starting with this prefix read the draft state, not the metadata."""
+
+_STATE_FIELDS: dict[str, FieldInfo] = {f.name: f for f in class_fields(DraftState)}
+_COVERING_RULES = (Unchanged, Unsupported, Reset)
+
+
+def is_state_ref(ref: str) -> bool:
+    """Whether a reference reads the draft state (``state.X``) rather than the metadata."""
+    return ref.startswith(STATE_PREFIX)
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _describe_kind(info: FieldInfo, dtype: torch.dtype | None) -> str:
+    kind = {
+        FieldKind.TENSOR: f"a tensor{f' of {dtype}' if dtype is not None else ''}",
+        FieldKind.INT: "a host int",
+        FieldKind.BOOL: "a host bool",
+        FieldKind.FLOAT: "a host float",
+        FieldKind.RECORD: f"a nested {info.record.__qualname__ if info.record else 'record'}",
+        FieldKind.GENERIC: f"a nested record typed {info.annotation}",
+        FieldKind.OBJECT: f"a host object ({info.annotation})",
+    }[info.kind]
+    return kind
+
+
+class DraftSpec(Generic[M]):
+    """How every field of metadata class ``M`` changes between draft steps.
+
+    Args:
+        cls: the metadata class (a dataclass or attrs class).
+        rules: a rule per field path, in the order the update applies them. Nested fields are
+            addressed by dotted paths (``"decode.seq_lens"``); a covering rule (``Unchanged``,
+            ``Reset``, ``Unsupported``) on a nested record covers all its fields.
+        name: the spec's name in messages and generated code (default: the class's name).
+        preconditions: checked, in order, before the update writes anything.
+        nested: concrete classes for nested fields typed by a ``TypeVar`` (or a subclass to use
+            instead of the annotated class), by path: ``{"decode": FlashMLADecodeMetadata}``.
+        dtypes: tensor dtypes by path where the annotations do not say, so rules can be checked
+            against them at declaration (an advance on a float tensor is rejected).
+
+    Raises:
+        SpecError: the spec is malformed; the message names the field and says how to fix it.
+    """
+
+    def __init__(
+        self,
+        cls: type[M],
+        rules: Mapping[str, Rule],
+        *,
+        name: str | None = None,
+        preconditions: Sequence[Precondition] = (),
+        nested: Mapping[str, type] | None = None,
+        dtypes: Mapping[str, torch.dtype] | None = None,
+    ) -> None:
+        self.cls: type[M] = cls
+        self.name: str = name or getattr(cls, "__qualname__", repr(cls))
+        self.rules: dict[str, Rule] = dict(rules)
+        self.preconditions: tuple[Precondition, ...] = tuple(preconditions)
+        self.nested: dict[str, type] = dict(nested or {})
+        self.dtypes: dict[str, torch.dtype] = dict(dtypes or {})
+        self._fields: dict[str, FieldInfo] = {}
+        self._records: dict[str, type] = {}
+        self._compiled: UpdateFunction[M] | None = None
+        self._validate()
+
+    # -- public views -------------------------------------------------------------------------
+
+    @property
+    def fields(self) -> Mapping[str, FieldInfo]:
+        """Every field path of the class tree (nested records included), in declaration order."""
+        return self._fields
+
+    def record_class(self, path: str) -> type:
+        """The class of the nested record at ``path`` (``""`` for the metadata class)."""
+        return self._records[path]
+
+    @property
+    def unsupported_reasons(self) -> tuple[tuple[str, str], ...]:
+        """``(path, reason)`` for every field bound to :class:`~draftmeta.rules.Unsupported`."""
+        return tuple((p, r.reason) for p, r in self.rules.items() if isinstance(r, Unsupported))
+
+    @property
+    def supported(self) -> bool:
+        """Whether the spec can update in place at all (no field is unsupported)."""
+        return not self.unsupported_reasons
+
+    def rule_for(self, path: str) -> Rule:
+        """The rule that governs ``path`` (its own, or a covering rule of an enclosing record)."""
+        probe = path
+        while True:
+            if probe in self.rules:
+                return self.rules[probe]
+            if "." not in probe:
+                raise KeyError(f"spec {self.name!r} has no rule covering {path!r}")
+            probe = probe.rsplit(".", 1)[0]
+
+    def dtype_of(self, path: str) -> torch.dtype | None:
+        """The tensor dtype known for ``path`` from ``dtypes`` or an ``Annotated`` annotation."""
+        info = self._fields.get(path)
+        return self.dtypes.get(path) or (info.dtype if info else None)
+
+    @property
+    def update(self) -> UpdateFunction[M]:
+        """The generated update function ``update(metadata, state) -> None`` (compiled once)."""
+        if self._compiled is None:
+            from draftmeta.codegen import compile_spec
+
+            self._compiled = compile_spec(self)
+        return self._compiled
+
+    def __repr__(self) -> str:
+        return f"<DraftSpec {self.name!r} for {self.cls.__qualname__}: {len(self.rules)} rules>"
+
+    # -- validation ---------------------------------------------------------------------------
+
+    def _fail(self, path: str, problem: str, fix: str) -> SpecError:
+        return SpecError(self.name, path, problem, fix)
+
+    def _validate(self) -> None:
+        if not is_record_class(self.cls):
+            raise self._fail(
+                "",
+                f"{self.cls!r} is neither a dataclass nor an attrs class",
+                "declare specs for dataclass or attrs metadata classes",
+            )
+        self._check_overrides_shape()
+        self._walk(self.cls, "")
+        self._check_overrides_known()
+        self._check_rules_known()
+        self._check_rules_fit()
+        self._check_complete()
+        self._check_references()
+        self._check_order()
+
+    def _check_overrides_shape(self) -> None:
+        for path, klass in self.nested.items():
+            if not is_record_class(klass):
+                raise self._fail(
+                    path,
+                    f"nested= maps it to {klass!r}, which is not a dataclass or attrs class",
+                    "map nested paths to the concrete dataclass or attrs class of that field",
+                )
+        for path, dtype in self.dtypes.items():
+            if not isinstance(dtype, torch.dtype):
+                raise self._fail(
+                    path, f"dtypes= maps it to {dtype!r}, not a torch.dtype", "use torch.int32 etc."
+                )
+
+    def _walk(self, cls: type, prefix: str) -> None:
+        self._records[prefix.rstrip(".")] = cls
+        for info in class_fields(cls):
+            path = prefix + info.name
+            self._fields[path] = info
+            child = self.nested.get(path) or info.record
+            if child is not None and info.kind in (FieldKind.RECORD, FieldKind.GENERIC):
+                self._walk(child, path + ".")
+
+    def _check_overrides_known(self) -> None:
+        for path in self.nested:
+            info = self._fields.get(path)
+            if info is None:
+                raise self._unknown(path, "nested=")
+            if info.kind not in (FieldKind.RECORD, FieldKind.GENERIC):
+                raise self._fail(
+                    path,
+                    f"nested= gives it a class, but it is {_describe_kind(info, None)}",
+                    "list only nested record fields in nested=",
+                )
+        for path in self.dtypes:
+            info = self._fields.get(path)
+            if info is None:
+                raise self._unknown(path, "dtypes=")
+            if info.kind is not FieldKind.TENSOR:
+                raise self._fail(
+                    path,
+                    f"dtypes= gives it a dtype, but it is {_describe_kind(info, None)}",
+                    "list only tensor fields in dtypes=",
+                )
+
+    def _unknown(self, path: str, where: str) -> SpecError:
+        parts = path.split(".")
+        for i in range(1, len(parts)):
+            head = ".".join(parts[:i])
+            info = self._fields.get(head)
+            if info is not None and head not in self._records:
+                return self._fail(
+                    path,
+                    f"{where} names a path through {head!r}, which is "
+                    f"{_describe_kind(info, self.dtype_of(head))} and has no fields",
+                    f"address a field that exists; if {head!r} holds a record typed by a "
+                    f"TypeVar, pass nested={{{head!r}: ItsClass}}",
+                )
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        cls = self._records.get(parent, self.cls)
+        siblings = [p for p in self._fields if p.rsplit(".", 1)[0] == parent or "." not in p]
+        close = difflib.get_close_matches(path, siblings, n=3)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else (
+            f"{cls.__qualname__} has fields "
+            + ", ".join(repr(i.name) for i in class_fields(cls))
+        )
+        return self._fail(path, f"{where} names a field that does not exist", hint)
+
+    def _check_rules_known(self) -> None:
+        for path, rule in self.rules.items():
+            if not isinstance(path, str):
+                raise self._fail(str(path), "rule keys must be field paths (str)", "use 'a.b'")
+            if not isinstance(rule, Rule):
+                raise self._fail(
+                    path,
+                    f"bound to {rule!r}, which is not a Rule",
+                    "bind a rule object such as Unchanged() or Alias('seq_lens')",
+                )
+            if path not in self._fields:
+                raise self._unknown(path, "the rules")
+            ancestor = path
+            while "." in ancestor:
+                ancestor = ancestor.rsplit(".", 1)[0]
+                if ancestor in self.rules:
+                    raise self._fail(
+                        path,
+                        f"has a rule, but so has its enclosing record {ancestor!r} "
+                        f"({self.rules[ancestor].kind})",
+                        f"give rules either to {ancestor!r} as a whole or to each of its fields",
+                    )
+
+    def _check_rules_fit(self) -> None:
+        for path, rule in self.rules.items():
+            info = self._fields[path]
+            dtype = self.dtype_of(path)
+            kind = info.kind
+            what = _describe_kind(info, dtype)
+            target = rule.target
+            if kind is FieldKind.GENERIC and path not in self.nested and target != "any":
+                raise self._fail(
+                    path,
+                    f"is typed by the TypeVar {info.annotation}, so its class is unknown",
+                    f"pass nested={{{path!r}: TheConcreteClass}} to the spec",
+                )
+            if target == "tensor" and kind is not FieldKind.TENSOR:
+                raise self._fail(
+                    path,
+                    f"rule {rule.kind} needs a tensor field, but the field is {what}",
+                    "use a host rule (HostConstant, HostAdvance, HostUpperBound, HostDerive) "
+                    "for host values, Reset for host objects",
+                )
+            if target == "int tensor":
+                if kind is not FieldKind.TENSOR:
+                    raise self._fail(
+                        path,
+                        f"rule {rule.kind} needs an integer tensor, but the field is {what}",
+                        "use HostAdvance for host ints",
+                    )
+                if dtype is not None and (dtype.is_floating_point or dtype is torch.bool
+                                          or dtype.is_complex):
+                    raise self._fail(
+                        path,
+                        f"rule {rule.kind} needs an integer tensor, but the field is {what}",
+                        "advance only integer tensors (positions, lengths); derive other fields",
+                    )
+            if target in ("host", "int") and kind in (
+                FieldKind.TENSOR, FieldKind.RECORD, FieldKind.GENERIC
+            ):
+                raise self._fail(
+                    path,
+                    f"host rule {rule.kind} cannot update {what} in place",
+                    "use Alias, Advance, Derive or Recompute for tensors; Unchanged or Reset "
+                    "for nested records",
+                )
+            if target == "int" and kind is not FieldKind.INT:
+                raise self._fail(
+                    path,
+                    f"rule {rule.kind} needs a host int, but the field is {what}",
+                    "use HostConstant or HostDerive for other host values",
+                )
+            if target == "object" and kind in (
+                FieldKind.TENSOR, FieldKind.INT, FieldKind.BOOL, FieldKind.FLOAT
+            ):
+                raise self._fail(
+                    path,
+                    f"rule {rule.kind} replaces a host object, but the field is {what}",
+                    "use Derive or Recompute for tensors and host rules for scalars",
+                )
+
+    def _check_complete(self) -> None:
+        missing: list[str] = []
+        unresolved: list[str] = []
+        for path, info in self._fields.items():
+            if self._covered(path):
+                continue
+            if path in self._records:  # a nested record without a rule: its fields need rules
+                continue
+            if info.kind is FieldKind.GENERIC:
+                unresolved.append(path)
+            else:
+                missing.append(path)
+        if unresolved:
+            path = unresolved[0]
+            raise self._fail(
+                path,
+                f"is typed by the TypeVar {self._fields[path].annotation} and has no rule, so "
+                "its fields are unknown",
+                f"pass nested={{{path!r}: TheConcreteClass}}, or cover it with Unchanged() "
+                "if it stays the same",
+            )
+        if missing:
+            listed = ", ".join(repr(p) for p in missing)
+            raise self._fail(
+                missing[0],
+                f"has no rule ({len(missing)} field(s) without a rule: {listed}); every field "
+                "must say how it changes per draft step",
+                f"add a rule for each, e.g. {missing[0]!r}: Unchanged() if it keeps its value",
+            )
+
+    def _covered(self, path: str) -> bool:
+        if path in self.rules:
+            return True
+        probe = path
+        while "." in probe:
+            probe = probe.rsplit(".", 1)[0]
+            rule = self.rules.get(probe)
+            if rule is not None:
+                return isinstance(rule, _COVERING_RULES)
+        return False
+
+    def _is_tensor_ref(self, ref: str) -> bool:
+        if is_state_ref(ref):
+            return _STATE_FIELDS[ref[len(STATE_PREFIX):]].kind is FieldKind.TENSOR
+        return self._fields[ref].kind is FieldKind.TENSOR
+
+    def _check_ref(self, owner: str, ref: str) -> None:
+        if is_state_ref(ref):
+            name = ref[len(STATE_PREFIX):]
+            if name not in _STATE_FIELDS:
+                close = difflib.get_close_matches(name, list(_STATE_FIELDS), n=3)
+                raise self._fail(
+                    owner,
+                    f"reads {ref!r}, but the draft state has no field {name!r}",
+                    f"use one of {', '.join(close) if close else ', '.join(_STATE_FIELDS)}",
+                )
+            return
+        if ref not in self._fields:
+            err = self._unknown(ref, f"a reference of {owner!r}")
+            raise self._fail(owner, f"reads {ref!r}, which does not exist", err.fix)
+
+    def _check_references(self) -> None:
+        for path, rule in self.rules.items():
+            for ref in rule.reads():
+                self._check_ref(path, ref)
+                if ref == path:
+                    raise self._fail(
+                        path,
+                        f"rule {rule.kind} reads the field it writes",
+                        "derive the field from other fields or the draft state; use Advance "
+                        "for a field that grows from its own value",
+                    )
+                if isinstance(rule, HostDerive) and self._is_tensor_ref(ref):
+                    raise self._fail(
+                        path,
+                        f"host rule reads the tensor {ref!r}, which would wait for the device",
+                        "read host scalars only (state.max_seq_len, ...), or make the field a "
+                        "tensor rule",
+                    )
+            for bound in rule.bounds():
+                info = _STATE_FIELDS.get(bound)
+                if info is None or info.kind is not FieldKind.INT:
+                    ints = [n for n, f in _STATE_FIELDS.items() if f.kind is FieldKind.INT]
+                    raise self._fail(
+                        path,
+                        f"rule {rule.kind} is bounded by {bound!r}, which is not a host int of "
+                        "the draft state",
+                        f"bound by one of {', '.join(ints)}",
+                    )
+        for cond in self.preconditions:
+            if not isinstance(cond, Precondition):
+                raise self._fail(
+                    "", f"precondition {cond!r} is not a Precondition", "use Equals(...) etc."
+                )
+            for ref in cond.reads():
+                self._check_ref(f"<precondition {cond.name}>", ref)
+                if isinstance(cond, (Equals, SameValue, Satisfies)) and self._is_tensor_ref(ref):
+                    raise self._fail(
+                        "",
+                        f"precondition {cond.name!r} compares the tensor {ref!r} on the host, "
+                        "which would wait for the device",
+                        "check host scalars only",
+                    )
+
+    def _written(self) -> list[str]:
+        return [p for p, r in self.rules.items() if r.writes]
+
+    def _check_order(self) -> None:
+        written = self._written()
+        deps: dict[str, list[str]] = {}
+        for path in written:
+            reads = [r for r in self.rules[path].reads() if not is_state_ref(r)]
+            deps[path] = [w for w in written if w != path and any(_overlaps(w, r) for r in reads)]
+        cycle = _find_cycle(deps)
+        if cycle:
+            chain = " -> ".join(repr(p) for p in cycle)
+            raise self._fail(
+                cycle[0],
+                f"derived fields depend on each other in a cycle: {chain}",
+                "break the cycle: derive one of them from the draft state or an unchanged field",
+            )
+        order = {p: i for i, p in enumerate(self.rules)}
+        for path in written:
+            for dep in deps[path]:
+                if order[dep] > order[path]:
+                    raise self._fail(
+                        path,
+                        f"reads {dep!r}, which is also updated but declared later, so it is "
+                        "ambiguous whether the old or the new value is meant",
+                        f"declare {dep!r} before {path!r}; updates run in declaration order and "
+                        "always read values already updated this step",
+                    )
+
+    # -- helpers for the code generator -------------------------------------------------------
+
+    def containers(self) -> Iterator[str]:
+        """Nested record paths, parents before children."""
+        return (p for p in self._records if p)
+
+    def optional(self, path: str) -> bool:
+        """Whether the field at ``path`` may be ``None`` by its annotation."""
+        info = self._fields[path]
+        return info.optional or info.kind is FieldKind.OBJECT
+
+
+def _find_cycle(deps: Mapping[str, Sequence[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in deps.get(node, ()):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in deps:
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def identifier(text: str) -> str:
+    """``text`` made into a Python identifier (for generated names)."""
+    return re.sub(r"\W", "_", text).strip("_") or "spec"
+
