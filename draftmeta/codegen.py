@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import linecache
-from typing import Protocol, TypeVar
+import types
+from typing import Protocol, TypeVar, cast
 
 from draftmeta.errors import PreconditionFailed, UpdateError
 from draftmeta.rules import (
@@ -183,7 +184,7 @@ class _Generator:
                     path,
                     repr(f"no longer shares storage with {src} (a copy would go stale)"),
                 )
-            elif isinstance(rule, Advance) and self.spec.dtype_of(path) is None:
+            elif isinstance(rule, Advance):
                 self.emit(f"if {expr}.is_floating_point() or {expr}.dtype is _bool:")
                 self.ns.values["_bool"] = __import__("torch").bool
                 self.error(path, f"f'is a {{{expr}.dtype}} tensor; advance needs integers'")
@@ -298,12 +299,13 @@ def compile_spec(spec: DraftSpec[M]) -> UpdateFunction[M]:
     digest = hashlib.sha1(source.encode()).hexdigest()[:10]
     filename = f"<draftmeta generated update {spec.name} {digest}>"
     code = compile(source, filename, "exec")
-    exec(code, namespace)  # noqa: S102 - our own generated source
+    exec(code, namespace)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     fn = namespace[fname]
+    assert isinstance(fn, types.FunctionType)
     fn.__module__ = "draftmeta.generated"
     fn.__draftmeta_source__ = source  # type: ignore[attr-defined]
-    return fn  # type: ignore[no-any-return]
+    return cast("UpdateFunction[M]", fn)
 
 
 

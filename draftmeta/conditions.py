@@ -11,7 +11,7 @@ metadata paths), so the checks appear verbatim in the generated source.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -31,6 +31,10 @@ def _literal(_: object, attribute: attrs.Attribute[object], value: object) -> No
         raise ValueError(
             f"{attribute.name} must be an int, bool, float, str or None literal, got {value!r}"
         )
+
+
+def _as_refs(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
 
 
 class Precondition(abc.ABC):
@@ -164,7 +168,7 @@ class Satisfies(Precondition):
 
     name: str
     fn: Callable[..., bool] = attrs.field(validator=attrs.validators.is_callable())
-    refs: tuple[str, ...] = attrs.field(converter=tuple)
+    refs: tuple[str, ...] = attrs.field(converter=_as_refs)
     description: str = ""
 
     def reads(self) -> tuple[str, ...]:

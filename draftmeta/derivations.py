@@ -88,6 +88,12 @@ def _same_device(out: torch.Tensor, *tensors: torch.Tensor) -> str | None:
 _INT_DTYPES = (torch.int32, torch.int64)
 
 
+def _broadcasts(src: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    if len(src) > len(out):
+        return False
+    return all(s in (1, o) for s, o in zip(reversed(src), reversed(out)))
+
+
 @attrs.frozen
 class SlotMapping(Derivation):
     """``slot = block_table[r, min(pos // bs, W - 1)] * bs + pos % bs``, padded rows -1.
@@ -115,7 +121,10 @@ class SlotMapping(Derivation):
         if block_table.dim() != 2 or block_table.shape[0] < n:
             return f"block_table has shape {tuple(block_table.shape)}, needs [>= {n}, W]"
         if out.dtype not in _INT_DTYPES or positions.dtype not in _INT_DTYPES:
-            return f"slot mapping and positions must be int32/int64, got {out.dtype}, {positions.dtype}"
+            return (
+                "slot mapping and positions must be int32/int64, got "
+                f"{out.dtype}, {positions.dtype}"
+            )
         return _same_device(out, positions, block_table, seq_lens)
 
     def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
@@ -128,7 +137,8 @@ class SlotMapping(Derivation):
         valid = workspace.buffer("slot_mapping.valid", (n,), torch.bool, dev)
         torch.div(positions.view(n, 1), block_size, rounding_mode="floor", out=index)
         index.clamp_(max=width - 1)
-        torch.gather(block_table[:n] if block_table.shape[0] != n else block_table, 1, index, out=block)
+        table = block_table[:n] if block_table.shape[0] != n else block_table
+        torch.gather(table, 1, index, out=block)
         torch.remainder(positions, block_size, out=out)
         out.add_(block.view(n), alpha=block_size)
         torch.gt(seq_lens, 1, out=valid)
@@ -240,11 +250,7 @@ class CopyFrom(Derivation):
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
         src = _tensor(inputs[0])
-        try:
-            shape = torch.broadcast_shapes(src.shape, out.shape)
-        except RuntimeError:
-            shape = None
-        if shape != out.shape:
+        if not _broadcasts(tuple(src.shape), tuple(out.shape)):
             return f"source shape {tuple(src.shape)} does not fit {tuple(out.shape)}"
         return _same_device(out, src)
 

@@ -90,7 +90,7 @@ def _resolved_hints(cls: type) -> Mapping[str, object]:
             for name, annotation in getattr(klass, "__annotations__", {}).items():
                 if isinstance(annotation, str):
                     try:
-                        annotation = eval(annotation, namespace)  # noqa: S307 - annotations only
+                        annotation = eval(annotation, namespace)
                     except Exception:
                         pass
                 hints[name] = annotation

@@ -16,8 +16,8 @@ Bounds of overflow policies and host rules name host scalars of the draft state
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
-from typing import ClassVar, Literal
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, Literal
 
 import attrs
 
@@ -65,6 +65,18 @@ def _refs(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[s
                 f"{attribute.name} must hold dotted field paths such as 'decode.seq_lens' or "
                 f"'state.positions', got {ref!r}"
             )
+
+
+def _as_refs(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _instance(kind: type) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, kind):
+            raise TypeError(f"{attribute.name} must be a {kind.__name__}, got {value!r}")
+
+    return check
 
 
 class Rule(abc.ABC):
@@ -203,8 +215,8 @@ class Derive(Rule):
     kind: ClassVar[str] = "derive"
     target: ClassVar[Target] = "tensor"
     writes: ClassVar[bool] = True
-    derivation: Derivation = attrs.field(validator=attrs.validators.instance_of(Derivation))
-    inputs: tuple[str, ...] = attrs.field(converter=tuple, validator=_refs)
+    derivation: Derivation = attrs.field(validator=_instance(Derivation))
+    inputs: tuple[str, ...] = attrs.field(converter=_as_refs, validator=_refs)
 
     def reads(self) -> tuple[str, ...]:
         return self.inputs
@@ -225,8 +237,8 @@ class Recompute(Rule):
     kind: ClassVar[str] = "recompute"
     target: ClassVar[Target] = "tensor"
     writes: ClassVar[bool] = True
-    hook: RecomputeHook = attrs.field(validator=attrs.validators.instance_of(RecomputeHook))
-    inputs: tuple[str, ...] = attrs.field(converter=tuple, validator=_refs)
+    hook: RecomputeHook = attrs.field(validator=_instance(RecomputeHook))
+    inputs: tuple[str, ...] = attrs.field(converter=_as_refs, validator=_refs)
 
     def reads(self) -> tuple[str, ...]:
         return self.inputs
@@ -332,7 +344,7 @@ class HostDerive(Rule):
     target: ClassVar[Target] = "host"
     writes: ClassVar[bool] = True
     fn: Callable[..., object] = attrs.field(validator=attrs.validators.is_callable())
-    inputs: tuple[str, ...] = attrs.field(converter=tuple, validator=_refs)
+    inputs: tuple[str, ...] = attrs.field(converter=_as_refs, validator=_refs)
     formula: str = ""
 
     def reads(self) -> tuple[str, ...]:

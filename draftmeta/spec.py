@@ -98,7 +98,7 @@ class DraftSpec(Generic[M]):
         dtypes: Mapping[str, torch.dtype] | None = None,
     ) -> None:
         self.cls: type[M] = cls
-        self.name: str = name or getattr(cls, "__qualname__", repr(cls))
+        self.name: str = name or str(getattr(cls, "__qualname__", repr(cls)))
         self.rules: dict[str, Rule] = dict(rules)
         self.preconditions: tuple[Precondition, ...] = tuple(preconditions)
         self.nested: dict[str, type] = dict(nested or {})
@@ -227,6 +227,13 @@ class DraftSpec(Generic[M]):
         for i in range(1, len(parts)):
             head = ".".join(parts[:i])
             info = self._fields.get(head)
+            if info is not None and info.kind is FieldKind.GENERIC and head not in self._records:
+                return self._fail(
+                    path,
+                    f"{where} names a path through {head!r}, which is typed by the TypeVar "
+                    f"{info.annotation}, so its fields are unknown",
+                    f"pass nested={{{head!r}: TheConcreteClass}} to the spec",
+                )
             if info is not None and head not in self._records:
                 return self._fail(
                     path,
@@ -480,7 +487,7 @@ def _find_cycle(deps: Mapping[str, Sequence[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in deps.get(node, ()):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return [*stack[stack.index(nxt):], nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:

@@ -38,8 +38,9 @@ class Mismatch:
 
 
 def _record_items(obj: object) -> list[tuple[str, object]] | None:
-    if attrs.has(type(obj)):
-        return [(a.name, getattr(obj, a.name)) for a in attrs.fields(type(obj))]
+    cls = type(obj)
+    if attrs.has(cls):
+        return [(a.name, getattr(obj, a.name)) for a in attrs.fields(cls)]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
     return None

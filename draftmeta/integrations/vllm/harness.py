@@ -1,0 +1,470 @@
+"""Construct vLLM's real attention metadata builders on a CPU-only machine.
+
+Tests and benchmarks use this module to run vLLM 0.33's own ``build()`` code, not imitations
+of it. It creates a tiny DeepSeek-V3-style :class:`~vllm.config.VllmConfig` offline, constructs
+the builders that work without a GPU (``CPU_MLA``, ``TRITON_MLA`` and the DeepSeek-V3.2
+indexer), describes a decode-only batch (query length 1 per request) as a vLLM
+``CommonAttentionMetadata`` that aliases the caller's tensors, and builds metadata from it.
+
+Importing this module does not import vLLM. Every function that needs vLLM first calls
+:func:`prepare_environment`, which sets the variables vLLM needs on a machine without a GPU.
+
+>>> cfg = make_vllm_config(max_model_len=1024, block_size=16)  # doctest: +SKIP
+>>> builder = make_builder("TRITON_MLA", cfg, block_size=16)  # doctest: +SKIP
+>>> cad = make_common_metadata(  # doctest: +SKIP
+...     seq_lens=seq_lens, positions=positions, slot_mapping=slots,
+...     block_table=block_table, query_start_loc=qsl, max_seq_len=100, num_reqs=3)
+>>> meta = build_metadata(builder, cad)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import torch
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backend import AttentionMetadataBuilder, CommonAttentionMetadata
+
+__all__ = [
+    "BUILDER_NAMES",
+    "INDEXER_BLOCK_SIZE",
+    "build_metadata",
+    "cached_vllm_config",
+    "make_builder",
+    "make_common_metadata",
+    "make_vllm_config",
+    "prepare_environment",
+]
+
+BUILDER_NAMES: Final = ("CPU_MLA", "TRITON_MLA", "INDEXER")
+"""Names accepted by :func:`make_builder`."""
+
+INDEXER_BLOCK_SIZE: Final = 64
+"""The block size DeepSeek-V3.2 runs its indexer KV cache with (FlashMLA-sparse forces 64)."""
+
+_ENVIRONMENT: Final[Mapping[str, str]] = {
+    # The CUDA wheel otherwise picks no usable platform ("Device string must not be empty").
+    "VLLM_TARGET_DEVICE": "cpu",
+    "HF_HUB_OFFLINE": "1",
+    "CUDA_VISIBLE_DEVICES": "",
+}
+
+# The tiny model: MLA head size kv_lora_rank + qk_rope_head_dim = 576 (the only size the CPU MLA
+# backend accepts); the V3.2 index_* fields make vLLM treat it as a sparse (indexer) model.
+_NUM_HEADS: Final = 4
+_KV_LORA_RANK: Final = 512
+_Q_LORA_RANK: Final = 64
+_QK_ROPE_HEAD_DIM: Final = 64
+_QK_NOPE_HEAD_DIM: Final = 128
+_V_HEAD_DIM: Final = 128
+_INDEX_HEAD_DIM: Final = 128
+_MIN_MAX_POSITION_EMBEDDINGS: Final = 163840  # DeepSeek-V3's own value
+
+_MLA_LAYER_PREFIX: Final = "draftmeta_harness.layers.0.self_attn.attn"
+_INDEXER_LAYER_NAME: Final = "draftmeta_harness.layers.0.self_attn.indexer.k_cache"
+
+_model_dirs: dict[int, str] = {}
+_config_cache: dict[tuple[int, int, int], VllmConfig] = {}
+
+
+def prepare_environment() -> None:
+    """Set the environment vLLM needs on a machine without a GPU.
+
+    Sets ``VLLM_TARGET_DEVICE=cpu``, ``HF_HUB_OFFLINE=1`` and ``CUDA_VISIBLE_DEVICES=""``. Call it
+    before vLLM is imported; every function of this module that imports vLLM calls it first.
+    Calling it again is cheap.
+
+    Raises:
+        RuntimeError: vLLM has already resolved a platform other than the CPU one in this
+            process, so the variables come too late.
+    """
+    for name, value in _ENVIRONMENT.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+    platforms = sys.modules.get("vllm.platforms")
+    if platforms is not None:
+        current = vars(platforms).get("_current_platform")
+        if current is not None and not current.is_cpu():
+            raise RuntimeError(
+                f"vLLM already resolved the platform {type(current).__name__} in this process; "
+                "call prepare_environment() before anything touches vllm.platforms."
+            )
+
+
+def _model_config_json(max_position_embeddings: int) -> dict[str, Any]:
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": 1024,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": _NUM_HEADS,
+        "num_key_value_heads": _NUM_HEADS,
+        "q_lora_rank": _Q_LORA_RANK,
+        "kv_lora_rank": _KV_LORA_RANK,
+        "qk_rope_head_dim": _QK_ROPE_HEAD_DIM,
+        "qk_nope_head_dim": _QK_NOPE_HEAD_DIM,
+        "v_head_dim": _V_HEAD_DIM,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "first_k_dense_replace": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "index_topk": 64,
+        "index_n_heads": 4,
+        "index_head_dim": _INDEX_HEAD_DIM,
+        "max_position_embeddings": max_position_embeddings,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+    }
+
+
+def _write_model_dir(directory: str | None, max_position_embeddings: int) -> str:
+    """Write the tiny config.json; without a directory, reuse one temp dir per content."""
+    if directory is None:
+        cached = _model_dirs.get(max_position_embeddings)
+        if cached is not None and os.path.isfile(os.path.join(cached, "config.json")):
+            return cached
+        directory = tempfile.mkdtemp(prefix="draftmeta-vllm-model-")
+        atexit.register(shutil.rmtree, directory, True)
+        _model_dirs[max_position_embeddings] = directory
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(_model_config_json(max_position_embeddings), f, indent=1)
+    return directory
+
+
+def make_vllm_config(
+    *,
+    max_model_len: int,
+    block_size: int,
+    max_num_seqs: int = 256,
+    tmp_dir: str | None = None,
+) -> VllmConfig:
+    """Create a fresh ``VllmConfig`` for a tiny DeepSeek-V3.2-style model, offline.
+
+    The model directory holds only a ``config.json`` (2 layers, 4 heads, MLA head size 576,
+    V3.2 indexer fields). It is written to ``tmp_dir`` when given, else to a temporary directory
+    shared by all calls and removed at interpreter exit.
+
+    vLLM's CPU platform forces ``cache_config.block_size`` to 16 for MLA models (with a warning);
+    this function sets it back to ``block_size`` afterwards so the config and the kv-cache specs
+    made by :func:`make_builder` agree.
+
+    The first call in a process costs seconds (importing vLLM); later calls about 10 ms. Use
+    :func:`cached_vllm_config` to share one config per shape.
+
+    Args:
+        max_model_len: The model's maximum context length, L.
+        block_size: The KV-cache block size.
+        max_num_seqs: The scheduler's maximum batch size (sizes some builder buffers).
+        tmp_dir: Where to write the model's config.json; None for a managed temp directory.
+    """
+    if max_model_len <= 0 or block_size <= 0 or max_num_seqs <= 0:
+        raise ValueError(
+            "max_model_len, block_size and max_num_seqs must be positive, got "
+            f"{max_model_len}, {block_size}, {max_num_seqs}"
+        )
+    prepare_environment()
+    from vllm.engine.arg_utils import EngineArgs
+
+    model_dir = _write_model_dir(tmp_dir, max(max_model_len, _MIN_MAX_POSITION_EMBEDDINGS))
+    config = EngineArgs(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        max_model_len=max_model_len,
+        enforce_eager=True,
+        dtype="bfloat16",
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+    ).create_engine_config()
+    if config.cache_config.block_size != block_size:
+        config.cache_config.block_size = block_size
+    return config
+
+
+def cached_vllm_config(
+    *, max_model_len: int, block_size: int, max_num_seqs: int = 256
+) -> VllmConfig:
+    """Like :func:`make_vllm_config`, but return one shared config per argument tuple.
+
+    The shared config is mutable: :func:`make_builder` registers an MLA layer in its
+    ``compilation_config.static_forward_context`` (once); do not change it otherwise.
+    """
+    key = (max_model_len, block_size, max_num_seqs)
+    config = _config_cache.get(key)
+    if config is None:
+        config = make_vllm_config(
+            max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs
+        )
+        _config_cache[key] = config
+    return config
+
+
+def _mla_backend(name: str) -> type[Any]:
+    if name == "CPU_MLA":
+        from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+
+        return CPUMLABackend
+    from vllm.v1.attention.backends.mla.triton_mla import TritonMLABackend
+
+    return TritonMLABackend
+
+
+def _mla_layer(config: VllmConfig, name: str) -> Any:
+    """Return the config's MLA layer for backend ``name``, creating and registering it once.
+
+    The constructor registers the layer in ``config.compilation_config.static_forward_context``
+    (the builders read its MLA dims and prefill backend from there) and reads the current
+    vLLM config, so the caller must hold ``set_current_vllm_config(config)``.
+    """
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+    prefix = f"{_MLA_LAYER_PREFIX}.{name.lower()}"
+    context = config.compilation_config.static_forward_context
+    layer = context.get(prefix)
+    if layer is not None:
+        return layer
+    hf = config.model_config.hf_text_config
+    num_heads = int(hf.num_attention_heads)
+    qk_nope, v_head = int(hf.qk_nope_head_dim), int(hf.v_head_dim)
+    qk_rope = int(hf.qk_rope_head_dim)
+    kv_lora_rank = int(hf.kv_lora_rank)
+    # A plain Linear serves as kv_b_proj: no weights are loaded and no forward runs.
+    kv_b_proj = torch.nn.Linear(kv_lora_rank, num_heads * (qk_nope + v_head), bias=False)
+    return MLAAttention(
+        num_heads=num_heads,
+        scale=float(qk_nope + qk_rope) ** -0.5,
+        qk_nope_head_dim=qk_nope,
+        qk_rope_head_dim=qk_rope,
+        v_head_dim=v_head,
+        q_lora_rank=getattr(hf, "q_lora_rank", None),
+        kv_lora_rank=kv_lora_rank,
+        kv_b_proj=kv_b_proj,  # type: ignore[arg-type]
+        cache_config=config.cache_config,
+        prefix=prefix,
+        attn_backend=_mla_backend(name),
+    )
+
+
+def _indexer_kv_cache_spec(config: VllmConfig, block_size: int) -> Any:
+    """The indexer cache's spec, as ``DeepseekV32IndexerCache.get_kv_cache_spec`` makes it.
+
+    The cache stores per token ``index_head_dim`` fp8 bytes plus one fp32 scale per 128 of them
+    (128 + 4 = 132 bytes), typed uint8 (``vllm/model_executor/models/deepseek_v2.py``).
+    """
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec, SparseCacheRole
+
+    index_head_dim = int(getattr(config.model_config.hf_text_config, "index_head_dim", 128))
+    return MLAAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        max_tp_shards=1,
+        head_size=index_head_dim + index_head_dim // 128 * 4,
+        dtype=torch.uint8,
+        cache_role=SparseCacheRole.INDEXER,
+    )
+
+
+def make_builder(
+    name: str,
+    config: VllmConfig,
+    *,
+    block_size: int,
+    block_table_width: int | None = None,
+    device: torch.device | str = "cpu",
+) -> AttentionMetadataBuilder[Any]:
+    """Construct vLLM's real metadata builder ``name`` for ``config``.
+
+    ============  =============================================  ==========================
+    name          builder class                                  kv-cache spec
+    ============  =============================================  ==========================
+    CPU_MLA       ``MLACommonMetadataBuilder``                   the MLA layer's, head 576
+    TRITON_MLA    ``TritonMLAMetadataBuilder``                   the MLA layer's, head 576
+    INDEXER       ``DeepseekV32IndexerMetadataBuilder``          indexer cache, 132 x uint8
+    ============  =============================================  ==========================
+
+    For the MLA builders an ``MLAAttention`` layer is created (once per config and name, under
+    ``set_current_vllm_config(config)``) and its kv-cache spec taken, with ``block_size`` put
+    in. Each call returns a new builder: builders own buffers that ``build()`` writes.
+
+    Args:
+        name: One of :data:`BUILDER_NAMES`.
+        config: A config from :func:`make_vllm_config` or :func:`cached_vllm_config`.
+        block_size: The kv-cache spec's block size (for INDEXER, usually
+            :data:`INDEXER_BLOCK_SIZE`).
+        block_table_width: INDEXER only: the block-table width W its buffers are sized for;
+            defaults to ``ceil(max_model_len / block_size)``.
+        device: The builders' device; only the CPU works without a GPU.
+    """
+    if name not in BUILDER_NAMES:
+        raise ValueError(f"unknown builder {name!r}; expected one of {BUILDER_NAMES}")
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    prepare_environment()
+    from vllm.config import set_current_vllm_config
+
+    dev = torch.device(device)
+    with set_current_vllm_config(config):
+        if name == "INDEXER":
+            from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
+
+            if block_table_width is None:
+                block_table_width = -(-config.model_config.max_model_len // block_size)
+            return DeepseekV32IndexerMetadataBuilder(
+                _indexer_kv_cache_spec(config, block_size),
+                [_INDEXER_LAYER_NAME],
+                config,
+                dev,
+                block_table_width=block_table_width,
+            )
+        layer = _mla_layer(config, name)
+        spec = layer.get_kv_cache_spec(config)
+        if spec.block_size != block_size:
+            spec = dataclasses.replace(spec, block_size=block_size)
+        builder_cls = layer.attn_backend.get_builder_cls()
+        return builder_cls(spec, [layer.layer_name], config, dev)  # type: ignore[no-any-return]
+
+
+def make_common_metadata(
+    *,
+    seq_lens: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_seq_len: int,
+    num_reqs: int,
+    query_start_loc_cpu: torch.Tensor | None = None,
+    seq_lens_cpu: torch.Tensor | None = None,
+    dcp_local_seq_lens: torch.Tensor | None = None,
+) -> CommonAttentionMetadata:
+    """Describe a decode-only batch (query length 1 per request) to vLLM.
+
+    ``seq_lens``, ``positions``, ``slot_mapping``, ``block_table`` and ``query_start_loc`` go
+    into the metadata as the same tensor objects (no copy, no slice), so metadata built from it
+    aliases them. The fields are taken from whatever ``dataclasses.fields`` the installed
+    ``CommonAttentionMetadata`` has; host mirrors (``query_start_loc_cpu``,
+    ``seq_lens_cpu_upper_bound``, older releases' ``seq_lens_cpu`` /
+    ``num_computed_tokens_cpu``) are CPU copies made here unless given.
+
+    Args:
+        seq_lens: int32 [B] (or longer), context + query length per request.
+        positions: int64 [B] (or longer), the position of each request's query token.
+        slot_mapping: int64 [B] (or longer), the KV slot each query token writes.
+        block_table: int32 [B, W] (or more rows).
+        query_start_loc: int32 [B+1] (or longer), normally ``arange(B+1)``.
+        max_seq_len: host upper bound on ``seq_lens``.
+        num_reqs: B; also the number of tokens.
+        query_start_loc_cpu: the host mirror of ``query_start_loc``; default a CPU copy.
+        seq_lens_cpu: the host (upper-bound) mirror of ``seq_lens``; default a CPU copy.
+        dcp_local_seq_lens: passed through (DCP only).
+
+    Raises:
+        ValueError: a tensor is too short for ``num_reqs`` or has the wrong dtype.
+        TypeError: the installed release has a required field this function cannot fill.
+    """
+    _check(seq_lens, "seq_lens", torch.int32, num_reqs)
+    _check(positions, "positions", torch.int64, num_reqs)
+    _check(slot_mapping, "slot_mapping", torch.int64, num_reqs)
+    _check(block_table, "block_table", torch.int32, num_reqs, ndim=2)
+    _check(query_start_loc, "query_start_loc", torch.int32, num_reqs + 1)
+    cad_cls, init_fields = _common_metadata_class()
+    if query_start_loc_cpu is None:
+        query_start_loc_cpu = query_start_loc.to("cpu", copy=True)
+    if seq_lens_cpu is None:
+        seq_lens_cpu = seq_lens.to("cpu", copy=True)
+    values: dict[str, Any] = {
+        "query_start_loc": query_start_loc,
+        "query_start_loc_cpu": query_start_loc_cpu,
+        "seq_lens": seq_lens,
+        "seq_lens_cpu": seq_lens_cpu,
+        "seq_lens_cpu_upper_bound": seq_lens_cpu,
+        "num_reqs": num_reqs,
+        "num_actual_tokens": num_reqs,
+        "max_query_len": 1,
+        "max_seq_len": max_seq_len,
+        "block_table_tensor": block_table,
+        "slot_mapping": slot_mapping,
+        "causal": True,
+        "positions": positions,
+        "dcp_local_seq_lens": dcp_local_seq_lens,
+    }
+    kwargs: dict[str, Any] = {}
+    missing: list[str] = []
+    for f in init_fields:
+        if f.name in values:
+            kwargs[f.name] = values[f.name]
+        elif f.name == "num_computed_tokens_cpu":  # releases before seq_lens_cpu_upper_bound
+            kwargs[f.name] = seq_lens_cpu - 1
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            missing.append(f.name)
+    if missing:
+        raise TypeError(
+            f"CommonAttentionMetadata of this vLLM release requires fields {missing} that "
+            "make_common_metadata does not know how to fill"
+        )
+    return cad_cls(**kwargs)  # type: ignore[no-any-return]
+
+
+_cad_class: tuple[type[Any], tuple[dataclasses.Field[Any], ...]] | None = None
+
+
+def _common_metadata_class() -> tuple[type[Any], tuple[dataclasses.Field[Any], ...]]:
+    """vLLM's ``CommonAttentionMetadata`` and its init fields, looked up once per process."""
+    global _cad_class
+    if _cad_class is None:
+        prepare_environment()
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        fields = tuple(f for f in dataclasses.fields(CommonAttentionMetadata) if f.init)
+        _cad_class = (CommonAttentionMetadata, fields)
+    return _cad_class
+
+
+def _check(
+    tensor: torch.Tensor, name: str, dtype: torch.dtype, min_len: int, *, ndim: int = 1
+) -> None:
+    if tensor.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {tensor.dtype}")
+    if tensor.dim() != ndim or tensor.shape[0] < min_len:
+        raise ValueError(
+            f"{name} must be {ndim}-D with at least {min_len} rows, got shape {tuple(tensor.shape)}"
+        )
+
+
+def build_metadata(
+    builder: AttentionMetadataBuilder[Any],
+    cad: CommonAttentionMetadata,
+    *,
+    draft_index: int | None = None,
+) -> Any:
+    """Build attention metadata for ``cad`` with vLLM's own code.
+
+    Calls ``builder.build(common_prefix_len=0, common_attn_metadata=cad)``, or, when
+    ``draft_index`` is given, ``builder.build_for_drafting(cad, draft_index)`` (what vLLM's V1
+    proposer calls on every draft step; the base implementation is ``build(...,
+    fast_build=True)``). No vLLM config needs to be current.
+    """
+    if draft_index is None:
+        return builder.build(common_prefix_len=0, common_attn_metadata=cad)
+    return builder.build_for_drafting(cad, draft_index)
