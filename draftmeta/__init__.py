@@ -30,6 +30,7 @@ from draftmeta.rules import (
     HostConstant,
     HostDerive,
     HostUpperBound,
+    Invalidate,
     Overflow,
     Recompute,
     Reset,
@@ -37,6 +38,7 @@ from draftmeta.rules import (
     Unchanged,
     Unsupported,
     Wrap,
+    WrittenBy,
 )
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
@@ -65,6 +67,7 @@ __all__ = [
     "HostConstant",
     "HostDerive",
     "HostUpperBound",
+    "Invalidate",
     "IsNone",
     "IsNotNone",
     "Overflow",
@@ -87,6 +90,7 @@ __all__ = [
     "UpdateFunction",
     "Workspace",
     "Wrap",
+    "WrittenBy",
     "__version__",
     "advance_spec",
     "advance_state",

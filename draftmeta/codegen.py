@@ -31,6 +31,7 @@ from draftmeta.rules import (
     HostAdvance,
     HostDerive,
     HostUpperBound,
+    Invalidate,
     Recompute,
     Reset,
     Rule,
@@ -189,17 +190,23 @@ class _Generator:
                 self.ns.values["_bool"] = __import__("torch").bool
                 self.error(path, f"f'is a {{{expr}.dtype}} tensor; advance needs integers'")
             elif isinstance(rule, (Derive, Recompute)):
-                fn = rule.derivation if isinstance(rule, Derive) else rule.hook
-                name = self.ns.bind(fn, fn.name)
-                args = ", ".join([expr, *(self.ref(r) for r in rule.inputs)])
+                name, args = self._call(path, rule)
                 self.emit(f"_problem = {name}.check({args})")
                 self.emit("if _problem is not None:")
                 self.error(path, "_problem")
 
+    def _call(self, path: str, rule: Derive | Recompute) -> tuple[str, str]:
+        fn = rule.derivation if isinstance(rule, Derive) else rule.hook
+        name = self.ns.bind(fn, fn.name)
+        args = ", ".join([self.ref(path), *(self.ref(r) for r in rule.inputs)])
+        if isinstance(rule, Recompute) and rule.also:
+            args += f", also=({''.join(self.ref(p) + ', ' for p in rule.also)})"
+        return name, args
+
     def host_phase(self) -> None:
         first = True
         for path, rule in self.spec.rules.items():
-            if not isinstance(rule, (HostAdvance, HostUpperBound, HostDerive, Reset)):
+            if not isinstance(rule, (HostAdvance, HostUpperBound, HostDerive, Reset, Invalidate)):
                 continue
             if first:
                 self.emit("# 3. new host values, computed before any write")
@@ -211,6 +218,8 @@ class _Generator:
                     value = f"min({value}, state.{rule.clamp})"
             elif isinstance(rule, HostUpperBound):
                 value = f"state.{rule.bound}"
+            elif isinstance(rule, Invalidate):
+                value = "None"
             elif isinstance(rule, HostDerive):
                 fn = self.ns.bind(rule.fn, getattr(rule.fn, "__name__", "fn"))
                 value = f"{fn}({', '.join(self.ref(r) for r in rule.inputs)})"
@@ -245,9 +254,7 @@ class _Generator:
                     tail = f".add_({o.restart})" if o.restart else ""
                     self.emit(f"{head}.remainder_({span}){tail}")
             else:
-                fn = rule.derivation if isinstance(rule, Derive) else rule.hook
-                name = self.ns.bind(fn, fn.name)
-                args = ", ".join([expr, *(self.ref(r) for r in rule.inputs)])
+                name, args = self._call(path, rule)
                 self.emit(f"{name}.apply({args}, workspace=state.workspace)")
 
     def store_phase(self) -> None:

@@ -60,12 +60,31 @@ class Derivation(InPlaceFunction):
 class RecomputeHook(InPlaceFunction):
     """A backend kernel that refills a persistent buffer of fixed shape.
 
+    A hook whose kernel has several outputs receives the other output tensors (the fields its
+    :class:`~draftmeta.rules.Recompute` rule lists in ``also``) as the keyword ``also``.
+
     Attributes:
         capture_safe: whether the hook may run inside a CUDA graph (no device-to-host reads,
             no pageable copies, results written in place).
     """
 
     capture_safe: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def check(
+        self, out: torch.Tensor, *inputs: object, also: tuple[torch.Tensor, ...] = ()
+    ) -> str | None:
+        """Return ``None`` if ``apply`` can run on these arguments, else what is wrong."""
+
+    @abc.abstractmethod
+    def apply(
+        self,
+        out: torch.Tensor,
+        *inputs: object,
+        workspace: Workspace,
+        also: tuple[torch.Tensor, ...] = (),
+    ) -> None:
+        """Refill ``out`` (and the ``also`` outputs) in place."""
 
 
 def _tensor(x: object) -> torch.Tensor:
@@ -240,19 +259,41 @@ class Fill(Derivation):
 
 @attrs.frozen
 class CopyFrom(Derivation):
-    """The field is a copy of another tensor of the same shape (an expanded block table, ...).
+    """The field is a copy of another tensor (an expanded block table, per-token lengths, ...).
 
-    Inputs: the source tensor; its shape must equal the field's, or broadcast to it.
+    Inputs: the source tensor. Its leading rows are copied: the source must have at least as
+    many rows as the field, and the rest of the shape must broadcast. With ``flat=True`` both
+    are viewed as 1-D first (``(B, 1)`` per-token lengths from ``(B,)`` sequence lengths).
+    Copying a tensor onto itself (a field that aliases its source) is a no-op.
+
+    Attributes:
+        flat: copy the flattened source into the flattened field.
     """
 
     name: ClassVar[str] = "copy"
-    formula: ClassVar[str] = "copy of the input"
+    flat: bool = False
+
+    @property
+    def formula(self) -> str:  # type: ignore[override]
+        return "flattened copy of the input" if self.flat else "copy of the input's leading rows"
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
         src = _tensor(inputs[0])
-        if not _broadcasts(tuple(src.shape), tuple(out.shape)):
+        if self.flat:
+            if src.numel() < out.numel():
+                return f"source has {src.numel()} elements, fewer than the field's {out.numel()}"
+            return _same_device(out, src)
+        if src.dim() != out.dim() or src.shape[0] < out.shape[0] or not _broadcasts(
+            tuple(src.shape[1:]), tuple(out.shape[1:])
+        ):
             return f"source shape {tuple(src.shape)} does not fit {tuple(out.shape)}"
         return _same_device(out, src)
 
     def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
-        out.copy_(_tensor(inputs[0]))
+        src = _tensor(inputs[0])
+        if self.flat:
+            out.view(-1).copy_(src.view(-1)[: out.numel()])
+        elif src.shape[0] == out.shape[0]:
+            out.copy_(src)
+        else:
+            out.copy_(src[: out.shape[0]])

@@ -32,6 +32,7 @@ __all__ = [
     "HostConstant",
     "HostDerive",
     "HostUpperBound",
+    "Invalidate",
     "Overflow",
     "Recompute",
     "Reset",
@@ -40,6 +41,7 @@ __all__ = [
     "Unchanged",
     "Unsupported",
     "Wrap",
+    "WrittenBy",
 ]
 
 Target = Literal["tensor", "int tensor", "host", "int", "object", "any"]
@@ -239,12 +241,35 @@ class Recompute(Rule):
     writes: ClassVar[bool] = True
     hook: RecomputeHook = attrs.field(validator=_instance(RecomputeHook))
     inputs: tuple[str, ...] = attrs.field(converter=_as_refs, validator=_refs)
+    also: tuple[str, ...] = attrs.field(default=(), converter=_as_refs, validator=_refs)
 
     def reads(self) -> tuple[str, ...]:
         return self.inputs
 
     def describe(self) -> str:
-        return f"recompute: {self.hook.name} refills the buffer in place"
+        extra = f" (and {', '.join(self.also)})" if self.also else ""
+        return f"recompute: {self.hook.name} refills the buffer in place{extra}"
+
+
+@attrs.frozen
+class WrittenBy(Rule):
+    """The field is refilled by the recompute hook of another field (one kernel, two outputs).
+
+    FlashMLA's scheduler computes the tile metadata and ``num_splits`` in one call: the first
+    field carries ``Recompute(hook, inputs, also=("...num_splits",))`` and the second
+    ``WrittenBy("...tile_scheduler_metadata")``.
+
+    Attributes:
+        owner: the path of the field whose :class:`Recompute` rule writes this one.
+    """
+
+    kind: ClassVar[str] = "written by"
+    target: ClassVar[Target] = "tensor"
+    writes: ClassVar[bool] = False
+    owner: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+    def describe(self) -> str:
+        return f"written by the recompute hook of {self.owner}"
 
 
 @attrs.frozen
@@ -268,6 +293,22 @@ class Reset(Rule):
     def describe(self) -> str:
         name = self.label or getattr(self.factory, "__qualname__", repr(self.factory))
         return f"reset: replaced by a fresh {name}()"
+
+
+@attrs.frozen
+class Invalidate(Rule):
+    """An optional, lazily filled field is set back to ``None`` so its consumer refills it.
+
+    FlashInfer-MLA fills its flattened block table and sequence lengths on first use in the
+    forward pass; they depend on the sequence lengths, so each draft step drops them.
+    """
+
+    kind: ClassVar[str] = "invalidate"
+    target: ClassVar[Target] = "any"
+    writes: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return "invalidate: set to None, refilled lazily by its consumer"
 
 
 @attrs.frozen
@@ -351,7 +392,9 @@ class HostDerive(Rule):
         return self.inputs
 
     def describe(self) -> str:
-        name = self.formula or getattr(self.fn, "__qualname__", repr(self.fn))
+        if self.formula:
+            return f"host derive: = {self.formula}"
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
         return f"host derive: {name}({', '.join(self.inputs)})"
 
 

@@ -29,7 +29,16 @@ import torch
 from draftmeta.conditions import Equals, Precondition, SameValue, Satisfies
 from draftmeta.errors import SpecError
 from draftmeta.fields import FieldInfo, FieldKind, class_fields, is_record_class
-from draftmeta.rules import HostDerive, Reset, Rule, Unchanged, Unsupported
+from draftmeta.rules import (
+    HostDerive,
+    Invalidate,
+    Recompute,
+    Reset,
+    Rule,
+    Unchanged,
+    Unsupported,
+    WrittenBy,
+)
 from draftmeta.state import DraftState
 
 if TYPE_CHECKING:
@@ -175,6 +184,7 @@ class DraftSpec(Generic[M]):
         self._check_rules_fit()
         self._check_complete()
         self._check_references()
+        self._check_written_by()
         self._check_order()
 
     def _check_overrides_shape(self) -> None:
@@ -197,7 +207,9 @@ class DraftSpec(Generic[M]):
             path = prefix + info.name
             self._fields[path] = info
             child = self.nested.get(path) or info.record
-            if child is not None and info.kind in (FieldKind.RECORD, FieldKind.GENERIC):
+            if child is not None and info.kind in (
+                FieldKind.RECORD, FieldKind.GENERIC, FieldKind.OBJECT
+            ):
                 self._walk(child, path + ".")
 
     def _check_overrides_known(self) -> None:
@@ -205,11 +217,11 @@ class DraftSpec(Generic[M]):
             info = self._fields.get(path)
             if info is None:
                 raise self._unknown(path, "nested=")
-            if info.kind not in (FieldKind.RECORD, FieldKind.GENERIC):
+            if info.kind not in (FieldKind.RECORD, FieldKind.GENERIC, FieldKind.OBJECT):
                 raise self._fail(
                     path,
                     f"nested= gives it a class, but it is {_describe_kind(info, None)}",
-                    "list only nested record fields in nested=",
+                    "list only nested record (or host object) fields in nested=",
                 )
         for path in self.dtypes:
             info = self._fields.get(path)
@@ -287,6 +299,13 @@ class DraftSpec(Generic[M]):
                     path,
                     f"is typed by the TypeVar {info.annotation}, so its class is unknown",
                     f"pass nested={{{path!r}: TheConcreteClass}} to the spec",
+                )
+            if isinstance(rule, Invalidate) and not info.optional:
+                raise self._fail(
+                    path,
+                    f"rule invalidate sets it to None, but its annotation ({info.annotation}) "
+                    "does not allow None",
+                    "invalidate only optional, lazily filled fields",
                 )
             if target == "tensor" and kind is not FieldKind.TENSOR:
                 raise self._fail(
@@ -437,15 +456,47 @@ class DraftSpec(Generic[M]):
                         "check host scalars only",
                     )
 
-    def _written(self) -> list[str]:
-        return [p for p, r in self.rules.items() if r.writes]
+    def _check_written_by(self) -> None:
+        for path, rule in self.rules.items():
+            if isinstance(rule, WrittenBy):
+                owner = self.rules.get(rule.owner)
+                if not isinstance(owner, Recompute) or path not in owner.also:
+                    raise self._fail(
+                        path,
+                        f"is written by {rule.owner!r}, but that field's rule is not a Recompute "
+                        "listing it in also=",
+                        f"give {rule.owner!r} Recompute(hook, inputs, also=({path!r},))",
+                    )
+            if isinstance(rule, Recompute):
+                for extra in rule.also:
+                    if extra not in self._fields:
+                        raise self._unknown(extra, f"also= of {path!r}")
+                    if self.rules.get(extra) != WrittenBy(path):
+                        raise self._fail(
+                            extra,
+                            f"is refilled by the recompute hook of {path!r} but its rule is not "
+                            f"WrittenBy({path!r})",
+                            f"bind {extra!r}: WrittenBy({path!r})",
+                        )
+
+    def _writer(self, path: str) -> str | None:
+        rule = self.rules.get(path)
+        if isinstance(rule, WrittenBy):
+            return rule.owner
+        return path if rule is not None and rule.writes else None
 
     def _check_order(self) -> None:
-        written = self._written()
+        written = [p for p, r in self.rules.items() if r.writes]
+        outputs = {p: self._writer(p) for p in self.rules if self._writer(p)}
         deps: dict[str, list[str]] = {}
         for path in written:
             reads = [r for r in self.rules[path].reads() if not is_state_ref(r)]
-            deps[path] = [w for w in written if w != path and any(_overlaps(w, r) for r in reads)]
+            found = {
+                writer
+                for out, writer in outputs.items()
+                if writer and writer != path and any(_overlaps(out, r) for r in reads)
+            }
+            deps[path] = [w for w in written if w in found]
         cycle = _find_cycle(deps)
         if cycle:
             chain = " -> ".join(repr(p) for p in cycle)

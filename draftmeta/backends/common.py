@@ -1,0 +1,77 @@
+"""Rules and preconditions shared by the vLLM backend specs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameValue, Satisfies
+from draftmeta.rules import HostDerive, HostUpperBound, Rule
+
+__all__ = [
+    "HostBoundPolicy",
+    "dcp_max_seq_len",
+    "decode_only",
+    "max_seq_len_rule",
+    "same_value",
+]
+
+HostBoundPolicy = Literal["advance", "frozen"]
+"""``"advance"``: the host ``max_seq_len`` follows the draft state's (``+1`` clamped, vLLM's
+older proposer); ``"frozen"``: it stays at the worst case ``max_model_len`` (what a captured
+CUDA graph needs, vLLM's new runner)."""
+
+
+def same_value(value: int) -> int:
+    """The value itself (a host field mirroring a draft-state scalar)."""
+    return value
+
+
+def dcp_max_seq_len(max_seq_len: int, world: int, interleave: int) -> int:
+    """The per-rank bound vLLM's MLA builder uses under DCP: ``ceil(L / (N*I)) * I``."""
+    parts = world * interleave
+    return (max_seq_len + parts - 1) // parts * interleave
+
+
+def max_seq_len_rule(policy: HostBoundPolicy, dcp: bool) -> Rule:
+    """The rule for an MLA-style host ``max_seq_len`` under a host-bound policy and DCP."""
+    if policy not in ("advance", "frozen"):
+        raise ValueError(f"host-bound policy must be 'advance' or 'frozen', got {policy!r}")
+    source = "state.max_seq_len" if policy == "advance" else "state.max_model_len"
+    if dcp:
+        return HostDerive(
+            dcp_max_seq_len,
+            (source, "state.dcp_world_size", "state.dcp_interleave"),
+            formula="ceil(L / (dcp_world_size * interleave)) * interleave",
+        )
+    if policy == "frozen":
+        return HostUpperBound("max_model_len")
+    return HostDerive(same_value, (source,), formula="state.max_seq_len")
+
+
+def _dcp_enabled(world: int) -> bool:
+    return world > 1
+
+
+def decode_only(
+    *, dcp: bool, decode_part: bool = True, max_query_len: bool = True
+) -> list[Precondition]:
+    """Preconditions of chain drafting: a decode-only batch, one query token per request."""
+    conditions: list[Precondition] = [
+        Equals("num_prefills", 0, name="decode_only"),
+        IsNone("prefill", name="no_prefill_part"),
+        SameValue("num_decodes", "num_decode_tokens", name="one_token_per_request"),
+    ]
+    if max_query_len:
+        conditions.insert(2, Equals("max_query_len", 1, name="query_len_1"))
+    if decode_part:
+        conditions.insert(0, _has("decode"))
+    conditions.append(
+        Satisfies("dcp_enabled", _dcp_enabled, ("state.dcp_world_size",), "dcp_world_size > 1")
+        if dcp
+        else Equals("state.dcp_world_size", 1, name="no_dcp")
+    )
+    return conditions
+
+
+def _has(ref: str) -> Precondition:
+    return IsNotNone(ref, name=f"has_{ref}")

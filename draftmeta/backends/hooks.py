@@ -1,0 +1,199 @@
+"""Recompute hooks that refill vLLM's scheduler buffers in place between draft steps.
+
+Each hook calls a *compute* function that returns the kernel's result for the current sequence
+lengths and copies it into the persistent buffer the metadata references, zeroing any tail (so
+stale entries from a larger batch are never read). By default the compute function is the
+backend's own kernel, imported lazily (DeepGEMM, FlashMLA, FlashAttention 3); tests and machines
+without those kernels pass a reference implementation instead
+(:mod:`draftmeta.backends.schedules`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import attrs
+import torch
+
+from draftmeta.derivations import RecomputeHook
+from draftmeta.workspace import Workspace
+
+__all__ = ["DeepGemmPagedMqaSchedule", "FlashAttnSchedule", "FlashMLAFp8TileSchedule"]
+
+PagedMqaCompute = Callable[[torch.Tensor, int, int], torch.Tensor]
+"""``compute(context_lens (B, next_n) int32, block_kv, num_sms) -> int32 [num_sms + 1, 2]``."""
+
+TileCompute = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+"""``compute(seq_lens int32 [B], num_q_tokens_per_head_k) -> (tile metadata, num_splits)``."""
+
+FlashAttnCompute = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+"""``compute(seq_lens [B], query_start_loc [B+1], max_seq_len) -> scheduler metadata``."""
+
+
+def _copy_rows(out: torch.Tensor, result: torch.Tensor, what: str) -> None:
+    rows = result.shape[0]
+    if rows > out.shape[0] or result.shape[1:] != out.shape[1:]:
+        raise RuntimeError(
+            f"{what}: the kernel returned {tuple(result.shape)}, which does not fit the "
+            f"persistent buffer {tuple(out.shape)}; capture with a larger buffer"
+        )
+    out[:rows].copy_(result)
+    if rows < out.shape[0]:
+        out[rows:].zero_()
+
+
+def _deep_gemm_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
+    from vllm.utils.deep_gemm import get_paged_mqa_logits_metadata
+
+    result = get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)
+    assert isinstance(result, torch.Tensor)
+    return result
+
+
+@attrs.frozen
+class DeepGemmPagedMqaSchedule(RecomputeHook):
+    """The DeepSeek-V3.2 indexer's DeepGEMM paged-MQA schedule, int32 ``[slots + 1, 2]``.
+
+    Inputs: the decode ``seq_lens`` ``(B, 1)``. The number of SM slots is read off the
+    persistent buffer's shape (``slots + 1`` rows), so the captured shape is kept.
+
+    With ``compute=None`` the hook uses DeepGEMM when the buffer is on CUDA and DeepGEMM is
+    installed, and otherwise leaves the buffer as it is, exactly as vLLM's builder does
+    (``is_cuda() and has_deep_gemm()``).
+
+    Attributes:
+        block_kv: the indexer cache's block size (64 for DeepSeek-V3.2).
+        compute: the schedule function; ``None`` for DeepGEMM's kernel.
+    """
+
+    name: ClassVar[str] = "deep_gemm_paged_mqa_schedule"
+    formula: ClassVar[str] = "get_paged_mqa_logits_metadata(seq_lens, block_kv, slots)"
+    block_kv: int = 64
+    compute: PagedMqaCompute | None = None
+
+    def check(
+        self, out: torch.Tensor, *inputs: object, also: tuple[torch.Tensor, ...] = ()
+    ) -> str | None:
+        seq_lens = inputs[0]
+        assert isinstance(seq_lens, torch.Tensor)
+        if out.dim() != 2 or out.shape[1] != 2 or out.dtype != torch.int32:
+            return f"schedule buffer must be int32 [slots + 1, 2], got {tuple(out.shape)}"
+        if seq_lens.device != out.device:
+            return f"seq_lens on {seq_lens.device} but the schedule on {out.device}"
+        return None
+
+    def _compute(self, out: torch.Tensor) -> PagedMqaCompute | None:
+        if self.compute is not None:
+            return self.compute
+        if out.is_cuda:
+            try:
+                from vllm.utils.deep_gemm import has_deep_gemm
+
+                if has_deep_gemm():
+                    return _deep_gemm_schedule
+            except ImportError:
+                pass
+        return None
+
+    def apply(
+        self,
+        out: torch.Tensor,
+        *inputs: object,
+        workspace: Workspace,
+        also: tuple[torch.Tensor, ...] = (),
+    ) -> None:
+        compute = self._compute(out)
+        if compute is None:
+            return
+        seq_lens = inputs[0]
+        assert isinstance(seq_lens, torch.Tensor)
+        lens = seq_lens if seq_lens.dim() == 2 else seq_lens.view(-1, 1)
+        _copy_rows(out, compute(lens, self.block_kv, out.shape[0] - 1), self.name)
+
+
+def _flashmla_fp8(seq_lens: torch.Tensor, num_q_tokens_per_head_k: int) -> tuple[
+    torch.Tensor, torch.Tensor
+]:
+    from vllm.v1.attention.ops.flashmla import get_mla_metadata_dense_fp8
+
+    tiles, splits = get_mla_metadata_dense_fp8(seq_lens, num_q_tokens_per_head_k, 1)
+    return tiles, splits
+
+
+@attrs.frozen
+class FlashMLAFp8TileSchedule(RecomputeHook):
+    """FlashMLA's dense FP8 tile-scheduler metadata ``[parts, 8]`` and ``num_splits [B + 1]``.
+
+    Bound to ``decode.scheduler_metadata.tile_scheduler_metadata`` with
+    ``also=("decode.scheduler_metadata.num_splits",)``: one kernel call refills both persistent
+    buffers, as vLLM's FlashMLA builder does for full CUDA graphs.
+
+    Attributes:
+        num_q_tokens_per_head_k: query tokens per KV head (``max_query_len * num_q_heads``).
+        compute: the schedule function; ``None`` for FlashMLA's kernel.
+    """
+
+    name: ClassVar[str] = "flashmla_fp8_tile_schedule"
+    formula: ClassVar[str] = "get_mla_metadata_dense_fp8(seq_lens, q_tokens_per_head_k, 1)"
+    num_q_tokens_per_head_k: int
+    compute: TileCompute | None = None
+
+    def check(
+        self, out: torch.Tensor, *inputs: object, also: tuple[torch.Tensor, ...] = ()
+    ) -> str | None:
+        if out is None or len(also) != 1 or also[0] is None:
+            return "the FP8 path needs both tile_scheduler_metadata and num_splits buffers"
+        if out.dim() != 2 or out.shape[1] != 8 or out.dtype != torch.int32:
+            return f"tile metadata must be int32 [parts, 8], got {tuple(out.shape)}"
+        return None
+
+    def apply(
+        self,
+        out: torch.Tensor,
+        *inputs: object,
+        workspace: Workspace,
+        also: tuple[torch.Tensor, ...] = (),
+    ) -> None:
+        seq_lens = inputs[0]
+        assert isinstance(seq_lens, torch.Tensor)
+        tiles, splits = (self.compute or _flashmla_fp8)(seq_lens, self.num_q_tokens_per_head_k)
+        _copy_rows(out, tiles, self.name)
+        _copy_rows(also[0].view(-1, 1), splits.view(-1, 1), self.name + ".num_splits")
+
+
+@attrs.frozen
+class FlashAttnSchedule(RecomputeHook):
+    """FlashAttention 3's ahead-of-time scheduler metadata, refilled with a zeroed tail.
+
+    Attributes:
+        compute: the scheduler function bound to the builder's head configuration (vLLM's
+            ``get_scheduler_metadata`` with the builder's arguments); it must be given, since
+            the head configuration lives in the builder.
+    """
+
+    name: ClassVar[str] = "flash_attn_scheduler"
+    formula: ClassVar[str] = "get_scheduler_metadata(seq_lens, query_start_loc, max_seq_len)"
+    compute: FlashAttnCompute
+
+    def check(
+        self, out: torch.Tensor, *inputs: object, also: tuple[torch.Tensor, ...] = ()
+    ) -> str | None:
+        if out is None:
+            return "no scheduler metadata buffer (FA3 AOT scheduling is off): rebuild instead"
+        if out.dtype != torch.int32 or out.dim() != 1:
+            return f"scheduler metadata must be int32 [n], got {tuple(out.shape)}"
+        return None
+
+    def apply(
+        self,
+        out: torch.Tensor,
+        *inputs: object,
+        workspace: Workspace,
+        also: tuple[torch.Tensor, ...] = (),
+    ) -> None:
+        seq_lens, query_start_loc, max_seq_len = inputs[0], inputs[1], inputs[2]
+        assert isinstance(seq_lens, torch.Tensor) and isinstance(query_start_loc, torch.Tensor)
+        assert isinstance(max_seq_len, int)
+        result = self.compute(seq_lens, query_start_loc, max_seq_len)
+        _copy_rows(out.view(-1, 1), result.view(-1, 1), self.name)

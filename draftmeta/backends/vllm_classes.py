@@ -1,0 +1,145 @@
+"""vLLM's metadata classes, imported lazily, or rebuilt from source where import needs a GPU.
+
+Some vLLM modules (FlashAttn-MLA, CUTLASS-MLA, FlashMLA's interface) cannot be imported on a
+machine without CUDA. Their metadata classes are still plain dataclasses, so draftmeta reads
+their field declarations from the installed source with :mod:`ast` and builds a stand-in
+dataclass with the same fields, in the same order and with the same annotations. A spec
+declared against the stand-in is checked for completeness against the installed release just as
+against the real class.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import typing
+from pathlib import Path
+
+__all__ = ["ClassRef", "load_metadata_class", "source_fields"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassRef:
+    """Where a class lives: ``module`` and dotted ``qualname`` inside it."""
+
+    module: str
+    qualname: str
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+def _import(ref: ClassRef) -> type:
+    obj: object = importlib.import_module(ref.module)
+    for part in ref.qualname.split("."):
+        obj = getattr(obj, part)
+    assert isinstance(obj, type)
+    return obj
+
+
+def _module_source(module: str) -> tuple[ast.Module, Path]:
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"module {module} is not installed")
+    path = Path(spec.origin)
+    return ast.parse(path.read_text(), str(path)), path
+
+
+def _find_class(tree: ast.AST, qualname: str) -> ast.ClassDef:
+    body: list[ast.stmt] = tree.body if isinstance(tree, ast.Module) else []
+    node: ast.ClassDef | None = None
+    for part in qualname.split("."):
+        node = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == part), None)
+        if node is None:
+            raise LookupError(f"class {qualname} not found")
+        body = node.body
+    assert node is not None
+    return node
+
+
+def _resolve_import(tree: ast.Module, name: str, module: str) -> ClassRef | None:
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    base = node.module
+                    if node.level:
+                        parent = module.rsplit(".", node.level)[0]
+                        base = f"{parent}.{node.module}"
+                    return ClassRef(base, alias.name)
+    return None
+
+
+@functools.cache
+def source_fields(module: str, qualname: str) -> tuple[tuple[str, object], ...]:
+    """``(name, annotation)`` of a dataclass's fields, inherited ones first, from its source.
+
+    Annotations are source text, except those of bases that import cleanly (real types).
+
+    Bases are followed through the module's imports; a base that imports cleanly contributes
+    its real ``dataclasses.fields``.
+    """
+    tree, _ = _module_source(module)
+    node = _find_class(tree, qualname)
+    fields: dict[str, object] = {}
+    for base in node.bases:
+        base_expr = base.value if isinstance(base, ast.Subscript) else base
+        base_name = ast.unparse(base_expr)
+        if base_name in ("Generic", "object") or base_name.startswith("Generic"):
+            continue
+        try:
+            base_ref = _resolve_import(tree, base_name, module) or ClassRef(module, base_name)
+            for name, annotation in _fields_of(base_ref):
+                fields[name] = annotation
+        except (ImportError, LookupError):
+            continue
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            annotation = ast.unparse(stmt.annotation)
+            if annotation.startswith("ClassVar"):
+                continue
+            fields[stmt.target.id] = annotation
+    return tuple(fields.items())
+
+
+def _fields_of(ref: ClassRef) -> tuple[tuple[str, object], ...]:
+    try:
+        cls = _import(ref)
+    except Exception:
+        return source_fields(ref.module, ref.qualname)
+    if not dataclasses.is_dataclass(cls):
+        return ()
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:
+        hints = {}
+    return tuple((f.name, hints.get(f.name, f.type)) for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def load_metadata_class(module: str, qualname: str) -> tuple[type, bool]:
+    """The class, imported if possible, else a stand-in dataclass built from its source.
+
+    Returns ``(cls, imported)``; ``imported`` is False for a stand-in.
+    """
+    ref = ClassRef(module, qualname)
+    try:
+        return _import(ref), True
+    except Exception:
+        fields = source_fields(module, qualname)
+        stand_in = dataclasses.make_dataclass(
+            qualname.rsplit(".", 1)[-1],
+            [(name, _annotation(text), dataclasses.field(default=None)) for name, text in fields],
+        )
+        stand_in.__module__ = module
+        stand_in.__qualname__ = qualname
+        return stand_in, False
+
+
+def _annotation(annotation: object) -> object:
+    if isinstance(annotation, str):
+        return annotation.replace("Optional[torch.Tensor]", "torch.Tensor | None")
+    return annotation
