@@ -20,8 +20,12 @@ from typing import Any, Literal
 import attrs
 
 from draftmeta.backends.common import HostBoundPolicy, decode_only, max_seq_len_rule
-from draftmeta.backends.hooks import FlashAttnCompute, FlashAttnSchedule, FlashMLAFp8TileSchedule
-from draftmeta.backends.hooks import TileCompute
+from draftmeta.backends.hooks import (
+    FlashAttnCompute,
+    FlashAttnSchedule,
+    FlashMLAFp8TileSchedule,
+    TileCompute,
+)
 from draftmeta.backends.vllm_classes import ClassRef, load_metadata_class
 from draftmeta.conditions import IsNone, Precondition
 from draftmeta.derivations import TokenToRequest

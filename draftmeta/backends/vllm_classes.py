@@ -15,10 +15,12 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import os
+import sys
 import typing
 from pathlib import Path
 
-__all__ = ["ClassRef", "load_metadata_class", "source_fields"]
+__all__ = ["ClassRef", "ensure_platform_environment", "load_metadata_class", "source_fields"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +34,25 @@ class ClassRef:
         return f"{self.module}:{self.qualname}"
 
 
+def ensure_platform_environment() -> None:
+    """On a machine without CUDA, point vLLM at its CPU platform before it is first imported.
+
+    Without ``VLLM_TARGET_DEVICE=cpu`` a CUDA build of vLLM resolves an unspecified platform on
+    such a machine, and later config creation fails. Nothing is changed where CUDA exists or
+    where the variable is already set.
+    """
+    if "vllm.platforms" in sys.modules or os.environ.get("VLLM_TARGET_DEVICE"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
 def _import(ref: ClassRef) -> type:
+    if ref.module.startswith("vllm"):
+        ensure_platform_environment()
     obj: object = importlib.import_module(ref.module)
     for part in ref.qualname.split("."):
         obj = getattr(obj, part)

@@ -220,7 +220,7 @@ def cached_vllm_config(
     return config
 
 
-def _mla_backend(name: str) -> type[Any]:
+def _mla_backend(name: str) -> Any:
     if name == "CPU_MLA":
         from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
 
@@ -259,7 +259,7 @@ def _mla_layer(config: VllmConfig, name: str) -> Any:
         v_head_dim=v_head,
         q_lora_rank=getattr(hf, "q_lora_rank", None),
         kv_lora_rank=kv_lora_rank,
-        kv_b_proj=kv_b_proj,  # type: ignore[arg-type]
+        kv_b_proj=kv_b_proj,
         cache_config=config.cache_config,
         prefix=prefix,
         attn_backend=_mla_backend(name),
@@ -342,7 +342,7 @@ def make_builder(
         if spec.block_size != block_size:
             spec = dataclasses.replace(spec, block_size=block_size)
         builder_cls = layer.attn_backend.get_builder_cls()
-        return builder_cls(spec, [layer.layer_name], config, dev)  # type: ignore[no-any-return]
+        return builder_cls(spec, [layer.layer_name], config, dev)
 
 
 def make_common_metadata(
@@ -423,7 +423,7 @@ def make_common_metadata(
             f"CommonAttentionMetadata of this vLLM release requires fields {missing} that "
             "make_common_metadata does not know how to fill"
         )
-    return cad_cls(**kwargs)  # type: ignore[no-any-return]
+    return cad_cls(**kwargs)
 
 
 _cad_class: tuple[type[Any], tuple[dataclasses.Field[Any], ...]] | None = None

@@ -1,0 +1,179 @@
+"""Update versus rebuild against vLLM's real builders: the invariant, checked on one batch.
+
+For a random decode batch, :func:`check_batch` builds metadata once with a vLLM builder, then
+for every later draft step advances the draft state in place, updates the metadata with
+draftmeta's generated function, and compares it field by field with what a *second* builder
+instance (fresh buffers) builds from a *copy* of the advanced state, so that neither shared
+buffers nor shared tensors can make the comparison vacuous.
+
+Used by the test suite and by ``draftmeta verify``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+
+from draftmeta.advance import OverflowPolicy, advance_state
+from draftmeta.backends.common import HostBoundPolicy
+from draftmeta.backends.indexer import indexer_spec
+from draftmeta.backends.mla import mla_spec
+from draftmeta.integrations.vllm import harness
+from draftmeta.spec import DraftSpec
+from draftmeta.state import DraftState
+from draftmeta.testing import Mismatch, compare_metadata, random_state
+
+__all__ = ["BUILDERS", "BatchResult", "CaseConfig", "check_batch", "random_case"]
+
+SpecFactory = Callable[[HostBoundPolicy], DraftSpec[Any]]
+
+BUILDERS: dict[str, SpecFactory] = {
+    "CPU_MLA": lambda policy: mla_spec("common", policy=policy),
+    "TRITON_MLA": lambda policy: mla_spec("triton", policy=policy),
+    "INDEXER": lambda policy: indexer_spec(policy=policy),
+}
+"""vLLM builders that construct on CPU, and the draftmeta spec of the metadata each builds."""
+
+_UNFILLED_ON_CPU = frozenset({"decode.schedule_metadata"})
+"""Buffers vLLM allocates with ``torch.empty`` and fills only on CUDA with DeepGEMM: on CPU
+their contents are undefined, so only their shape and dtype are compared."""
+
+
+@attrs.frozen
+class CaseConfig:
+    """One random batch to check.
+
+    Attributes:
+        builder: a key of :data:`BUILDERS`.
+        seed: the generator seed (printed on failure).
+        batch_size: real requests.
+        num_padded: padding rows after them.
+        block_size: the KV block size.
+        max_model_len: the context limit.
+        steps: draft steps K; the metadata is built for step 1 and updated K - 1 times.
+        overflow: the source advance's overflow policy.
+        host_bound: how the host ``max_seq_len`` moves.
+    """
+
+    builder: str
+    seed: int
+    batch_size: int
+    num_padded: int
+    block_size: int
+    max_model_len: int
+    steps: int
+    overflow: OverflowPolicy
+    host_bound: HostBoundPolicy
+
+    def __str__(self) -> str:
+        return (
+            f"{self.builder} seed={self.seed} B={self.batch_size}+{self.num_padded} "
+            f"bs={self.block_size} L={self.max_model_len} K={self.steps} "
+            f"{self.overflow}/{self.host_bound}"
+        )
+
+
+@attrs.frozen
+class BatchResult:
+    """What :func:`check_batch` found: mismatches per draft step (empty when all equal)."""
+
+    case: CaseConfig
+    steps_checked: int
+    mismatches: tuple[tuple[int, Mismatch], ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every step's updated metadata equaled the rebuilt one."""
+        return not self.mismatches
+
+
+def random_case(builder: str, seed: int, *, max_steps: int = 8) -> CaseConfig:
+    """A random batch configuration for ``builder`` from ``seed`` (batch 1..64, K 2..8, ...)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(options: list[Any]) -> Any:
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    block_size = 64 if builder == "INDEXER" else pick([16, 64])
+    batch = pick([1, 1, 2, 3, 7, 16, 31, 64, int(torch.randint(1, 65, (1,), generator=g))])
+    return CaseConfig(
+        builder=builder,
+        seed=seed,
+        batch_size=batch,
+        num_padded=pick([0, 0, 0, 3]),
+        block_size=block_size,
+        max_model_len=pick([256, 1000, 4096]),
+        steps=int(torch.randint(2, max_steps + 1, (1,), generator=g)),
+        overflow=pick(["wrap", "clamp"]),
+        host_bound=pick(["advance", "advance", "frozen"]),
+    )
+
+
+def _cad(state: DraftState) -> Any:
+    return harness.make_common_metadata(
+        seq_lens=state.seq_lens,
+        positions=state.positions,
+        slot_mapping=state.slot_mapping,
+        block_table=state.block_table,
+        query_start_loc=state.query_start_loc,
+        max_seq_len=state.max_seq_len,
+        num_reqs=state.num_reqs,
+    )
+
+
+def _unfilled(path: str) -> bool:
+    return path in _UNFILLED_ON_CPU
+
+
+def check_batch(case: CaseConfig, *, spec: DraftSpec[Any] | None = None) -> BatchResult:
+    """Build, then update and rebuild for every later step; collect every mismatch.
+
+    ``spec`` overrides the builder's registered spec (``draftmeta verify`` uses this to show
+    that a deliberately broken spec is caught).
+    """
+    spec = spec or BUILDERS[case.builder](case.host_bound)
+    config = harness.cached_vllm_config(
+        max_model_len=case.max_model_len, block_size=case.block_size
+    )
+    width = -(-case.max_model_len // case.block_size)
+    kwargs: dict[str, Any] = {"block_size": case.block_size}
+    if case.builder == "INDEXER":
+        kwargs["block_table_width"] = width
+    updater = harness.make_builder(case.builder, config, **kwargs)
+    rebuilder = harness.make_builder(case.builder, config, **kwargs)
+
+    g = torch.Generator().manual_seed(case.seed)
+    state = random_state(
+        g,
+        batch_size=case.batch_size,
+        block_size=case.block_size,
+        max_model_len=case.max_model_len,
+        steps=case.steps,
+        num_padded=case.num_padded,
+    )
+    metadata = harness.build_metadata(updater, _cad(state), draft_index=1)
+    found: list[tuple[int, Mismatch]] = []
+    for step in range(2, case.steps + 1):
+        advance_state(state, case.overflow, case.host_bound)
+        spec.update(metadata, state)
+        rebuilt = harness.build_metadata(rebuilder, _cad(state.clone()), draft_index=step)
+        mismatches = compare_metadata(metadata, rebuilt, ignore=_unfilled)
+        for path in _UNFILLED_ON_CPU:
+            mismatches += _shape_only(metadata, rebuilt, path)
+        found += [(step, m) for m in mismatches]
+    return BatchResult(case, case.steps - 1, tuple(found))
+
+
+def _shape_only(a: object, b: object, path: str) -> list[Mismatch]:
+    for part in path.split("."):
+        a, b = getattr(a, part, None), getattr(b, part, None)
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if (a.shape, a.dtype) != (b.shape, b.dtype):
+            return [Mismatch(path, f"{tuple(a.shape)} {a.dtype} != {tuple(b.shape)} {b.dtype}")]
+        return []
+    if (a is None) != (b is None):
+        return [Mismatch(path, f"{type(a).__name__} != {type(b).__name__}")]
+    return []

@@ -1,0 +1,235 @@
+"""The backend specs, proven against vLLM 0.33's real builders and classes on CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from draftmeta import DraftState, SpecError, advance_state
+from draftmeta.backends.indexer import INDEXER_DECODE, INDEXER_METADATA, indexer_spec
+from draftmeta.backends.mla import MLA_VARIANTS, mla_spec
+from draftmeta.backends.vllm_classes import load_metadata_class, source_fields
+from draftmeta.integrations.vllm.equivalence import (
+    BUILDERS,
+    CaseConfig,
+    check_batch,
+    random_case,
+)
+from draftmeta.testing import compare_metadata, random_state
+
+BATCHES_PER_BUILDER = 200
+
+
+def _report(results: list[object]) -> str:
+    return "\n".join(
+        f"{r.case}: step {step} {m}"  # type: ignore[attr-defined]
+        for r in results
+        for step, m in r.mismatches  # type: ignore[attr-defined]
+    )
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+def test_update_equals_rebuild_over_random_batches(builder: str) -> None:
+    failures = []
+    steps = 0
+    for seed in range(BATCHES_PER_BUILDER):
+        result = check_batch(random_case(builder, seed))
+        steps += result.steps_checked
+        if not result.ok:
+            failures.append(result)
+    assert not failures, f"{len(failures)} batch(es) differ:\n{_report(failures)}"
+    assert steps >= BATCHES_PER_BUILDER  # every batch checked at least one updated step
+
+
+EDGE_CASES = [
+    # batch of one, both overflow policies, the request ends at max_model_len within K steps
+    dict(batch_size=1, num_padded=0, max_model_len=256, steps=8, overflow="wrap"),
+    dict(batch_size=1, num_padded=0, max_model_len=256, steps=8, overflow="clamp"),
+    # padded rows after the real requests
+    dict(batch_size=5, num_padded=3, max_model_len=1000, steps=6, overflow="wrap"),
+    dict(batch_size=5, num_padded=3, max_model_len=1000, steps=6, overflow="clamp"),
+    # a large batch with mixed lengths, frozen host bound (captured-graph style)
+    dict(batch_size=64, num_padded=0, max_model_len=4096, steps=8, overflow="clamp",
+         host_bound="frozen"),
+]
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+@pytest.mark.parametrize("edge", EDGE_CASES, ids=lambda e: "-".join(f"{v}" for v in e.values()))
+def test_edge_cases(builder: str, edge: dict[str, object]) -> None:
+    block_size = 64 if builder == "INDEXER" else 16
+    for seed in range(10):
+        case = CaseConfig(
+            builder=builder, seed=seed, block_size=block_size,
+            host_bound=edge.get("host_bound", "advance"),  # type: ignore[arg-type]
+            **{k: v for k, v in edge.items() if k != "host_bound"},  # type: ignore[arg-type]
+        )
+        result = check_batch(case)
+        assert result.ok, _report([result])
+
+
+def test_random_batches_do_reach_the_edges() -> None:
+    """The generator really produces block crossings and positions at max_model_len."""
+    crossed = reached = 0
+    for seed in range(50):
+        case = random_case("TRITON_MLA", seed)
+        g = torch.Generator().manual_seed(case.seed)
+        state = random_state(g, batch_size=case.batch_size, block_size=case.block_size,
+                             max_model_len=case.max_model_len, steps=case.steps)
+        start_blocks = state.positions // case.block_size
+        for _ in range(case.steps - 1):
+            advance_state(state, "clamp")
+        crossed += int((state.positions // case.block_size != start_blocks).sum())
+        reached += int((state.positions == case.max_model_len - 1).sum())
+    assert crossed > 20 and reached > 20, (crossed, reached)
+
+
+def test_a_broken_spec_is_caught_with_its_field_path() -> None:
+    from draftmeta import DraftSpec, HostConstant
+
+    good = mla_spec("triton")
+    broken = DraftSpec(good.cls, {**good.rules, "max_seq_len": HostConstant()},
+                       nested=good.nested, preconditions=good.preconditions, name="broken")
+    result = check_batch(random_case("TRITON_MLA", 1), spec=broken)
+    assert not result.ok
+    assert {m.path for _, m in result.mismatches} == {"max_seq_len"}
+
+
+# -- completeness against the installed classes ---------------------------------------------
+
+
+def _installed_fields(module: str, qualname: str) -> list[str]:
+    cls, imported = load_metadata_class(module, qualname)
+    if imported:
+        return [f.name for f in dataclasses.fields(cls)]
+    return [name for name, _ in source_fields(module, qualname)]
+
+
+@pytest.mark.parametrize("variant", sorted(MLA_VARIANTS))
+@pytest.mark.parametrize("dcp", [False, True])
+def test_every_mla_variant_covers_every_installed_field(variant: str, dcp: bool) -> None:
+    v = MLA_VARIANTS[variant]
+    spec = mla_spec(variant, dcp=dcp)
+    top = _installed_fields(v.metadata.module, v.metadata.qualname)
+    assert [p for p in spec.fields if "." not in p] == top
+    if v.decode is not None:
+        decode = _installed_fields(v.decode.module, v.decode.qualname)
+        assert [p.split(".", 1)[1] for p in spec.fields if p.startswith("decode.")
+                and p.count(".") == 1] == decode
+    records = set(spec.containers())
+    for path in spec.fields:
+        if path not in records:
+            spec.rule_for(path)  # every field has a rule (its own or a covering one)
+
+
+def test_flashmla_fp8_spec_covers_the_scheduler_object() -> None:
+    spec = mla_spec("flashmla", fp8_kv_cache=True, num_q_tokens_per_head_k=16)
+    sched = _installed_fields("vllm.third_party.flashmla.flash_mla_interface",
+                              "FlashMLASchedMeta")
+    assert sched == ["have_initialized", "config", "tile_scheduler_metadata", "num_splits"]
+    for name in sched:
+        spec.rule_for(f"decode.scheduler_metadata.{name}")
+
+
+def test_indexer_spec_covers_every_installed_field() -> None:
+    spec = indexer_spec()
+    assert [p for p in spec.fields if "." not in p] == _installed_fields(
+        INDEXER_METADATA.module, INDEXER_METADATA.qualname)
+    assert [p[len("decode."):] for p in spec.fields if p.startswith("decode.")] == \
+        _installed_fields(INDEXER_DECODE.module, INDEXER_DECODE.qualname)
+
+
+def test_a_field_added_by_a_future_release_fails_the_declaration() -> None:
+    from vllm.model_executor.layers.attention.mla_attention import MLACommonDecodeMetadata
+
+    @dataclasses.dataclass
+    class FutureDecode(MLACommonDecodeMetadata):
+        kv_split_hints: torch.Tensor | None = None
+
+    from draftmeta import DraftSpec
+
+    spec = mla_spec("triton")
+    rules = {k: v for k, v in spec.rules.items()}
+    with pytest.raises(SpecError, match=r"'decode\.kv_split_hints'.*has no rule"):
+        DraftSpec(spec.cls, rules, nested={"decode": FutureDecode}, name="future")
+
+
+def test_which_classes_are_verified_only_by_completeness() -> None:
+    """Document (and pin) which metadata classes cannot be imported on a CPU-only machine."""
+    stand_ins = {
+        name for name, v in MLA_VARIANTS.items()
+        if not load_metadata_class(v.metadata.module, v.metadata.qualname)[1]
+    }
+    assert stand_ins == {"flashattn_mla", "flashattn_mla_sparse"}
+    assert not load_metadata_class("vllm.third_party.flashmla.flash_mla_interface",
+                                   "FlashMLASchedMeta")[1]
+
+
+# -- decode context parallelism --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("interleave", [1, 16])
+def test_dcp_local_lengths_equal_vllms_function(world: int, interleave: int) -> None:
+    from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
+
+    g = torch.Generator().manual_seed(world + interleave)
+    base = random_state(g, batch_size=40, block_size=16, max_model_len=2000, steps=8)
+    for rank in range(world):
+        state = base.clone()
+        state.dcp_world_size, state.dcp_rank, state.dcp_interleave = world, rank, interleave
+        state.dcp_local_seq_lens = torch.zeros_like(state.seq_lens)
+        for _ in range(8):
+            advance_state(state, "wrap")
+            want = get_dcp_local_seq_lens(state.seq_lens, world, rank, interleave)
+            assert torch.equal(state.dcp_local_seq_lens, want.to(torch.int32)), (rank, state.step)
+
+
+def _vllm_dcp_mla_metadata(state: DraftState, cls: type, decode_cls: type) -> object:
+    """What vLLM's MLA build produces under DCP (mla_attention.py, the decode branch)."""
+    from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
+
+    n = state.num_reqs
+    parts = state.dcp_world_size * state.dcp_interleave
+    local = get_dcp_local_seq_lens(state.seq_lens, state.dcp_world_size, state.dcp_rank,
+                                   state.dcp_interleave)
+    return cls(
+        num_reqs=n, max_query_len=1,
+        max_seq_len=(state.max_seq_len + parts - 1) // parts * state.dcp_interleave,
+        num_actual_tokens=n, query_start_loc=state.query_start_loc.clone(),
+        slot_mapping=state.slot_mapping.clone(), num_decodes=n, num_decode_tokens=n,
+        num_prefills=0, head_dim=576,
+        decode=decode_cls(block_table=state.block_table.clone(), seq_lens=local.to(torch.int32),
+                          dcp_tot_seq_lens=state.seq_lens.clone()),
+    )
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("interleave", [1, 8])
+@pytest.mark.parametrize("overflow", ["wrap", "clamp"])
+def test_mla_spec_under_dcp(world: int, interleave: int, overflow: str) -> None:
+    spec = mla_spec("triton", dcp=True)
+    cls, decode_cls = spec.cls, spec.nested["decode"]
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        state = random_state(g, batch_size=1 + seed * 3, block_size=16, max_model_len=512,
+                             steps=6)
+        rank = seed % world
+        state.dcp_world_size, state.dcp_rank, state.dcp_interleave = world, rank, interleave
+        state.dcp_local_seq_lens = torch.zeros_like(state.seq_lens)
+        advance_state(state, overflow)  # type: ignore[arg-type]
+        built = _vllm_dcp_mla_metadata(state, cls, decode_cls)
+        # the metadata aliases the loop's buffers, as the builder's does
+        meta = cls(**{**{f.name: getattr(built, f.name) for f in dataclasses.fields(cls)},
+                      "query_start_loc": state.query_start_loc,
+                      "slot_mapping": state.slot_mapping,
+                      "decode": decode_cls(block_table=state.block_table,
+                                           seq_lens=state.dcp_local_seq_lens,
+                                           dcp_tot_seq_lens=state.seq_lens)})
+        for _ in range(5):
+            advance_state(state, overflow)  # type: ignore[arg-type]
+            spec.update(meta, state)
+            want = _vllm_dcp_mla_metadata(state, cls, decode_cls)
+            assert compare_metadata(meta, want) == [], (seed, state.step)
