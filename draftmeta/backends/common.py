@@ -65,10 +65,11 @@ def decode_only(
         conditions.insert(2, Equals("max_query_len", 1, name="query_len_1"))
     if decode_part:
         conditions.insert(0, _has("decode"))
-    conditions.append(
+    conditions.insert(  # the draft-state condition first: it holds for every group alike
+        0,
         Satisfies("dcp_enabled", _dcp_enabled, ("state.dcp_world_size",), "dcp_world_size > 1")
         if dcp
-        else Equals("state.dcp_world_size", 1, name="no_dcp")
+        else Equals("state.dcp_world_size", 1, name="no_dcp"),
     )
     return conditions
 

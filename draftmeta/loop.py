@@ -1,0 +1,420 @@
+"""The draft loop: advance the shared state once per step, then refresh each group's metadata.
+
+A *group* is an attention metadata builder with the metadata it built for the first draft step.
+Per step the loop advances the :class:`~draftmeta.state.DraftState` once for all groups, then
+dispatches on each builder's declared capability:
+
+* a builder that satisfies :class:`~draftmeta.protocol.SupportsDraftUpdate`, whose spec is
+  supported and whose preconditions hold, has its metadata updated in place;
+* any other builder is rebuilt through the ``rebuild`` callable of its group (for vLLM,
+  ``build_for_drafting(common_metadata, draft_index)``).
+
+The path each group takes and the reason for a fallback are kept in :class:`LoopStats` and
+logged once per group, not per step. A group whose update fails (a precondition, a structure
+check) is rebuilt from then on; the failed update wrote nothing.
+
+On CUDA, :meth:`DraftLoop.capture` records steps 1..K-1 (updates and the caller's step
+function) in one CUDA graph after checking that they are capture-safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+import torch
+
+from draftmeta.advance import HostBound, OverflowPolicy, advance_spec
+from draftmeta.errors import DraftMetaError, PreconditionFailed, UpdateError
+from draftmeta.protocol import SupportsDraftUpdate, spec_of
+from draftmeta.state import DraftState
+
+__all__ = [
+    "AttentionGroup",
+    "CaptureError",
+    "CapturedLoop",
+    "DraftLoop",
+    "GroupStats",
+    "LoopStats",
+    "StepFunction",
+]
+
+logger = logging.getLogger("draftmeta.loop")
+
+Rebuild = Callable[[DraftState, int], Any]
+"""``rebuild(state, draft_index) -> metadata``: build the group's metadata from scratch."""
+
+StepFunction = Callable[[int, Mapping[str, Any]], None]
+"""``step_fn(draft_index, metadata_by_group)``: one draft-model forward (and sampling)."""
+
+Path = Literal["update", "rebuild"]
+
+
+class CaptureError(DraftMetaError):
+    """The draft loop cannot be captured in a CUDA graph; the message names the culprit."""
+
+
+@attrs.define(eq=False)
+class AttentionGroup:
+    """An attention metadata builder and the metadata it built for the first draft step.
+
+    Attributes:
+        name: the group's name in statistics and logs.
+        builder: the metadata builder; capable when it satisfies ``SupportsDraftUpdate``.
+        metadata: the metadata the step function reads; updated in place or replaced.
+        rebuild: builds the metadata from scratch for a state and draft index.
+    """
+
+    name: str
+    builder: object
+    metadata: Any
+    rebuild: Rebuild
+
+
+@attrs.define
+class GroupStats:
+    """What happened to one group.
+
+    Attributes:
+        path: ``"update"`` (in place) or ``"rebuild"``, as decided last.
+        reason: why the group rebuilds (``None`` while it updates).
+        updates: in-place updates done.
+        rebuilds: rebuilds done.
+    """
+
+    path: Path
+    reason: str | None = None
+    updates: int = 0
+    rebuilds: int = 0
+
+
+@attrs.define
+class LoopStats:
+    """Per-group paths, fallback reasons and counts, plus the steps run.
+
+    Attributes:
+        groups: statistics by group name.
+        steps: draft steps run (the first, built before the loop, included).
+        advances: source-state advances (one per step after the first, for all groups).
+    """
+
+    groups: dict[str, GroupStats] = attrs.field(factory=dict)
+    steps: int = 0
+    advances: int = 0
+
+    def fallbacks(self) -> dict[str, str]:
+        """``{group: reason}`` for every group that rebuilds."""
+        return {n: g.reason for n, g in self.groups.items() if g.reason is not None}
+
+
+def _capability(builder: object) -> str | None:
+    """``None`` if the builder can update in place, else why not."""
+    if not isinstance(builder, SupportsDraftUpdate):
+        return f"{type(builder).__qualname__} declares no draft-update capability"
+    spec = spec_of(builder)
+    if spec is not None and not spec.supported:
+        reasons = "; ".join(f"{p}: {r}" for p, r in spec.unsupported_reasons)
+        return f"spec {spec.name!r} is unsupported ({reasons})"
+    return None
+
+
+class DraftLoop:
+    """Runs draft steps for a set of attention groups over one shared draft state.
+
+    Args:
+        groups: the attention groups, each with metadata built for the state as given.
+        state: the draft state (source buffers); advanced in place once per step.
+        policy: overflow policy of the source advance (``"wrap"`` or ``"clamp"``).
+        host_bound: how the host ``max_seq_len`` moves (``"advance"`` or ``"frozen"``).
+
+    Raises:
+        ValueError: two groups share a name, or the state is malformed (dtypes, devices,
+            shapes), with the field and the fix.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[AttentionGroup],
+        state: DraftState,
+        *,
+        policy: OverflowPolicy = "clamp",
+        host_bound: HostBound = "advance",
+    ) -> None:
+        names = [g.name for g in groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"attention group names must be unique, got {names}")
+        validate_state(state)
+        self.groups = list(groups)
+        self.state = state
+        self.policy: OverflowPolicy = policy
+        self.host_bound: HostBound = host_bound
+        self._advance = advance_spec(policy, host_bound, state.dcp_world_size > 1).update
+        self.stats = LoopStats()
+        for group in self.groups:
+            reason = _capability(group.builder)
+            self.stats.groups[group.name] = GroupStats(
+                path="update" if reason is None else "rebuild", reason=reason
+            )
+            self._log(group.name)
+
+    def _log(self, name: str) -> None:
+        g = self.stats.groups[name]
+        if g.reason is None:
+            logger.info("draft group %s: metadata updated in place", name)
+        else:
+            logger.info("draft group %s: metadata rebuilt every step (%s)", name, g.reason)
+
+    def metadata(self) -> dict[str, Any]:
+        """The current metadata of every group, by name."""
+        return {g.name: g.metadata for g in self.groups}
+
+    def refresh(self, draft_index: int) -> None:
+        """Advance the shared state once, then update or rebuild each group's metadata."""
+        self._advance(self.state, self.state)
+        self.stats.advances += 1
+        for group in self.groups:
+            stats = self.stats.groups[group.name]
+            if stats.path == "update":
+                try:
+                    group.builder.update_draft_metadata(  # type: ignore[attr-defined]
+                        group.metadata, self.state
+                    )
+                    stats.updates += 1
+                    continue
+                except PreconditionFailed as exc:
+                    stats.reason = f"precondition {exc.name!r} failed: {exc.detail}"
+                except UpdateError as exc:
+                    stats.reason = f"field {exc.path!r}: {exc.detail}"
+                stats.path = "rebuild"
+                self._log(group.name)
+            group.metadata = group.rebuild(self.state, draft_index)
+            stats.rebuilds += 1
+
+    def run(self, step_fn: StepFunction, num_steps: int) -> LoopStats:
+        """Run draft steps ``0 .. num_steps - 1`` of the loop (the first uses the metadata as
+        built), calling ``step_fn(draft_index, metadata_by_group)`` once per step."""
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        for index in range(num_steps):
+            if index:
+                self.refresh(index)
+            step_fn(index, self.metadata())
+            self.stats.steps += 1
+        return self.stats
+
+    def capture(
+        self, step_fn: StepFunction, num_steps: int, *, warmup: int = 1
+    ) -> CapturedLoop:
+        """Capture ``num_steps`` refresh-and-step iterations in one CUDA graph.
+
+        Every group must update in place. Before capture, ``warmup`` eager iterations run
+        under ``torch.cuda.set_sync_debug_mode("error")`` (a device sync raises) and every
+        tensor the metadata and the state reference is checked to keep its address and every
+        host field its value (a captured graph bakes both).
+
+        Raises:
+            CaptureError: a group rebuilds, the state is not on CUDA, a step syncs, a buffer
+                moves or a host value changes between steps; the message names it.
+        """
+        if not self.state.device.type == "cuda":
+            raise CaptureError(f"the draft state is on {self.state.device}; capture needs CUDA")
+        rebuilding = self.stats.fallbacks()
+        if rebuilding:
+            raise CaptureError(f"groups that rebuild cannot be captured: {rebuilding}")
+        for group in self.groups:
+            spec = spec_of(group.builder)
+            if spec is not None:
+                unsafe = [
+                    p for p, r in spec.rules.items()
+                    if getattr(getattr(r, "hook", None), "capture_safe", True) is False
+                ]
+                if unsafe:
+                    raise CaptureError(
+                        f"group {group.name}: recompute hook of {unsafe[0]!r} is not capture-safe"
+                    )
+        before = self._addresses()
+        host_before = self._host_values()
+        stream = getattr(torch.cuda, "Stream")()  # noqa: B009 - typed loosely across torch releases
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for i in range(warmup):
+                with _sync_debug_error():
+                    try:
+                        self.refresh(1 + i)
+                        step_fn(1 + i, self.metadata())
+                    except RuntimeError as exc:
+                        raise CaptureError(
+                            f"a draft step synchronizes with the device: {exc}"
+                        ) from exc
+                if self.stats.fallbacks():
+                    raise CaptureError(f"a group fell back in warm-up: {self.stats.fallbacks()}")
+                self._same_addresses(before)
+                self._same_host_values(host_before)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for index in range(1, num_steps):
+                self.refresh(index)
+                step_fn(index, self.metadata())
+        self._same_addresses(before)
+        return CapturedLoop(graph, self, num_steps, self.state.batch_size)
+
+    # -- capture-safety checks ----------------------------------------------------------------
+
+    def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in ("positions", "seq_lens", "slot_mapping", "block_table", "query_start_loc",
+                     "dcp_local_seq_lens"):
+            t = getattr(self.state, name)
+            if isinstance(t, torch.Tensor):
+                yield f"state.{name}", t
+        for group in self.groups:
+            yield from _walk_tensors(group.metadata, group.name)
+
+    def _addresses(self) -> dict[str, int]:
+        return {path: t.data_ptr() for path, t in self._tensors()}
+
+    def _same_addresses(self, before: Mapping[str, int]) -> None:
+        after = self._addresses()
+        for path, ptr in before.items():
+            if after.get(path) != ptr:
+                raise CaptureError(
+                    f"{path} moved between steps (its buffer was replaced); a captured graph "
+                    "would read the old address. Declare it with a rule that writes in place"
+                )
+
+    def _host_values(self) -> dict[str, object]:
+        values: dict[str, object] = {"state.max_seq_len": self.state.max_seq_len}
+        for group in self.groups:
+            values.update(_walk_host(group.metadata, group.name))
+        return values
+
+    def _same_host_values(self, before: Mapping[str, object]) -> None:
+        after = self._host_values()
+        for path, value in before.items():
+            if after.get(path) != value:
+                raise CaptureError(
+                    f"host value {path} changes between steps ({value!r} -> {after.get(path)!r});"
+                    " a captured graph bakes host values: use host_bound='frozen'"
+                )
+
+
+@attrs.define(eq=False)
+class CapturedLoop:
+    """Steps 1..K-1 of a draft loop recorded in one CUDA graph.
+
+    Attributes:
+        graph: the CUDA graph.
+        loop: the loop it was captured from (its state and metadata are the graph's buffers).
+        num_steps: the draft steps the graph covers, the first (eager) one included.
+        batch_size: the batch shape (rows of the state's buffers) it was captured for.
+    """
+
+    graph: torch.cuda.CUDAGraph
+    loop: DraftLoop
+    num_steps: int
+    batch_size: int
+
+    def replay(self, state: DraftState | None = None) -> None:
+        """Replay steps 1..K-1. ``state``, if given, must be the captured state.
+
+        Raises:
+            CaptureError: ``state`` has another batch shape, or is not the captured state's
+                buffers: fall back to :meth:`DraftLoop.run`.
+        """
+        if state is not None:
+            if state.batch_size != self.batch_size:
+                raise CaptureError(
+                    f"batch of {state.batch_size} rows, but the graph was captured for "
+                    f"{self.batch_size}; run the loop eagerly or capture this shape"
+                )
+            if state.seq_lens.data_ptr() != self.loop.state.seq_lens.data_ptr():
+                raise CaptureError("the state's buffers are not the captured ones")
+        self.graph.replay()
+
+
+def _walk_tensors(obj: object, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    items = _record_items(obj)
+    for name, value in items:
+        path = f"{prefix}.{name}"
+        if isinstance(value, torch.Tensor):
+            yield path, value
+        elif _record_items(value):
+            yield from _walk_tensors(value, path)
+
+
+def _walk_host(obj: object, prefix: str) -> Iterator[tuple[str, object]]:
+    for name, value in _record_items(obj):
+        path = f"{prefix}.{name}"
+        if isinstance(value, (int, float, bool)):
+            yield path, value
+        elif _record_items(value):
+            yield from _walk_host(value, path)
+
+
+def _record_items(obj: object) -> list[tuple[str, object]]:
+    import dataclasses
+
+    cls = type(obj)
+    if attrs.has(cls):
+        return [(a.name, getattr(obj, a.name)) for a in attrs.fields(cls)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    return []
+
+
+@contextlib.contextmanager
+def _sync_debug_error() -> Iterator[None]:
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
+_INT = (torch.int32, torch.int64)
+
+
+def validate_state(state: DraftState) -> None:
+    """Check a draft state's dtypes, devices and shapes (host metadata only, no device sync).
+
+    Raises:
+        ValueError: naming the field, what it is and what it must be.
+    """
+    rows = state.batch_size
+    expect = {
+        "positions": ((rows,), _INT),
+        "seq_lens": ((rows,), _INT),
+        "slot_mapping": ((rows,), _INT),
+        "query_start_loc": ((rows + 1,), _INT),
+    }
+    for name, (shape, dtypes) in expect.items():
+        t = getattr(state, name)
+        if t.dtype not in dtypes:
+            raise ValueError(f"state.{name} is {t.dtype}; it must be int32 or int64")
+        if t.dim() != 1 or t.shape[0] < shape[0]:
+            raise ValueError(f"state.{name} has shape {tuple(t.shape)}; it must be [>= {shape[0]}]")
+    bt = state.block_table
+    if bt.dim() != 2 or bt.shape[0] < rows or bt.dtype not in _INT:
+        raise ValueError(f"state.block_table is {bt.dtype} {tuple(bt.shape)}; it must be an "
+                         f"int32 [>= {rows}, W] tensor")
+    for name in ("positions", "slot_mapping", "block_table", "query_start_loc",
+                 "dcp_local_seq_lens"):
+        t = getattr(state, name)
+        if isinstance(t, torch.Tensor) and t.device != state.device:
+            raise ValueError(
+                f"state.{name} is on {t.device} but state.seq_lens on {state.device}; "
+                "put every buffer on one device"
+            )
+    if not 0 < state.num_reqs <= rows:
+        raise ValueError(f"state.num_reqs is {state.num_reqs}; it must be in 1..{rows}")
+    if state.max_seq_len > state.max_model_len:
+        raise ValueError(
+            f"state.max_seq_len {state.max_seq_len} exceeds max_model_len {state.max_model_len}"
+        )
+    if state.dcp_world_size > 1 and state.dcp_local_seq_lens is None:
+        raise ValueError("DCP is on (dcp_world_size > 1) but state.dcp_local_seq_lens is None; "
+                         "allocate it (the loop recomputes it every step)")
