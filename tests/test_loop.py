@@ -72,10 +72,11 @@ def test_loop_output_equals_an_all_rebuild_loop(seed: int, policy: str) -> None:
     stats = {}
     for capable in (True, False):
         state = base.clone()
-        loop = DraftLoop(_vllm_groups(state, capable=capable), state, policy=policy)  # type: ignore[arg-type]
+        groups = _vllm_groups(state, capable=capable)
+        loop = DraftLoop(groups, state, policy=policy)  # type: ignore[arg-type]
         seen: list[dict[str, Any]] = []
-        stats[capable] = loop.run(lambda i, m: seen.append(copy.deepcopy(dict(m))), 8)
         outputs[capable] = seen
+        stats[capable] = loop.run(lambda i, m, seen=seen: seen.append(copy.deepcopy(dict(m))), 8)
     for step, (fast, slow) in enumerate(zip(outputs[True], outputs[False])):
         for name in fast:
             diff = compare_metadata(fast[name], slow[name], ignore=lambda p: _unfilled(p))
