@@ -233,3 +233,70 @@ def test_mla_spec_under_dcp(world: int, interleave: int, overflow: str) -> None:
             spec.update(meta, state)
             want = _vllm_dcp_mla_metadata(state, cls, decode_cls)
             assert compare_metadata(meta, want) == [], (seed, state.step)
+
+
+# -- recompute hooks, exercised with reference implementations -------------------------------
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_indexer_schedule_hook_refills_the_persistent_buffer(seed: int) -> None:
+    from draftmeta.backends.schedules import paged_mqa_schedule_reference
+    from draftmeta.integrations.vllm import harness
+    from draftmeta.integrations.vllm.equivalence import _cad
+
+    spec = indexer_spec(schedule_compute=paged_mqa_schedule_reference)
+    g = torch.Generator().manual_seed(seed)
+    state = random_state(g, batch_size=1 + 7 * seed, block_size=64, max_model_len=4096, steps=8)
+    config = harness.cached_vllm_config(max_model_len=4096, block_size=64)
+    builder = harness.make_builder("INDEXER", config, block_size=64, block_table_width=64)
+    meta = harness.build_metadata(builder, _cad(state), draft_index=1)
+    buffer = meta.decode.schedule_metadata
+    slots = buffer.shape[0] - 1
+    for _ in range(7):
+        advance_state(state, "clamp")
+        spec.update(meta, state)
+        assert meta.decode.schedule_metadata is buffer  # refilled in place, same address
+        want = paged_mqa_schedule_reference(state.seq_lens.view(-1, 1), 64, slots)
+        assert torch.equal(buffer, want)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_flashmla_fp8_tile_schedule_hook(seed: int) -> None:
+    from draftmeta.backends.schedules import (
+        flashmla_num_sm_parts,
+        flashmla_tile_schedule_into,
+        flashmla_tile_schedule_reference,
+    )
+
+    parts = flashmla_num_sm_parts(132, 16, 1)
+
+    def compute(seq_lens: torch.Tensor, q_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return flashmla_tile_schedule_reference(seq_lens, q_tokens, 1, parts)
+
+    spec = mla_spec("flashmla", fp8_kv_cache=True, num_q_tokens_per_head_k=16,
+                    tile_compute=compute)
+    cls, decode_cls = spec.cls, spec.nested["decode"]
+    sched_cls = spec.nested["decode.scheduler_metadata"]
+    g = torch.Generator().manual_seed(seed)
+    state = random_state(g, batch_size=1 + 9 * seed, block_size=64, max_model_len=2048, steps=8)
+    n = state.num_reqs
+    tiles = torch.full((132, 8), -7, dtype=torch.int32)[:parts]  # a persistent buffer view
+    splits = torch.full((257,), -7, dtype=torch.int32)[: n + 1]
+    meta = cls(num_reqs=n, max_query_len=1, max_seq_len=state.max_seq_len, num_actual_tokens=n,
+               query_start_loc=state.query_start_loc, slot_mapping=state.slot_mapping,
+               num_decodes=n, num_decode_tokens=n, num_prefills=0, head_dim=576,
+               decode=decode_cls(block_table=state.block_table, seq_lens=state.seq_lens,
+                                 dcp_tot_seq_lens=None,
+                                 scheduler_metadata=sched_cls(
+                                     have_initialized=True, config="stale",
+                                     tile_scheduler_metadata=tiles, num_splits=splits)))
+    for _ in range(7):
+        advance_state(state, "wrap")
+        spec.update(meta, state)
+        sched = meta.decode.scheduler_metadata
+        want_tiles = tiles.clone()
+        want_splits = splits.clone()
+        flashmla_tile_schedule_into(want_tiles, want_splits, state.seq_lens)
+        assert sched.tile_scheduler_metadata is tiles and sched.num_splits is splits
+        assert torch.equal(tiles[:, :5], want_tiles[:, :5]) and torch.equal(splits, want_splits)
+        assert sched.have_initialized is False and sched.config is None
