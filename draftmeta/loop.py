@@ -30,6 +30,7 @@ import torch
 from draftmeta.advance import HostBound, OverflowPolicy, advance_spec
 from draftmeta.errors import DraftMetaError, PreconditionFailed, UpdateError
 from draftmeta.protocol import SupportsDraftUpdate, spec_of
+from draftmeta.rules import Invalidate, Reset
 from draftmeta.state import DraftState
 
 __all__ = [
@@ -142,6 +143,7 @@ class DraftLoop:
         *,
         policy: OverflowPolicy = "clamp",
         host_bound: HostBound = "advance",
+        fused: bool | None = None,
     ) -> None:
         names = [g.name for g in groups]
         if len(set(names)) != len(names):
@@ -152,6 +154,14 @@ class DraftLoop:
         self.policy: OverflowPolicy = policy
         self.host_bound: HostBound = host_bound
         self._advance = advance_spec(policy, host_bound, state.dcp_world_size > 1).update
+        if fused is None:
+            from draftmeta.fused import triton_available
+
+            fused = state.device.type == "cuda" and triton_available()
+        elif fused and state.device.type != "cuda":
+            raise ValueError(f"fused=True needs the state on CUDA, it is on {state.device}")
+        self._fused_enabled = fused
+        self._fused: Any = None  # the FusedStep, built on the first refresh
         self.stats = LoopStats()
         for group in self.groups:
             reason = _capability(group.builder)
@@ -171,11 +181,61 @@ class DraftLoop:
         """The current metadata of every group, by name."""
         return {g.name: g.metadata for g in self.groups}
 
+    @property
+    def fused_source(self) -> str | None:
+        """The fused kernel's generated Triton source, once built (``None`` unfused)."""
+        return None if self._fused is None else str(self._fused.source)
+
+    def _fused_groups(self) -> list[AttentionGroup]:
+        return [
+            g for g in self.groups
+            if self.stats.groups[g.name].path == "update" and spec_of(g.builder) is not None
+        ]
+
+    def _refresh_fused(self, draft_index: int) -> bool:
+        """The fused path; False (having written nothing) if a check failed."""
+        from draftmeta.fused import FusedStep
+
+        fused_groups = self._fused_groups()
+        if self._fused is None:
+            self._fused = FusedStep(
+                self.state,
+                [(spec_of(g.builder), g.metadata) for g in fused_groups],  # type: ignore[misc]
+                policy=self.policy,
+                host_bound=self.host_bound,
+            )
+        try:
+            self._fused.check()
+        except DraftMetaError:
+            self._fused_enabled = False  # the eager path finds and records the failing group
+            self._fused = None
+            logger.info("fused draft step disabled: a check failed; refreshing eagerly")
+            return False
+        self._fused.launch()
+        self._fused.finish()
+        self.stats.advances += 1
+        for group in fused_groups:
+            self.stats.groups[group.name].updates += 1
+        fused_names = {g.name for g in fused_groups}
+        self._refresh_groups(draft_index, skip=fused_names)
+        return True
+
     def refresh(self, draft_index: int) -> None:
-        """Advance the shared state once, then update or rebuild each group's metadata."""
+        """Advance the shared state once, then update or rebuild each group's metadata.
+
+        On CUDA with Triton (``fused``), one generated kernel applies the elementwise rules
+        of the advance and of every group with a spec; the rest of each spec runs after it.
+        """
+        if self._fused_enabled and self._refresh_fused(draft_index):
+            return
         self._advance(self.state, self.state)
         self.stats.advances += 1
+        self._refresh_groups(draft_index)
+
+    def _refresh_groups(self, draft_index: int, skip: set[str] | None = None) -> None:
         for group in self.groups:
+            if skip and group.name in skip:
+                continue
             stats = self.stats.groups[group.name]
             if stats.path == "update":
                 try:
@@ -227,6 +287,13 @@ class DraftLoop:
         for group in self.groups:
             spec = spec_of(group.builder)
             if spec is not None:
+                replaced = [p for p, r in spec.rules.items() if isinstance(r, (Reset, Invalidate))]
+                if replaced:
+                    raise CaptureError(
+                        f"group {group.name}: {replaced[0]!r} is replaced by a host object every "
+                        "step, which a captured graph cannot replay; capture only specs without "
+                        "Reset or Invalidate rules"
+                    )
                 unsafe = [
                     p for p, r in spec.rules.items()
                     if getattr(getattr(r, "hook", None), "capture_safe", True) is False
