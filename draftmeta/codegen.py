@@ -198,9 +198,10 @@ class _Generator:
                     self.error(path, repr("is None, expected a tensor"))
             if isinstance(rule, Alias):
                 src = f"state.{rule.source}"
+                # the common case (a view at offset 0) is one cheap comparison
                 self.emit(
-                    f"if {expr}.untyped_storage().data_ptr() != "
-                    f"{src}.untyped_storage().data_ptr():"
+                    f"if {expr}.data_ptr() != {src}.data_ptr() and "
+                    f"{expr}.untyped_storage().data_ptr() != {src}.untyped_storage().data_ptr():"
                 )
                 self.error(
                     path,

@@ -291,6 +291,10 @@ class CopyFrom(Derivation):
 
     def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
         src = _tensor(inputs[0])
+        if out.data_ptr() == src.data_ptr() and (
+            self.flat or out.stride() == src.stride()
+        ):
+            return  # the field is a view of its source: copying onto itself changes nothing
         if self.flat:
             out.view(-1).copy_(src.view(-1)[: out.numel()])
         elif src.shape[0] == out.shape[0]:

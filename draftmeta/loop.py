@@ -270,10 +270,10 @@ class DraftLoop:
     ) -> CapturedLoop:
         """Capture ``num_steps`` refresh-and-step iterations in one CUDA graph.
 
-        Every group must update in place. Before capture, ``warmup`` eager iterations run
-        under ``torch.cuda.set_sync_debug_mode("error")`` (a device sync raises) and every
-        tensor the metadata and the state reference is checked to keep its address and every
-        host field its value (a captured graph bakes both).
+        Every group must update in place. Before capture, ``warmup + 1`` (at least two) eager
+        iterations run under ``torch.cuda.set_sync_debug_mode("error")`` (a device sync raises);
+        every tensor the metadata and the state reference must keep its address throughout,
+        and every host field its value after the first iteration (a captured graph bakes both).
 
         Raises:
             CaptureError: a group rebuilds, the state is not on CUDA, a step syncs, a buffer
@@ -303,11 +303,13 @@ class DraftLoop:
                         f"group {group.name}: recompute hook of {unsafe[0]!r} is not capture-safe"
                     )
         before = self._addresses()
-        host_before = self._host_values()
-        stream = getattr(torch.cuda, "Stream")()  # noqa: B009 - typed loosely across torch releases
+        host_before: dict[str, object] | None = None
+        stream = getattr(torch.cuda, "Stream")()  # noqa: B009 - typed loosely across releases
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for i in range(warmup):
+            # host values may settle in the first step (a bound frozen at max_model_len);
+            # from then on they must not move
+            for i in range(max(2, warmup + 1)):
                 with _sync_debug_error():
                     try:
                         self.refresh(1 + i)
@@ -319,7 +321,10 @@ class DraftLoop:
                 if self.stats.fallbacks():
                     raise CaptureError(f"a group fell back in warm-up: {self.stats.fallbacks()}")
                 self._same_addresses(before)
-                self._same_host_values(host_before)
+                if host_before is None:
+                    host_before = self._host_values()
+                else:
+                    self._same_host_values(host_before)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

@@ -72,7 +72,8 @@ def test_explain_is_deterministic_and_readable() -> None:
         "if not (metadata.decode is not None):",
         "raise _PreconditionFailed(_SPEC, 'decode_only',",
         "_decode = metadata.decode",
-        "if _decode.seq_lens.untyped_storage().data_ptr() != "
+        "if _decode.seq_lens.data_ptr() != state.seq_lens.data_ptr() and "
+        "_decode.seq_lens.untyped_storage().data_ptr() != "
         "state.seq_lens.untyped_storage().data_ptr():",
         "_new_max_seq_len = min(metadata.max_seq_len + 1, state.max_model_len)",
         "metadata.positions.add_(1).clamp_(max=state.max_model_len - 1)",

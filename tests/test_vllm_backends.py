@@ -300,3 +300,65 @@ def test_flashmla_fp8_tile_schedule_hook(seed: int) -> None:
         assert sched.tile_scheduler_metadata is tiles and sched.num_splits is splits
         assert torch.equal(tiles[:, :5], want_tiles[:, :5]) and torch.equal(splits, want_splits)
         assert sched.have_initialized is False and sched.config is None
+
+
+# -- the recorded class lists and the plain-torch reference builders -------------------------
+
+
+def test_recorded_class_lists_match_the_installed_vllm() -> None:
+    import json
+
+    from draftmeta.backends.vllm_classes import RECORDED, ClassRef, record
+
+    recorded = json.loads(RECORDED.read_text())
+    refs = [ClassRef(*key.split(":")) for key in recorded["classes"]]
+    assert record(refs)["classes"] == recorded["classes"]
+
+
+@pytest.mark.parametrize("builder", ["TRITON_MLA", "INDEXER"])
+def test_reference_builders_equal_vllms(builder: str) -> None:
+    from draftmeta.backends.reference import (
+        IndexerBuffers,
+        build_indexer_metadata,
+        build_mla_metadata,
+    )
+    from draftmeta.integrations.vllm import harness
+    from draftmeta.integrations.vllm.equivalence import _cad
+
+    spec = mla_spec("triton") if builder == "TRITON_MLA" else indexer_spec()
+    for seed in range(20):
+        case = random_case(builder, seed)
+        g = torch.Generator().manual_seed(seed)
+        state = random_state(g, batch_size=case.batch_size, block_size=case.block_size,
+                             max_model_len=case.max_model_len, steps=case.steps,
+                             num_padded=case.num_padded)
+        config = harness.cached_vllm_config(max_model_len=case.max_model_len,
+                                            block_size=case.block_size)
+        kwargs = {"block_table_width": state.block_table.shape[1]} if builder == "INDEXER" else {}
+        real = harness.build_metadata(
+            harness.make_builder(builder, config, block_size=case.block_size, **kwargs),
+            _cad(state), draft_index=1)
+        if builder == "INDEXER":
+            slots = real.decode.schedule_metadata.shape[0] - 1
+            ours = build_indexer_metadata(spec.cls, spec.nested["decode"], state,
+                                          IndexerBuffers(8192, slots))
+        else:
+            ours = build_mla_metadata(spec.cls, spec.nested["decode"], state)
+        diff = compare_metadata(ours, real, ignore=lambda p: p == "decode.schedule_metadata")
+        assert diff == [], (seed, diff)
+
+
+def test_specs_build_from_the_recorded_lists_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from draftmeta.backends import vllm_classes
+
+    monkeypatch.setenv("DRAFTMETA_VLLM_CLASSES", "recorded")
+    vllm_classes.load_metadata_class.cache_clear()
+    try:
+        for variant in MLA_VARIANTS:
+            _cls, imported = vllm_classes.load_metadata_class(
+                MLA_VARIANTS[variant].metadata.module, MLA_VARIANTS[variant].metadata.qualname)
+            assert not imported
+            mla_spec.__wrapped__(variant)  # type: ignore[attr-defined]  # uncached
+        indexer_spec.__wrapped__()  # type: ignore[attr-defined]
+    finally:
+        vllm_classes.load_metadata_class.cache_clear()

@@ -15,10 +15,13 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import json
 import os
 import sys
 import typing
 from pathlib import Path
+
+import torch
 
 __all__ = ["ClassRef", "ensure_platform_environment", "load_metadata_class", "source_fields"]
 
@@ -139,17 +142,50 @@ def _fields_of(ref: ClassRef) -> tuple[tuple[str, object], ...]:
     return tuple((f.name, hints.get(f.name, f.type)) for f in dataclasses.fields(cls))
 
 
+RECORDED = Path(__file__).with_name("vllm_0_33_classes.json")
+"""Field lists of vLLM 0.33's metadata classes, recorded from the installed package with
+``python -m draftmeta.backends.vllm_classes``: the stand-ins used where vLLM is not installed
+at all (the GPU benchmark machine)."""
+
+
+def _recorded(module: str, qualname: str) -> tuple[tuple[str, object], ...]:
+    data = json.loads(RECORDED.read_text())
+    entry = data["classes"].get(f"{module}:{qualname}")
+    if entry is None:
+        raise LookupError(f"{module}:{qualname} is not recorded in {RECORDED.name}")
+    return tuple((name, annotation) for name, annotation in entry)
+
+
+def _annotation_text(annotation: object) -> str:
+    if isinstance(annotation, str):
+        return annotation
+    if isinstance(annotation, type):
+        return "torch.Tensor" if annotation is torch.Tensor else annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
 @functools.cache
 def load_metadata_class(module: str, qualname: str) -> tuple[type, bool]:
-    """The class, imported if possible, else a stand-in dataclass built from its source.
+    """The class, imported if possible, else a stand-in dataclass with the same fields.
 
-    Returns ``(cls, imported)``; ``imported`` is False for a stand-in.
+    The stand-in's fields come from the installed module's source where vLLM is installed but
+    the module needs CUDA to import, and from the recorded field lists of vLLM 0.33
+    (:data:`RECORDED`) where vLLM is not installed at all. Returns ``(cls, imported)``;
+    ``imported`` is False for a stand-in.
     """
     ref = ClassRef(module, qualname)
+    forced = os.environ.get("DRAFTMETA_VLLM_CLASSES") == "recorded"
     try:
+        if forced:
+            raise ImportError("DRAFTMETA_VLLM_CLASSES=recorded")
         return _import(ref), True
     except Exception:
-        fields = source_fields(module, qualname)
+        try:
+            if forced:
+                raise ImportError("DRAFTMETA_VLLM_CLASSES=recorded")
+            fields = source_fields(module, qualname)
+        except ImportError:
+            fields = _recorded(module, qualname)
         stand_in = dataclasses.make_dataclass(
             qualname.rsplit(".", 1)[-1],
             [(name, _annotation(text), dataclasses.field(default=None)) for name, text in fields],
@@ -163,3 +199,32 @@ def _annotation(annotation: object) -> object:
     if isinstance(annotation, str):
         return annotation.replace("Optional[torch.Tensor]", "torch.Tensor | None")
     return annotation
+
+
+def record(refs: list[ClassRef]) -> dict[str, object]:
+    """Field lists of ``refs`` from the installed vLLM (imported, else source-parsed)."""
+    from importlib.metadata import version
+
+    classes: dict[str, list[list[str]]] = {}
+    for ref in refs:
+        fields = _fields_of(ref)
+        classes[str(ref)] = [[name, _annotation_text(a)] for name, a in fields]
+    return {"vllm": version("vllm"), "classes": classes}
+
+
+def _main() -> None:
+    from draftmeta.backends.indexer import INDEXER_DECODE, INDEXER_METADATA
+    from draftmeta.backends.mla import _SCHED_META, MLA_VARIANTS
+
+    refs = {INDEXER_METADATA, INDEXER_DECODE, _SCHED_META}
+    for v in MLA_VARIANTS.values():
+        refs.add(v.metadata)
+        if v.decode is not None:
+            refs.add(v.decode)
+    data = record(sorted(refs, key=str))
+    RECORDED.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print(f"recorded {len(refs)} classes of vLLM {data['vllm']} in {RECORDED}")
+
+
+if __name__ == "__main__":
+    _main()
