@@ -132,9 +132,11 @@ class _Kernel:
 
     def store1d(self, t: torch.Tensor, value: str) -> None:
         flat = t.view(-1) if t.is_contiguous() else t
-        self.emit(f"tl.store({self.ptr(flat)} + offs * {flat.stride(0)}, {value}, "
+        v = self.var()
+        self.emit(f"{v} = {value}")
+        self.emit(f"tl.store({self.ptr(flat)} + offs * {flat.stride(0)}, {v}, "
                   f"mask={self.mask(flat.shape[0])})")
-        self.registers[(flat.data_ptr(), tuple(flat.shape), flat.dtype)] = value
+        self.registers[(flat.data_ptr(), tuple(flat.shape), flat.dtype)] = v
 
     def source(self, name: str) -> str:
         args = [name for name in self.tensor_names.values()] + [n for n, _ in self.scalars]

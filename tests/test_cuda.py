@@ -174,3 +174,21 @@ def test_replay_refuses_another_batch_shape() -> None:
         other, _ = _case(8, "cuda")
     with pytest.raises(CaptureError, match="captured for"):
         captured.replay(other)
+
+
+@pytest.mark.parametrize("policy", ["wrap", "clamp"])
+def test_fused_advance_with_dcp_equals_the_cpu_advance(policy: str) -> None:
+    from draftmeta import advance_state
+
+    for seed in range(BATCHES):
+        cpu, steps = _case(seed, "cpu")
+        cpu.dcp_world_size, cpu.dcp_rank, cpu.dcp_interleave = 4, seed % 4, [1, 8][seed % 2]
+        cpu.dcp_local_seq_lens = torch.zeros_like(cpu.seq_lens)
+        gpu = cpu.to("cuda")
+        loop = DraftLoop([], gpu, policy=policy, fused=True)  # type: ignore[arg-type]
+        for index in range(1, steps):
+            advance_state(cpu, policy)  # type: ignore[arg-type]
+            loop.refresh(index)
+            for name in ("positions", "seq_lens", "slot_mapping", "dcp_local_seq_lens"):
+                assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), (seed, name)
+            assert gpu.max_seq_len == cpu.max_seq_len
