@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+# vLLM loads general plugins whenever a config is made: keep draftmeta's off, so that tests
+# compare against vLLM's own builders; the plugin tests turn it on explicitly
+os.environ["DRAFTMETA_VLLM_PLUGIN"] = "0"
 
 from draftmeta.backends.vllm_classes import ensure_platform_environment
 

@@ -91,6 +91,9 @@ def prepare_environment() -> None:
     for name, value in _ENVIRONMENT.items():
         if os.environ.get(name) != value:
             os.environ[name] = value
+    # vLLM loads general plugins when a config is made; the harness measures vLLM's own
+    # builders, so draftmeta's plugin stays off here unless asked for explicitly
+    os.environ.setdefault("DRAFTMETA_VLLM_PLUGIN", "0")
     platforms = sys.modules.get("vllm.platforms")
     if platforms is not None:
         current = vars(platforms).get("_current_platform")

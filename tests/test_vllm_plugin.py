@@ -1,0 +1,254 @@
+"""The vLLM plugin, against the real vLLM 0.33 package on CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from draftmeta import advance_state
+from draftmeta.backends import vllm_classes
+from draftmeta.backends.indexer import indexer_spec
+from draftmeta.backends.mla import mla_spec
+from draftmeta.integrations.vllm import harness, plugin
+from draftmeta.integrations.vllm.equivalence import _cad, random_case
+from draftmeta.testing import compare_metadata, random_state
+
+BUILDER_CLASSES = {
+    "CPU_MLA": "vllm.model_executor.layers.attention.mla_attention.MLACommonMetadataBuilder",
+    "TRITON_MLA": "vllm.v1.attention.backends.mla.triton_mla.TritonMLAMetadataBuilder",
+    "INDEXER": "vllm.v1.attention.backends.mla.indexer.DeepseekV32IndexerMetadataBuilder",
+}
+
+
+def _class(path: str) -> type:
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    assert isinstance(cls, type)
+    return cls
+
+
+def _snapshot() -> dict[str, dict[str, object]]:
+    return {p: dict(vars(_class(p))) for p in BUILDER_CLASSES.values()}
+
+
+@pytest.fixture
+def active(monkeypatch: pytest.MonkeyPatch) -> Iterator[plugin.Installed]:
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register()
+    info = plugin.installed()
+    assert info is not None
+    try:
+        yield info
+    finally:
+        plugin.unregister()
+
+
+def test_vllm_finds_the_plugin_through_its_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+    plugins = load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
+    assert plugins["draftmeta"] is plugin.register
+    monkeypatch.setenv("VLLM_PLUGINS", "someone_else")
+    assert "draftmeta" not in load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
+
+
+def test_vllms_loader_calls_register(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm.plugins
+
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
+    plugin.unregister()
+    try:
+        vllm.plugins.load_general_plugins()
+        info = plugin.installed()
+        assert info is not None
+        assert "TritonMLAMetadataBuilder" in info.v1
+        assert "DeepseekV32IndexerMetadataBuilder" in info.v1
+        vllm.plugins.load_general_plugins()  # loaded once per process; register is idempotent
+        plugin.register()
+        assert plugin.installed() is info
+    finally:
+        plugin.unregister()
+
+
+def test_what_is_installed_where(active: plugin.Installed) -> None:
+    assert set(active.v1) >= {"MLACommonMetadataBuilder", "TritonMLAMetadataBuilder",
+                              "DeepseekV32IndexerMetadataBuilder", "FlashMLAMetadataBuilder"}
+    assert "FlashMLAMetadataBuilder" in active.v2  # upstream leaves it out
+    assert "TritonMLAMetadataBuilder" not in active.v2  # upstream covers it
+    reasons = " ".join(active.skipped.values())
+    assert "cannot be imported on this machine" in reasons  # FlashAttn-MLA on CPU
+    assert "vLLM's own update_draft_decode_metadata" in reasons
+
+
+def _v1_loop(builder: Any, state: Any, steps: int, policy: str) -> list[Any]:
+    """vLLM's older proposer: one CAD mutated in place, build_for_drafting every step."""
+    cad = _cad(state)
+    out = [builder.build_for_drafting(cad, 1)]
+    for index in range(2, steps + 1):
+        advance_state(state, policy)  # type: ignore[arg-type]
+        cad.max_seq_len = state.max_seq_len
+        cad.slot_mapping = state.slot_mapping[: state.num_reqs + 0]  # a new view, same buffer
+        out.append(builder.build_for_drafting(cad, index))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(BUILDER_CLASSES))
+def test_older_proposer_path_equals_the_unpatched_builder(
+    name: str, active: plugin.Installed
+) -> None:
+    cls = _class(BUILDER_CLASSES[name])
+    original = cls.build_for_drafting.__wrapped__  # type: ignore[attr-defined]
+    for seed in range(60):
+        case = random_case(name, seed)
+        g = torch.Generator().manual_seed(seed)
+        state = random_state(g, batch_size=case.batch_size, block_size=case.block_size,
+                             max_model_len=case.max_model_len, steps=case.steps)
+        config = harness.cached_vllm_config(max_model_len=case.max_model_len,
+                                            block_size=case.block_size)
+        kwargs: dict[str, Any] = {"block_size": case.block_size}
+        if name == "INDEXER":
+            kwargs["block_table_width"] = state.block_table.shape[1]
+        patched = harness.make_builder(name, config, **kwargs)
+        reference = harness.make_builder(name, config, **kwargs)
+        results = _v1_loop(patched, state.clone(), case.steps, case.overflow)
+        assert all(r is results[0] for r in results), "later steps must reuse the metadata"
+        check = state.clone()
+        cad = _cad(check)
+        for index in range(1, case.steps + 1):
+            if index > 1:
+                advance_state(check, case.overflow)
+                cad.max_seq_len = check.max_seq_len
+            want = original(reference, _cad(check.clone()), index)
+            if index == case.steps:
+                diff = compare_metadata(results[-1], want,
+                                        ignore=lambda p: p == "decode.schedule_metadata")
+                assert diff == [], (seed, index, diff)
+
+
+@pytest.mark.parametrize("name", ["TRITON_MLA", "INDEXER"])
+def test_new_runner_hook_refreshes_metadata_captured_from_a_dummy_batch(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the opt-in override, draftmeta's hook also serves builders vLLM covers itself;
+    the metadata is built from a dummy batch (as at CUDA-graph capture), the persistent buffers
+    then hold a real batch, and one hook call must make the metadata describe it."""
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setenv(plugin.OVERRIDE_ENV, "1")
+    plugin.unregister()
+    plugin.register()
+    try:
+        cls = _class(BUILDER_CLASSES[name])
+        assert "update_draft_decode_metadata" in vars(cls)
+        for seed in range(30):
+            case = random_case(name, seed)
+            g = torch.Generator().manual_seed(seed)
+            real = random_state(g, batch_size=case.batch_size, block_size=case.block_size,
+                                max_model_len=case.max_model_len, steps=case.steps)
+            dummy = real.clone()  # persistent buffers, filled with a dummy batch at capture
+            for t in (dummy.seq_lens, dummy.positions):
+                t.fill_(1)
+            dummy.slot_mapping.fill_(-1)
+            dummy.max_seq_len = 1
+            config = harness.cached_vllm_config(max_model_len=case.max_model_len,
+                                                block_size=case.block_size)
+            kwargs: dict[str, Any] = {"block_size": case.block_size}
+            if name == "INDEXER":
+                kwargs["block_table_width"] = real.block_table.shape[1]
+            builder = harness.make_builder(name, config, **kwargs)
+            assert builder.supports_draft_decode_metadata_update is True
+            metadata = builder.build(0, _cad(dummy))
+            for step in range(case.steps):
+                # the runner writes the real batch into the persistent buffers and advances
+                for field in ("seq_lens", "positions", "slot_mapping", "block_table"):
+                    getattr(dummy, field).copy_(getattr(real, field))
+                builder.update_draft_decode_metadata(metadata)
+                reference = harness.make_builder(name, config, **kwargs)
+                want = type(reference).build.__get__(reference)(0, _cad(real.clone()))
+                diff = compare_metadata(
+                    metadata, want,
+                    ignore=lambda p: p in ("decode.schedule_metadata", "max_seq_len"),
+                )
+                assert diff == [], (seed, step, diff)
+                assert metadata.max_seq_len == case.max_model_len  # the frozen bound
+                advance_state(real, "clamp")
+    finally:
+        plugin.unregister()
+
+
+def test_unregister_restores_the_classes_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setenv(plugin.OVERRIDE_ENV, "1")
+    plugin.unregister()
+    before = _snapshot()
+    plugin.register()
+    assert _snapshot() != before
+    plugin.unregister()
+    assert _snapshot() == before
+
+
+def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(plugin.DISABLE_ENV, "0")
+    plugin.unregister()
+    before = _snapshot()
+    with caplog.at_level(logging.INFO, logger="draftmeta.vllm"):
+        plugin.register()
+    assert plugin.installed() is None and _snapshot() == before
+    assert "turned off by DRAFTMETA_VLLM_PLUGIN" in caplog.text
+
+
+def test_an_unsupported_version_leaves_vllm_untouched(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import vllm
+
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    plugin.unregister()
+    before = _snapshot()
+    with caplog.at_level(logging.WARNING, logger="draftmeta.vllm"):
+        plugin.register()
+    assert plugin.installed() is None and _snapshot() == before
+    lines = [r.getMessage() for r in caplog.records if r.name == "draftmeta.vllm"]
+    assert lines == ["draftmeta: vLLM left untouched: vLLM 0.34.0 is not a supported release "
+                     "(0.33.x)"]
+
+
+def test_a_removed_field_leaves_vllm_untouched(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import vllm.model_executor.layers.attention.mla_attention as mla_module
+
+    original = mla_module.MLACommonDecodeMetadata
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(original)
+              if f.name != "dcp_tot_seq_lens"]
+    shrunk = dataclasses.make_dataclass("MLACommonDecodeMetadata",
+                                        [(n, t) for n, t, _ in fields])
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setattr(mla_module, "MLACommonDecodeMetadata", shrunk)
+    vllm_classes.load_metadata_class.cache_clear()
+    mla_spec.cache_clear()
+    indexer_spec.cache_clear()
+    plugin.unregister()
+    before = _snapshot()
+    try:
+        with caplog.at_level(logging.WARNING, logger="draftmeta.vllm"):
+            plugin.register()
+        assert plugin.installed() is None and _snapshot() == before
+        assert "vLLM left untouched" in caplog.text
+        assert "'decode.dcp_tot_seq_lens'" in caplog.text
+    finally:
+        monkeypatch.undo()
+        vllm_classes.load_metadata_class.cache_clear()
+        mla_spec.cache_clear()
+        indexer_spec.cache_clear()
+        plugin.unregister()
