@@ -39,6 +39,7 @@ from draftmeta.rules import (
     Unsupported,
     Wrap,
     WrittenBy,
+    copy_of,
 )
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
@@ -94,6 +95,7 @@ __all__ = [
     "__version__",
     "advance_spec",
     "advance_state",
+    "copy_of",
     "explain",
     "install_draft_update",
     "spec_of",

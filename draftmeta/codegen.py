@@ -36,6 +36,7 @@ from draftmeta.rules import (
     Reset,
     Rule,
     Wrap,
+    same_value,
 )
 from draftmeta.spec import DraftSpec, identifier, is_state_ref
 from draftmeta.state import DraftState
@@ -153,12 +154,16 @@ class _Generator:
     def preconditions(self) -> None:
         if not self.spec.preconditions:
             return
-        self.emit("# 1. preconditions")
-        for cond in self.spec.preconditions:
-            expr = cond.expression(self.raw, self.ns.bind)
+        self.emit("# 1. preconditions: one combined test; on failure, find the first that fails")
+        exprs = [cond.expression(self.raw, self.ns.bind) for cond in self.spec.preconditions]
+        self.emit("if not (")
+        for i, expr in enumerate(exprs):
+            self.emit(f"({expr})" + (" and" if i < len(exprs) - 1 else ""), 2)
+        self.emit("):")
+        for cond, expr in zip(self.spec.preconditions, exprs):
             observed = "f" + repr(cond.observed(self.raw))
-            self.emit(f"if not ({expr}):")
-            self.emit(f"raise _PreconditionFailed(_SPEC, {cond.name!r}, {observed})", 2)
+            self.emit(f"if not ({expr}):", 2)
+            self.emit(f"raise _PreconditionFailed(_SPEC, {cond.name!r}, {observed})", 3)
 
     def _active(self) -> list[tuple[str, Rule]]:
         return [
@@ -242,6 +247,8 @@ class _Generator:
                 value = f"state.{rule.bound}"
             elif isinstance(rule, Invalidate):
                 value = "None"
+            elif isinstance(rule, HostDerive) and rule.fn is same_value:
+                value = self.ref(rule.inputs[0])  # a plain copy: no call
             elif isinstance(rule, HostDerive):
                 fn = self.ns.bind(rule.fn, getattr(rule.fn, "__name__", "fn"))
                 value = f"{fn}({', '.join(self.ref(r) for r in rule.inputs)})"

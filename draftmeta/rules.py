@@ -42,6 +42,8 @@ __all__ = [
     "Unsupported",
     "Wrap",
     "WrittenBy",
+    "copy_of",
+    "same_value",
 ]
 
 Target = Literal["tensor", "int tensor", "host", "int", "object", "any"]
@@ -79,6 +81,18 @@ def _instance(kind: type) -> Callable[[object, attrs.Attribute[Any], object], No
             raise TypeError(f"{attribute.name} must be a {kind.__name__}, got {value!r}")
 
     return check
+
+
+def same_value(value: object) -> object:
+    """The value itself: a :class:`HostDerive` with this function and one input is a plain copy
+    (``copy_of``), which the code generator writes as an assignment, without a call."""
+    return value
+
+
+def copy_of(ref: str) -> HostDerive:
+    """A host field that mirrors another host value each step (``max_seq_len`` from the
+    draft state's)."""
+    return HostDerive(same_value, (ref,), formula=ref)
 
 
 class Rule(abc.ABC):

@@ -5,25 +5,19 @@ from __future__ import annotations
 from typing import Literal
 
 from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameValue, Satisfies
-from draftmeta.rules import HostDerive, HostUpperBound, Rule
+from draftmeta.rules import HostDerive, HostUpperBound, Rule, copy_of
 
 __all__ = [
     "HostBoundPolicy",
     "dcp_max_seq_len",
     "decode_only",
     "max_seq_len_rule",
-    "same_value",
 ]
 
 HostBoundPolicy = Literal["advance", "frozen"]
 """``"advance"``: the host ``max_seq_len`` follows the draft state's (``+1`` clamped, vLLM's
 older proposer); ``"frozen"``: it stays at the worst case ``max_model_len`` (what a captured
 CUDA graph needs, vLLM's new runner)."""
-
-
-def same_value(value: int) -> int:
-    """The value itself (a host field mirroring a draft-state scalar)."""
-    return value
 
 
 def dcp_max_seq_len(max_seq_len: int, world: int, interleave: int) -> int:
@@ -45,7 +39,7 @@ def max_seq_len_rule(policy: HostBoundPolicy, dcp: bool) -> Rule:
         )
     if policy == "frozen":
         return HostUpperBound("max_model_len")
-    return HostDerive(same_value, (source,), formula="state.max_seq_len")
+    return copy_of(source)
 
 
 def _dcp_enabled(world: int) -> bool:
