@@ -279,6 +279,8 @@ class CopyFrom(Derivation):
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
         src = _tensor(inputs[0])
+        if out.shape == src.shape:  # the common case, one cheap comparison
+            return None if out.device == src.device else _same_device(out, src)
         if self.flat:
             if src.numel() < out.numel():
                 return f"source has {src.numel()} elements, fewer than the field's {out.numel()}"

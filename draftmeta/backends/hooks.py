@@ -77,7 +77,7 @@ class DeepGemmPagedMqaSchedule(RecomputeHook):
     ) -> str | None:
         seq_lens = inputs[0]
         assert isinstance(seq_lens, torch.Tensor)
-        if out.dim() != 2 or out.shape[1] != 2 or out.dtype != torch.int32:
+        if out.dtype is not torch.int32 or out.dim() != 2 or out.shape[1] != 2:
             return f"schedule buffer must be int32 [slots + 1, 2], got {tuple(out.shape)}"
         if seq_lens.device != out.device:
             return f"seq_lens on {seq_lens.device} but the schedule on {out.device}"
