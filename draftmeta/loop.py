@@ -407,23 +407,23 @@ class CapturedLoop:
         self.graph.replay()
 
 
-def _walk_tensors(obj: object, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-    items = _record_items(obj)
-    for name, value in items:
+def _walk(obj: object, prefix: str, keep: Callable[[object], bool]
+          ) -> Iterator[tuple[str, Any]]:
+    """``(path, value)`` of every field of a record tree that ``keep`` accepts."""
+    for name, value in _record_items(obj):
         path = f"{prefix}.{name}"
-        if isinstance(value, torch.Tensor):
+        if keep(value):
             yield path, value
         elif _record_items(value):
-            yield from _walk_tensors(value, path)
+            yield from _walk(value, path, keep)
+
+
+def _walk_tensors(obj: object, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    return _walk(obj, prefix, lambda v: isinstance(v, torch.Tensor))
 
 
 def _walk_host(obj: object, prefix: str) -> Iterator[tuple[str, object]]:
-    for name, value in _record_items(obj):
-        path = f"{prefix}.{name}"
-        if isinstance(value, (int, float, bool)):
-            yield path, value
-        elif _record_items(value):
-            yield from _walk_host(value, path)
+    return _walk(obj, prefix, lambda v: isinstance(v, (int, float, bool)))
 
 
 def _record_items(obj: object) -> list[tuple[str, object]]:

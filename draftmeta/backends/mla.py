@@ -167,7 +167,8 @@ def _none() -> None:
     return None
 
 
-def _dense_rules(policy: HostBoundPolicy, dcp: bool) -> dict[str, Rule]:
+def _common_rules(policy: HostBoundPolicy, dcp: bool) -> dict[str, Rule]:
+    """``MLACommonMetadata``'s own top-level fields (the ``decode`` part aside)."""
     return {
         "num_reqs": HostConstant(),
         "max_query_len": HostConstant(),
@@ -181,6 +182,12 @@ def _dense_rules(policy: HostBoundPolicy, dcp: bool) -> dict[str, Rule]:
         "causal": HostConstant(),
         "head_dim": HostConstant(),
         "prefill": Unchanged(),
+    }
+
+
+def _dense_rules(policy: HostBoundPolicy, dcp: bool) -> dict[str, Rule]:
+    return {
+        **_common_rules(policy, dcp),
         "decode.block_table": Alias("block_table"),
         "decode.seq_lens": Alias("dcp_local_seq_lens" if dcp else "seq_lens"),
         "decode.dcp_tot_seq_lens": Alias("seq_lens") if dcp else Unchanged(),
@@ -189,18 +196,7 @@ def _dense_rules(policy: HostBoundPolicy, dcp: bool) -> dict[str, Rule]:
 
 def _sparse_rules(policy: HostBoundPolicy) -> dict[str, Rule]:
     return {
-        "num_reqs": HostConstant(),
-        "max_query_len": HostConstant(),
-        "max_seq_len": max_seq_len_rule(policy, False),
-        "num_actual_tokens": HostConstant(),
-        "query_start_loc": Alias("query_start_loc"),
-        "slot_mapping": Alias("slot_mapping"),
-        "num_decodes": HostConstant(),
-        "num_decode_tokens": HostConstant(),
-        "num_prefills": HostConstant(),
-        "causal": HostConstant(),
-        "head_dim": HostConstant(),
-        "prefill": Unchanged(),
+        **_common_rules(policy, False),
         "decode": Unchanged(),
         "block_table": Alias("block_table"),
         "req_id_per_token": Derive(TokenToRequest(), ("state.query_start_loc", "state.num_reqs")),
