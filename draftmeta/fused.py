@@ -87,6 +87,7 @@ class _Kernel:
         self.tensors: list[torch.Tensor] = []
         self.tensor_names: dict[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype], str] = {}
         self.scalars: list[tuple[str, Callable[[DraftState], int]]] = []
+        self.consts: dict[int, str] = {}
         self.body: list[str] = []
         self.registers: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
         self.rows = 1
@@ -107,6 +108,13 @@ class _Kernel:
         self.scalars.append((name, fn))
         return name
 
+    def const(self, value: int) -> str:
+        """A size or stride, passed as an argument so one compiled kernel serves every batch
+        shape (Triton specialises only on divisibility); equal values share an argument."""
+        if value not in self.consts:
+            self.consts[value] = self.scalar(lambda _: value)
+        return self.consts[value]
+
     def var(self) -> str:
         self.count += 1
         return f"v{self.count}"
@@ -116,7 +124,7 @@ class _Kernel:
 
     def mask(self, n: int) -> str:
         self.rows = max(self.rows, n)
-        return f"offs < {n}"
+        return f"offs < {self.const(n)}"
 
     def load1d(self, t: torch.Tensor) -> str:
         """A register holding the row values of a 1-D (or flattened contiguous) tensor."""
@@ -125,7 +133,7 @@ class _Kernel:
         if key in self.registers:
             return self.registers[key]
         v = self.var()
-        self.emit(f"{v} = tl.load({self.ptr(flat)} + offs * {flat.stride(0)}, "
+        self.emit(f"{v} = tl.load({self.ptr(flat)} + offs * {self.const(flat.stride(0))}, "
                   f"mask={self.mask(flat.shape[0])}, other=0)")
         self.registers[key] = v
         return v
@@ -134,7 +142,7 @@ class _Kernel:
         flat = t.view(-1) if t.is_contiguous() else t
         v = self.var()
         self.emit(f"{v} = {value}")
-        self.emit(f"tl.store({self.ptr(flat)} + offs * {flat.stride(0)}, {v}, "
+        self.emit(f"tl.store({self.ptr(flat)} + offs * {self.const(flat.stride(0))}, {v}, "
                   f"mask={self.mask(flat.shape[0])})")
         self.registers[(flat.data_ptr(), tuple(flat.shape), flat.dtype)] = v
 
@@ -204,8 +212,10 @@ def _emit_rule(k: _Kernel, rule: Any, out: torch.Tensor, inputs: list[Any], path
         bs = k.scalar(lambda s: s.block_size)
         reqs = k.scalar(lambda s: s.num_reqs)
         blk, slot = k.var(), k.var()
-        k.emit(f"{blk} = tl.load({k.ptr(table)} + offs * {table.stride(0)} + "
-               f"tl.minimum({pos} // {bs}, {table.shape[1] - 1}) * {table.stride(1)}, "
+        last = k.const(table.shape[1] - 1)
+        row, col = k.const(table.stride(0)), k.const(table.stride(1))
+        k.emit(f"{blk} = tl.load({k.ptr(table)} + offs * {row} + "
+               f"tl.minimum({pos} // {bs}, {last}) * {col}, "
                f"mask={k.mask(out.shape[0])}, other=0)")
         k.emit(f"{slot} = {blk}.to(tl.int64) * {bs} + {pos} % {bs}")
         k.store1d(out, f"tl.where((offs < {reqs}) & ({seq} > 1), {slot}, -1)")
