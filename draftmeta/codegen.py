@@ -41,7 +41,7 @@ from draftmeta.rules import (
 from draftmeta.spec import DraftSpec, identifier, is_state_ref
 from draftmeta.state import DraftState
 
-__all__ = ["UpdateFunction", "compile_spec", "explain"]
+__all__ = ["Part", "UpdateFunction", "compile_spec", "explain"]
 
 M_contra = TypeVar("M_contra", contravariant=True)
 M = TypeVar("M")

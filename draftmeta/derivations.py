@@ -33,7 +33,7 @@ __all__ = [
 class InPlaceFunction(abc.ABC):
     """Something that writes one tensor in place from inputs: the common base of the two kinds.
 
-    Class attributes:
+    Attributes:
         name: a short identifier, used in the generated source.
         formula: a human-readable statement of what is computed.
     """

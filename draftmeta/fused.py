@@ -239,7 +239,8 @@ class FusedStep:
     Args:
         state: the draft state (its buffers are the kernel's arguments).
         groups: ``(spec, metadata)`` of every group that updates in place.
-        policy, host_bound: the source advance's overflow policy and host bound.
+        policy: the source advance's overflow policy.
+        host_bound: how the host ``max_seq_len`` moves.
 
     The kernel is bound to the buffers' addresses at construction: build a new ``FusedStep``
     when a group's metadata or the state's buffers are replaced.

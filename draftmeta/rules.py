@@ -98,7 +98,7 @@ def copy_of(ref: str) -> HostDerive:
 class Rule(abc.ABC):
     """Base class of every rule.
 
-    Class attributes:
+    Attributes:
         kind: the rule's name as shown by ``explain`` and in errors.
         target: which kind of field the rule fits.
         writes: whether the rule writes the field (mutating rules must be ordered).

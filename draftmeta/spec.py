@@ -275,7 +275,7 @@ class DraftSpec(Generic[M]):
                     "bind a rule object such as Unchanged() or Alias('seq_lens')",
                 )
             if path not in self._fields:
-                raise self._unknown(path, "the rules")
+                raise self._unknown(path, "the spec")
             ancestor = path
             while "." in ancestor:
                 ancestor = ancestor.rsplit(".", 1)[0]

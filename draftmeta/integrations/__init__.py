@@ -1,0 +1,1 @@
+"""Integrations of draftmeta with serving engines (vLLM)."""

@@ -1,0 +1,133 @@
+"""Every Python example in README.md and docs/ runs.
+
+Each ```python block is one test, named by its file and block index
+(``docs/guide.md::block-3``). The blocks of one file run in order in one shared namespace, so a
+block may use what earlier ones defined; running a single block runs the earlier blocks of its
+file first. A block preceded by the HTML comment ``<!-- needs-cuda -->`` runs only where CUDA
+is available (the CUDA-graph examples).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+CUDA_MARKER = "<!-- needs-cuda -->"
+FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)\n"
+    r"(?P<body>.*?)"
+    r"^(?P=indent)(?P=fence)[ \t]*$",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+class Block(NamedTuple):
+    """One ```python block: its index in the file, first code line, source, and whether it
+    needs CUDA."""
+
+    index: int
+    line: int
+    source: str
+    skipped: bool
+
+
+def python_blocks(text: str) -> list[Block]:
+    """Every ```python (or ```py) block of a Markdown text, in order."""
+    blocks: list[Block] = []
+    for match in FENCE.finditer(text):
+        words = match.group("info").strip().split()
+        if not words or words[0].lstrip(".{").rstrip("}") not in ("python", "py"):
+            continue
+        skipped = text[: match.start()].rstrip().endswith(CUDA_MARKER)
+        indent = match.group("indent")
+        source = "".join(
+            line[len(indent):] if line.startswith(indent) else line
+            for line in match.group("body").splitlines(keepends=True)
+        )
+        line = text.count("\n", 0, match.start()) + 2
+        blocks.append(Block(len(blocks), line, source, skipped))
+    return blocks
+
+
+def _documents() -> list[Path]:
+    readme = ROOT / "README.md"
+    return ([readme] if readme.exists() else []) + sorted((ROOT / "docs").glob("**/*.md"))
+
+
+def _cases() -> list[object]:
+    cases: list[object] = []
+    for path in _documents():
+        name = path.relative_to(ROOT).as_posix()
+        for block in python_blocks(path.read_text(encoding="utf-8")):
+            cases.append(pytest.param(name, block.index, id=f"{name}::block-{block.index}"))
+    return cases
+
+
+class _FileRun:
+    """The shared namespace of one file's blocks and how far they have run."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.blocks = python_blocks((ROOT / name).read_text(encoding="utf-8"))
+        # a real module, so dataclasses and typing.get_type_hints find the examples' classes
+        module = types.ModuleType("docs_example_" + re.sub(r"\W", "_", name))
+        sys.modules[module.__name__] = module
+        self.namespace = module.__dict__
+        self.done = 0
+        self.failed: int | None = None
+
+    def run_through(self, index: int) -> None:
+        while self.done <= index:
+            block = self.blocks[self.done]
+            self.done += 1
+            if block.skipped and not torch.cuda.is_available():
+                continue
+            if self.failed is not None:
+                raise AssertionError(
+                    f"{self.name}: block {block.index} not run, block {self.failed} failed"
+                )
+            # blank lines in front, so tracebacks give the Markdown file's line numbers
+            code = compile(
+                "\n" * (block.line - 1) + block.source,
+                f"{self.name} (python block {block.index})",
+                "exec",
+                dont_inherit=True,  # not this file's `from __future__ import annotations`
+            )
+            try:
+                exec(code, self.namespace)
+            except BaseException:
+                self.failed = block.index
+                raise
+
+
+_runs: dict[str, _FileRun] = {}
+
+
+@pytest.mark.parametrize(("name", "index"), _cases())
+def test_example_runs(name: str, index: int) -> None:
+    run = _runs.setdefault(name, _FileRun(name))
+    if run.blocks[index].skipped and not torch.cuda.is_available():
+        pytest.skip(f"{name} block {index} needs CUDA")
+    run.run_through(index)
+
+
+def test_blocks_are_extracted() -> None:
+    """Python blocks are found (indented ones too), other languages ignored, the marker seen."""
+    text = (
+        "text\n\n```python\nx = 1\n```\n\n<!-- needs-cuda -->\n```python\nraise SystemExit\n```\n\n"
+        "```bash\nls\n```\n\n- item\n\n    ```python\n    y = x + 1\n    ```\n"
+    )
+    blocks = python_blocks(text)
+    assert [(b.index, b.source, b.skipped) for b in blocks] == [
+        (0, "x = 1\n", False),
+        (1, "raise SystemExit\n", True),
+        (2, "y = x + 1\n", False),
+    ]
+    assert blocks[0].line == 4  # the line of `x = 1`
