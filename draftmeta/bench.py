@@ -33,7 +33,15 @@ from draftmeta.advance import advance_state
 from draftmeta.state import DraftState
 from draftmeta.testing import random_state
 
-__all__ = ["BenchConfig", "Sample", "run_bench", "summarize", "write_results"]
+__all__ = [
+    "BenchConfig",
+    "Sample",
+    "markdown_table",
+    "run_bench",
+    "summarize",
+    "table",
+    "write_results",
+]
 
 
 @attrs.frozen
@@ -341,15 +349,45 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(rows: list[dict[str, Any]], device: str) -> str:
+    """The summary as a Markdown table (rebuild/update ratios on CPU, device time on CUDA)."""
+    index = {(r["backend"], r["path"], r["batch_size"]): r for r in rows}
+    if device == "cpu":
+        lines = ["| backend | batch | rebuild median (p90) us | update median (p90) us | "
+                 "rebuild / update | shared advance median us |",
+                 "|---|---:|---:|---:|---:|---:|"]
+        for backend, batch in sorted({(r["backend"], r["batch_size"]) for r in rows}):
+            rb, up = index[(backend, "rebuild", batch)], index[(backend, "update", batch)]
+            adv = index[(backend, "advance", batch)]
+            lines.append(
+                f"| {backend} | {batch} | {rb['host_median_us']:.1f} ({rb['host_p90_us']:.1f}) | "
+                f"{up['host_median_us']:.1f} ({up['host_p90_us']:.1f}) | "
+                f"{rb['host_median_us'] / up['host_median_us']:.1f}x | "
+                f"{adv['host_median_us']:.1f} |"
+            )
+        return "\n".join(lines) + "\n"
+    lines = ["| path | batch | device median (p90) us / step | host median us / step | "
+             "kernel launches / step |", "|---|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["path"], r["batch_size"])):
+        launches = "-" if r["launches_per_step"] is None else f"{r['launches_per_step']:.1f}"
+        lines.append(
+            f"| {r['path']} | {r['batch_size']} | {r['device_median_us']:.2f} "
+            f"({r['device_p90_us']:.2f}) | {r['host_median_us']:.1f} | {launches} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_results(samples: list[Sample], config: BenchConfig, out_dir: Path) -> dict[str, Path]:
-    """Write the raw samples and the summary as JSON, and the plot as PNG (if matplotlib)."""
+    """Write the raw samples and the summary as JSON, the summary as a Markdown table, and the
+    plot as PNG (if matplotlib is installed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = summarize(samples)
     stem = f"bench-{config.device}"
     data = {"environment": _environment(config), "summary": rows,
             "samples": [attrs.asdict(s) for s in samples]}
-    paths = {"json": out_dir / f"{stem}.json"}
+    paths = {"json": out_dir / f"{stem}.json", "markdown": out_dir / f"{stem}.md"}
     paths["json"].write_text(json.dumps(data, indent=1) + "\n")
+    paths["markdown"].write_text(markdown_table(rows, config.device))
     try:
         paths["png"] = _plot(rows, out_dir / f"{stem}.png", config)
     except ImportError:
