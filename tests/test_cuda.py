@@ -3,6 +3,7 @@ rebuild path; capture refuses what a graph cannot replay. Skipped without a GPU.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -18,19 +19,19 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 BATCHES = 50
 
 
-def _graph_spec() -> Any:
-    rules = toy_rules()
-    rules["max_seq_len"] = HostUpperBound("max_model_len")
-    rules["scheduler"] = Unchanged()
-    return toy_spec(rules=rules, name="toy_graph")
+def _spec(policy: str, graph: bool) -> Any:
+    rules = toy_rules(policy)
+    if graph:  # what a captured loop needs: a frozen host bound, no host object replaced
+        rules["max_seq_len"] = HostUpperBound("max_model_len")
+        rules["scheduler"] = Unchanged()
+    return toy_spec(rules=rules, name=f"toy_{policy}{'_graph' if graph else ''}")
 
 
-class Builder(DraftUpdatable[ToyMeta[ToyDecode]]):
-    draft_spec = toy_spec()
-
-
-class GraphBuilder(DraftUpdatable[ToyMeta[ToyDecode]]):
-    draft_spec = _graph_spec()
+@functools.cache
+def builder_class(policy: str = "clamp", graph: bool = False) -> type:
+    """A builder class declaring the toy spec for an overflow policy."""
+    name = f"Builder_{policy}_{graph}"
+    return type(name, (DraftUpdatable,), {"draft_spec": _spec(policy, graph)})
 
 
 def _opaque(obj: object) -> bool:
@@ -48,20 +49,16 @@ def _case(seed: int, device: str) -> tuple[DraftState, int]:
     return (state.to(device) if device != "cpu" else state), steps
 
 
-def _run(seed: int, device: str, policy: str, fused: bool, builder: type = Builder
-         ) -> list[ToyMeta[ToyDecode]]:
+def _run(seed: int, device: str, policy: str, fused: bool) -> list[ToyMeta[ToyDecode]]:
     state, steps = _case(seed, device)
-    host_bound = "frozen" if builder is GraphBuilder else "advance"
-    group = AttentionGroup("toy", builder(), toy_metadata(state), lambda s, i: toy_metadata(s))
-    loop = DraftLoop([group], state, policy=policy, host_bound=host_bound,  # type: ignore[arg-type]
-                     fused=fused)
+    group = AttentionGroup("toy", builder_class(policy)(), toy_metadata(state),
+                           lambda s, i: toy_metadata(s))
+    loop = DraftLoop([group], state, policy=policy, fused=fused)  # type: ignore[arg-type]
     seen: list[ToyMeta[ToyDecode]] = []
 
     def step(index: int, metadata: Any) -> None:
         meta = metadata["toy"]
         rebuilt = toy_metadata(state)
-        if host_bound == "frozen":
-            rebuilt.max_seq_len = state.max_model_len if index else meta.max_seq_len
         assert compare_metadata(meta, rebuilt, opaque=_opaque) == [], (seed, index)
         seen.append(meta)
 
@@ -80,7 +77,8 @@ def test_updates_equal_rebuild_on_cuda(policy: str, fused: bool) -> None:
 
 def test_fused_step_is_one_launch() -> None:
     state, _ = _case(3, "cuda")
-    group = AttentionGroup("toy", Builder(), toy_metadata(state), lambda s, i: toy_metadata(s))
+    group = AttentionGroup("toy", builder_class()(), toy_metadata(state),
+                           lambda s, i: toy_metadata(s))
     loop = DraftLoop([group], state, fused=True)
     loop.refresh(1)  # builds and compiles the kernel
     torch.cuda.synchronize()
@@ -101,7 +99,7 @@ def test_captured_loop_replays_the_eager_results(policy: str) -> None:
     for seed in range(BATCHES):
         state, steps = _case(seed, "cuda")
         eager_state = state.clone()
-        eager = AttentionGroup("toy", GraphBuilder(), toy_metadata(eager_state),
+        eager = AttentionGroup("toy", builder_class(policy, True)(), toy_metadata(eager_state),
                                lambda s, i: toy_metadata(s))
         eager_loop = DraftLoop([eager], eager_state, policy=policy,  # type: ignore[arg-type]
                                host_bound="frozen", fused=False)
@@ -109,9 +107,11 @@ def test_captured_loop_replays_the_eager_results(policy: str) -> None:
 
         start = state.clone()
         meta = toy_metadata(state)
-        group = AttentionGroup("toy", GraphBuilder(), meta, lambda s, i: toy_metadata(s))
+        group = AttentionGroup("toy", builder_class(policy, True)(), meta,
+                               lambda s, i: toy_metadata(s))
         loop = DraftLoop([group], state, policy=policy, host_bound="frozen")  # type: ignore[arg-type]
-        snapshots = [torch.empty_like(state.slot_mapping) for _ in range(steps)]
+        # one per index the warm-up and the captured steps use
+        snapshots = [torch.empty_like(state.slot_mapping) for _ in range(steps + 3)]
 
         def step(index: int, metadata: Any, snapshots: list[torch.Tensor] = snapshots) -> None:
             snapshots[index].copy_(metadata["toy"].slot_mapping)
@@ -135,14 +135,14 @@ def _loop(builder: object, state: DraftState, **kw: Any) -> DraftLoop:
 
 def test_capture_refuses_a_device_sync() -> None:
     state, _ = _case(1, "cuda")
-    loop = _loop(GraphBuilder(), state, host_bound="frozen")
+    loop = _loop(builder_class(graph=True)(), state, host_bound="frozen")
     with pytest.raises(CaptureError, match="synchronizes with the device"):
         loop.capture(lambda i, m: m["g"].positions.sum().item(), 4)
 
 
 def test_capture_refuses_a_buffer_that_moves() -> None:
     class Moving(DraftUpdatable[ToyMeta[ToyDecode]]):
-        draft_spec = _graph_spec()
+        draft_spec = _spec("clamp", True)
 
         def update_draft_metadata(self, metadata: Any, state: DraftState, /) -> None:
             super().update_draft_metadata(metadata, state)
@@ -155,19 +155,21 @@ def test_capture_refuses_a_buffer_that_moves() -> None:
 
 def test_capture_refuses_host_values_that_change() -> None:
     state, _ = _case(4, "cuda")
+    state.max_seq_len = state.max_model_len - 10  # room to grow
     with pytest.raises(CaptureError, match=r"host value .*max_seq_len changes between steps"):
-        _loop(GraphBuilder(), state, host_bound="advance").capture(lambda i, m: None, 4)
+        _loop(builder_class(graph=True)(), state, host_bound="advance").capture(
+            lambda i, m: None, 4)
 
 
 def test_capture_refuses_a_reset_rule() -> None:
     state, _ = _case(5, "cuda")
     with pytest.raises(CaptureError, match="scheduler"):
-        _loop(Builder(), state, host_bound="frozen").capture(lambda i, m: None, 4)
+        _loop(builder_class()(), state, host_bound="frozen").capture(lambda i, m: None, 4)
 
 
 def test_replay_refuses_another_batch_shape() -> None:
     state, _ = _case(6, "cuda")
-    loop = _loop(GraphBuilder(), state, host_bound="frozen")
+    loop = _loop(builder_class(graph=True)(), state, host_bound="frozen")
     captured = loop.capture(lambda i, m: None, 3)
     other, _ = _case(7, "cuda")
     if other.batch_size == state.batch_size:

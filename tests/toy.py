@@ -24,6 +24,7 @@ from draftmeta import (
     Rule,
     SameValue,
     Unchanged,
+    Wrap,
 )
 
 
@@ -63,8 +64,13 @@ class ToyMeta(Generic[D]):
 
 
 
-def toy_rules() -> dict[str, Rule]:
-    """A correct rule set for ToyMeta[ToyDecode]."""
+def toy_rules(policy: str = "clamp") -> dict[str, Rule]:
+    """A correct rule set for ToyMeta[ToyDecode]; its own positions follow ``policy``."""
+    positions = (
+        Advance(Clamp("max_model_len", offset=-1))
+        if policy == "clamp"
+        else Advance(Wrap("max_model_len", offset=-1, restart=0))
+    )
     return {
         "num_reqs": HostConstant(),
         "num_decodes": HostConstant(),
@@ -73,7 +79,7 @@ def toy_rules() -> dict[str, Rule]:
         "max_seq_len": HostAdvance(clamp="max_model_len"),
         "scale": HostDerive(lambda m: 1.0 / m, ("state.max_model_len",), formula="1/L"),
         "causal": HostConstant(),
-        "positions": Advance(Clamp("max_model_len", offset=-1)),
+        "positions": positions,
         "slot_mapping": Alias("slot_mapping"),
         "weights": Unchanged(),
         "scheduler": Reset(Scheduler),
