@@ -203,15 +203,22 @@ class _Generator:
                     self.error(path, repr("is None, expected a tensor"))
             if isinstance(rule, Alias):
                 src = f"state.{rule.source}"
-                # the common case (a view at offset 0) is one cheap comparison
+                # a pair of tensor objects verified once stays verified (a tensor's storage is
+                # fixed unless set_() swaps it): the steady state costs two identity tests
+                memo = self.ns.bind([None], f"verified_{path}")
+                self.emit(f"_pair = {memo}[0]")
+                self.emit(f"if _pair is None or _pair[0] is not {expr} or _pair[1] is not {src}:")
                 self.emit(
                     f"if {expr}.data_ptr() != {src}.data_ptr() and "
-                    f"{expr}.untyped_storage().data_ptr() != {src}.untyped_storage().data_ptr():"
+                    f"{expr}.untyped_storage().data_ptr() != {src}.untyped_storage().data_ptr():",
+                    2,
                 )
                 self.error(
                     path,
                     repr(f"no longer shares storage with {src} (a copy would go stale)"),
+                    3,
                 )
+                self.emit(f"{memo}[0] = ({expr}, {src})", 2)
             elif isinstance(rule, Advance):
                 self.emit(f"if {expr}.is_floating_point() or {expr}.dtype is _bool:")
                 self.ns.values["_bool"] = __import__("torch").bool

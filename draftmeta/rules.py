@@ -141,7 +141,10 @@ class Alias(Rule):
     """The field is a view of a persistent draft-state buffer that the loop already advances.
 
     Nothing is written; the update checks, before any write, that the field still shares
-    storage with ``state.<source>`` (a copy would silently go stale).
+    storage with ``state.<source>`` (a copy would silently go stale). A pair of tensor objects
+    checked once is remembered (the generated function keeps a reference to the last pair), so
+    in the steady state the check is two identity tests; swapping a tensor's storage with
+    ``set_()`` behind the update's back is not detected.
 
     Attributes:
         source: the draft-state tensor the field is a view of, e.g. ``"seq_lens"``.

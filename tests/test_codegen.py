@@ -72,6 +72,8 @@ def test_explain_is_deterministic_and_readable() -> None:
         "if not (metadata.decode is not None):",
         "raise _PreconditionFailed(_SPEC, 'decode_only',",
         "_decode = metadata.decode",
+        "if _pair is None or _pair[0] is not _decode.seq_lens or "
+        "_pair[1] is not state.seq_lens:",
         "if _decode.seq_lens.data_ptr() != state.seq_lens.data_ptr() and "
         "_decode.seq_lens.untyped_storage().data_ptr() != "
         "state.seq_lens.untyped_storage().data_ptr():",
