@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from draftmeta.advance import advance_spec
-from draftmeta.backends.indexer import indexer_spec
+from draftmeta.backends.indexer import indexer_spec, kpool_tail_spec
 from draftmeta.backends.mla import MLA_VARIANTS, mla_spec
 from draftmeta.spec import DraftSpec
 
@@ -21,6 +21,7 @@ def _specs() -> dict[str, Callable[[], DraftSpec[Any]]]:
         "state.dcp": lambda: advance_spec("clamp", "advance", True),
         "indexer": lambda: indexer_spec(),
         "indexer.dcp": lambda: indexer_spec(dcp=True),
+        "indexer.kpool_tail": lambda: kpool_tail_spec(),
         "mla.flashmla.fp8": lambda: mla_spec(
             "flashmla", fp8_kv_cache=True, num_q_tokens_per_head_k=128
         ),

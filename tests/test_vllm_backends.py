@@ -59,7 +59,7 @@ EDGE_CASES = [
 @pytest.mark.parametrize("builder", sorted(BUILDERS))
 @pytest.mark.parametrize("edge", EDGE_CASES, ids=lambda e: "-".join(f"{v}" for v in e.values()))
 def test_edge_cases(builder: str, edge: dict[str, object]) -> None:
-    block_size = 64 if builder == "INDEXER" else 16
+    block_size = 64 if builder in ("INDEXER", "KPOOL_TAIL") else 16
     for seed in range(10):
         case = CaseConfig(
             builder=builder, seed=seed, block_size=block_size,
@@ -162,7 +162,10 @@ def test_which_classes_are_verified_only_by_completeness() -> None:
         name for name, v in MLA_VARIANTS.items()
         if not load_metadata_class(v.metadata.module, v.metadata.qualname)[1]
     }
-    assert stand_ins == {"flashattn_mla", "flashattn_mla_sparse"}
+    # FlashAttn-MLA always needs its CUDA extension; FlashAttn-MLA-sparse fails the first
+    # import in a fresh process (a later attempt may find its dependencies already loaded)
+    assert "flashattn_mla" in stand_ins
+    assert stand_ins <= {"flashattn_mla", "flashattn_mla_sparse"}
     assert not load_metadata_class("vllm.third_party.flashmla.flash_mla_interface",
                                    "FlashMLASchedMeta")[1]
 

@@ -22,6 +22,7 @@ BUILDER_CLASSES = {
     "CPU_MLA": "vllm.model_executor.layers.attention.mla_attention.MLACommonMetadataBuilder",
     "TRITON_MLA": "vllm.v1.attention.backends.mla.triton_mla.TritonMLAMetadataBuilder",
     "INDEXER": "vllm.v1.attention.backends.mla.indexer.DeepseekV32IndexerMetadataBuilder",
+    "KPOOL_TAIL": "vllm.v1.attention.backends.mla.indexer.KpoolTailMetadataBuilder",
 }
 
 

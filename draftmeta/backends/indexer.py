@@ -16,17 +16,28 @@ global lengths and the decode lengths are the DCP-local ones the loop recomputes
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, ClassVar
+
+import attrs
+import torch
 
 from draftmeta.backends.common import HostBoundPolicy, decode_only, max_seq_len_rule
 from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule, PagedMqaCompute
 from draftmeta.backends.vllm_classes import ClassRef, load_metadata_class
-from draftmeta.conditions import IsNone, Precondition
-from draftmeta.derivations import CopyFrom, Fill
+from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameValue
+from draftmeta.derivations import CopyFrom, Derivation, Fill
 from draftmeta.rules import Alias, Derive, HostConstant, Recompute, Rule, Unchanged
 from draftmeta.spec import DraftSpec
+from draftmeta.workspace import Workspace
 
-__all__ = ["INDEXER_BUILDER", "INDEXER_METADATA", "indexer_spec"]
+__all__ = [
+    "INDEXER_BUILDER",
+    "INDEXER_METADATA",
+    "KPOOL_TAIL_BUILDER",
+    "KpoolTailSlot",
+    "indexer_spec",
+    "kpool_tail_spec",
+]
 
 _MODULE = "vllm.v1.attention.backends.mla.indexer"
 INDEXER_BUILDER = ClassRef(_MODULE, "DeepseekV32IndexerMetadataBuilder")
@@ -35,6 +46,58 @@ INDEXER_METADATA = ClassRef(_MODULE, "DeepseekV32IndexerMetadata")
 """The indexer metadata class."""
 INDEXER_DECODE = ClassRef(_MODULE, "DeepSeekV32IndexerDecodeMetadata")
 """Its decode part."""
+KPOOL_TAIL_BUILDER = ClassRef(_MODULE, "KpoolTailMetadataBuilder")
+"""vLLM's builder of the storage-only K-pool tail cache's metadata (GLM-5.3-Flash)."""
+
+
+@attrs.frozen
+class KpoolTailSlot(Derivation):
+    """Each token's slot in its request's one circular tail block of ``kpool`` tokens.
+
+    ``slot[t] = block_table[t, 0] * kpool + pos[t] % kpool`` for the ``num_reqs`` tokens of a
+    decode batch (one per request), ``-1`` where that block id is 0; the rows past them keep
+    the main cache's slot (padding, -1). Recomputed from the positions every step; vLLM's own
+    hook instead rewrites the previous slot's offset in place.
+
+    Inputs: positions ``[B]``, block_table ``[>=B, W]``, the main slot mapping ``[B]``,
+    num_reqs.
+
+    Attributes:
+        kpool: the tail block's size in tokens (the cache spec's block size).
+    """
+
+    name: ClassVar[str] = "kpool_tail_slot"
+    kpool: int = 64
+
+    @property
+    def formula(self) -> str:  # type: ignore[override]
+        return (f"block_table[r, 0] * {self.kpool} + pos % {self.kpool} (-1 where the block is "
+                "0); rows past num_reqs: the main slot")
+
+    def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        positions, table, main = inputs[0], inputs[1], inputs[2]
+        assert isinstance(positions, torch.Tensor) and isinstance(table, torch.Tensor)
+        assert isinstance(main, torch.Tensor)
+        if out.shape != main.shape or positions.shape[0] < out.shape[0]:
+            return (f"slot mapping {tuple(out.shape)} does not match the main one "
+                    f"{tuple(main.shape)} and positions {tuple(positions.shape)}")
+        if table.dim() != 2 or out.dtype != torch.int64:
+            return f"needs an int64 slot mapping and a 2-D block table, got {out.dtype}"
+        return None
+
+    def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
+        positions, table, main, num_reqs = inputs[0], inputs[1], inputs[2], inputs[3]
+        assert isinstance(positions, torch.Tensor) and isinstance(table, torch.Tensor)
+        assert isinstance(main, torch.Tensor) and isinstance(num_reqs, int)
+        if out.data_ptr() != main.data_ptr():
+            out.copy_(main)
+        head = out[:num_reqs]
+        block = workspace.buffer("kpool.block", (num_reqs,), torch.int64, out.device)
+        valid = workspace.buffer("kpool.valid", (num_reqs,), torch.bool, out.device)
+        block.copy_(table[:num_reqs, 0])
+        torch.ne(block, 0, out=valid)
+        torch.remainder(positions[:num_reqs], self.kpool, out=head)
+        head.add_(block, alpha=self.kpool).add_(1).mul_(valid).sub_(1)
 
 
 @functools.cache
@@ -96,3 +159,43 @@ def indexer_spec(
         preconditions=preconditions,
         nested={"decode": decode_cls},
     )
+
+
+@functools.cache
+def kpool_tail_spec(*, kpool: int = 64, policy: HostBoundPolicy = "advance") -> DraftSpec[Any]:
+    """The spec of the K-pool tail metadata (``KpoolTailMetadataBuilder``) while drafting.
+
+    The builder reuses ``DeepseekV32IndexerMetadata`` without a decode part; only its slot
+    mapping (a builder buffer) changes per step, derived from the positions (see
+    :class:`KpoolTailSlot`).
+
+    Args:
+        kpool: the tail cache's block size.
+        policy: how the host ``max_seq_len`` moves.
+    """
+    metadata_cls, _ = load_metadata_class(INDEXER_METADATA.module, INDEXER_METADATA.qualname)
+    rules: dict[str, Rule] = {
+        "seq_lens": Alias("seq_lens"),
+        "max_seq_len": max_seq_len_rule(policy, False),
+        "slot_mapping": Derive(
+            KpoolTailSlot(kpool),
+            ("state.positions", "state.block_table", "state.slot_mapping", "state.num_reqs"),
+        ),
+        "num_decodes": HostConstant(),
+        "num_decode_tokens": HostConstant(),
+        "num_prefills": HostConstant(),
+        "num_prefill_tokens": HostConstant(),
+        "decode": Unchanged(),
+        "prefill": Unchanged(),
+        "positions": Alias("positions"),
+        "block_table": Unchanged(),
+    }
+    preconditions: list[Precondition] = [
+        Equals("state.dcp_world_size", 1, name="no_dcp"),
+        Equals("num_prefills", 0, name="decode_only"),
+        IsNone("prefill", name="no_prefill_part"),
+        SameValue("num_decodes", "num_decode_tokens", name="one_token_per_request"),
+        IsNotNone("positions", name="has_positions"),
+    ]
+    return DraftSpec(metadata_cls, rules, name=f"indexer.kpool_tail.{policy}",
+                     preconditions=preconditions)

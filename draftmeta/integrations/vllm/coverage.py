@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import attrs
 
-from draftmeta.backends.indexer import INDEXER_BUILDER, indexer_spec
+from draftmeta.backends.indexer import (
+    INDEXER_BUILDER,
+    KPOOL_TAIL_BUILDER,
+    indexer_spec,
+    kpool_tail_spec,
+)
 from draftmeta.backends.mla import MLA_VARIANTS, mla_spec
 
 __all__ = ["Coverage", "coverage", "coverage_table"]
@@ -60,6 +65,11 @@ def coverage() -> list[Coverage]:
         "indexer", str(INDEXER_BUILDER), "refresh", "upstream",
         f"vLLM's own hook (refresh, DCP=1 only); draftmeta's spec {spec.name} adds DCP > 1 "
         "and installs on request",
+    ))
+    spec = kpool_tail_spec()
+    rows.append(Coverage(
+        "kpool_tail", str(KPOOL_TAIL_BUILDER), "refresh", "upstream",
+        f"vLLM's own hook (refresh); draftmeta's spec {spec.name} serves the older proposer",
     ))
     return rows
 

@@ -19,7 +19,7 @@ import torch
 
 from draftmeta.advance import OverflowPolicy, advance_state
 from draftmeta.backends.common import HostBoundPolicy
-from draftmeta.backends.indexer import indexer_spec
+from draftmeta.backends.indexer import indexer_spec, kpool_tail_spec
 from draftmeta.backends.mla import mla_spec
 from draftmeta.integrations.vllm import harness
 from draftmeta.spec import DraftSpec
@@ -34,6 +34,7 @@ BUILDERS: dict[str, SpecFactory] = {
     "CPU_MLA": lambda policy: mla_spec("common", policy=policy),
     "TRITON_MLA": lambda policy: mla_spec("triton", policy=policy),
     "INDEXER": lambda policy: indexer_spec(policy=policy),
+    "KPOOL_TAIL": lambda policy: kpool_tail_spec(kpool=64, policy=policy),
 }
 """vLLM builders that construct on CPU, and the draftmeta spec of the metadata each builds."""
 
@@ -97,7 +98,7 @@ def random_case(builder: str, seed: int, *, max_steps: int = 8) -> CaseConfig:
     def pick(options: list[Any]) -> Any:
         return options[int(torch.randint(len(options), (1,), generator=g))]
 
-    block_size = 64 if builder == "INDEXER" else pick([16, 64])
+    block_size = 64 if builder in ("INDEXER", "KPOOL_TAIL") else pick([16, 64])
     batch = pick([1, 1, 2, 3, 7, 16, 31, 64, int(torch.randint(1, 65, (1,), generator=g))])
     return CaseConfig(
         builder=builder,

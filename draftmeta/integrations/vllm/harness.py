@@ -46,7 +46,7 @@ __all__ = [
     "prepare_environment",
 ]
 
-BUILDER_NAMES: Final = ("CPU_MLA", "TRITON_MLA", "INDEXER")
+BUILDER_NAMES: Final = ("CPU_MLA", "TRITON_MLA", "INDEXER", "KPOOL_TAIL")
 """Names accepted by :func:`make_builder`."""
 
 INDEXER_BLOCK_SIZE: Final = 64
@@ -328,6 +328,12 @@ def make_builder(
 
     dev = torch.device(device)
     with set_current_vllm_config(config):
+        if name == "KPOOL_TAIL":  # the GLM-5.3-Flash K-pool tail: block_size is the pool size
+            from vllm.v1.attention.backends.mla.indexer import KpoolTailMetadataBuilder
+
+            return KpoolTailMetadataBuilder(
+                _indexer_kv_cache_spec(config, block_size), [_INDEXER_LAYER_NAME], config, dev
+            )
         if name == "INDEXER":
             from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
 

@@ -32,7 +32,12 @@ import attrs
 import torch
 
 from draftmeta.backends.hooks import FlashAttnCompute
-from draftmeta.backends.indexer import INDEXER_BUILDER, indexer_spec
+from draftmeta.backends.indexer import (
+    INDEXER_BUILDER,
+    KPOOL_TAIL_BUILDER,
+    indexer_spec,
+    kpool_tail_spec,
+)
 from draftmeta.backends.mla import MLA_VARIANTS, MLAVariant, mla_spec
 from draftmeta.backends.vllm_classes import ClassRef
 from draftmeta.errors import DraftMetaError, SpecError
@@ -183,6 +188,7 @@ def _plan() -> _Plan:
         (name, v.builder, v) for name, v in MLA_VARIANTS.items()
     ]
     targets.append(("indexer", INDEXER_BUILDER, None))
+    targets.append(("kpool_tail", KPOOL_TAIL_BUILDER, None))
     for name, ref, variant in targets:
         cls = _import_class(ref)
         if cls is None:
@@ -199,6 +205,12 @@ def _plan() -> _Plan:
             plan.patches.append((cls, "build_for_drafting", _v1_build_for_drafting(cls, name)))
             plan.v1.append(ref.qualname)
         upstream = variant.upstream if variant is not None else "refresh"
+        if name == "kpool_tail":
+            plan.skipped[str(ref)] = (
+                "new runner: vLLM's own hook (its metadata does not reference the block table "
+                "draftmeta's spec derives the slot from)"
+            )
+            continue
         if upstream != "none" and not override:
             plan.skipped[str(ref)] = f"vLLM's own update_draft_decode_metadata ({upstream})"
             continue
@@ -209,6 +221,9 @@ def _plan() -> _Plan:
 
 
 def _spec(name: str, policy: str, *, dcp: bool = False, builder: Any = None) -> DraftSpec[Any]:
+    if name == "kpool_tail":
+        kpool = builder.kv_cache_spec.block_size if builder is not None else 64
+        return kpool_tail_spec(kpool=kpool, policy=policy)
     if name == "indexer":
         return indexer_spec(policy=policy, dcp=dcp)
     kwargs: dict[str, Any] = {}
@@ -246,6 +261,7 @@ class _V1Cache:
     cad: Any
     metadata: Any
     state: DraftState
+    spec: DraftSpec[Any]
 
 
 def _state_from_cad(cad: Any, builder: Any) -> DraftState:
@@ -265,7 +281,6 @@ def _state_from_cad(cad: Any, builder: Any) -> DraftState:
 
 def _v1_build_for_drafting(cls: type, name: str) -> Callable[..., Any]:
     original = cls.build_for_drafting  # type: ignore[attr-defined]
-    spec = _spec(name, "advance")
 
     def build_for_drafting(self: Any, common_attn_metadata: Any, draft_index: int) -> Any:
         cache: _V1Cache | None = self.__dict__.get("_draftmeta_v1")
@@ -274,8 +289,10 @@ def _v1_build_for_drafting(cls: type, name: str) -> Callable[..., Any]:
             state.seq_lens, state.slot_mapping = cad.seq_lens, cad.slot_mapping
             state.block_table, state.query_start_loc = cad.block_table_tensor, cad.query_start_loc
             state.max_seq_len, state.num_reqs = cad.max_seq_len, cad.num_reqs
+            if cad.positions is not None:
+                state.positions = cad.positions
             try:
-                spec.update(cache.metadata, state)
+                cache.spec.update(cache.metadata, state)
                 return cache.metadata
             except DraftMetaError as exc:
                 logger.info("draftmeta: %s rebuilds this draft loop: %s", cls.__qualname__, exc)
@@ -284,7 +301,8 @@ def _v1_build_for_drafting(cls: type, name: str) -> Callable[..., Any]:
         self._draftmeta_v1 = None
         if draft_index == 1 and getattr(self, "dcp_world_size", 1) == 1:
             state = _state_from_cad(common_attn_metadata, self)
-            self._draftmeta_v1 = _V1Cache(common_attn_metadata, metadata, state)
+            spec = _spec(name, "advance", builder=self)
+            self._draftmeta_v1 = _V1Cache(common_attn_metadata, metadata, state, spec)
         return metadata
 
     build_for_drafting.__qualname__ = f"{cls.__qualname__}.build_for_drafting"
