@@ -20,7 +20,13 @@ from draftmeta.derivations import (
 )
 from draftmeta.errors import DraftMetaError, PreconditionFailed, SpecError, UpdateError
 from draftmeta.fields import FieldInfo, FieldKind
-from draftmeta.protocol import DraftUpdatable, SupportsDraftUpdate, install_draft_update, spec_of
+from draftmeta.protocol import (
+    DraftUpdatable,
+    SpecBuilder,
+    SupportsDraftUpdate,
+    install_draft_update,
+    spec_of,
+)
 from draftmeta.rules import (
     Advance,
     Alias,
@@ -82,6 +88,7 @@ __all__ = [
     "SameValue",
     "Satisfies",
     "SlotMapping",
+    "SpecBuilder",
     "SpecError",
     "SupportsDraftUpdate",
     "TokenToRequest",

@@ -30,6 +30,7 @@ import attrs
 import torch
 
 from draftmeta.advance import advance_state
+from draftmeta.protocol import SpecBuilder
 from draftmeta.state import DraftState
 from draftmeta.testing import random_state
 
@@ -120,7 +121,7 @@ def _reset(state: DraftState, start: DraftState) -> None:
 
 def _cpu_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sample]:
     from draftmeta.integrations.vllm import harness
-    from draftmeta.integrations.vllm.equivalence import BUILDERS, _cad
+    from draftmeta.integrations.vllm.equivalence import BUILDERS
 
     for backend in config.backends:
         block = 64 if backend == "INDEXER" else config.block_size
@@ -135,7 +136,7 @@ def _cpu_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Samp
                 if backend == "INDEXER":
                     kwargs["block_table_width"] = state.block_table.shape[1]
                 builder = harness.make_builder(backend, cfg, **kwargs)
-                cad = _cad(state)
+                cad = harness.common_metadata_for(state)
                 metadata = harness.build_metadata(builder, cad, draft_index=1)
                 times: dict[str, list[float]] = {"advance": [], "rebuild": [], "update": []}
                 for repeat in range(config.repeats + 1):
@@ -174,14 +175,6 @@ def _cuda_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sam
             tick()
 
 
-class _Capable:
-    def __init__(self, spec: Any) -> None:
-        self.draft_spec = spec
-
-    def update_draft_metadata(self, metadata: Any, state: DraftState, /) -> None:
-        self.draft_spec.update(metadata, state)
-
-
 def _cuda_config(config: BenchConfig, mla: Any, idx: Any, batch: int, k: int
                  ) -> Iterator[Sample]:
     from draftmeta.backends.reference import (
@@ -199,8 +192,8 @@ def _cuda_config(config: BenchConfig, mla: Any, idx: Any, batch: int, k: int
     mla_meta = build_mla_metadata(mla.cls, mla.nested["decode"], state)
     idx_meta = build_indexer_metadata(idx.cls, idx.nested["decode"], state, buffers)
     groups = [
-        AttentionGroup("mla", _Capable(mla), mla_meta, lambda s, i: None),
-        AttentionGroup("indexer", _Capable(idx), idx_meta, lambda s, i: None),
+        AttentionGroup("mla", SpecBuilder(mla), mla_meta, lambda s, i: None),
+        AttentionGroup("indexer", SpecBuilder(idx), idx_meta, lambda s, i: None),
     ]
     eager = DraftLoop(groups, state, host_bound="frozen", fused=False)
     fused = DraftLoop(groups, state, host_bound="frozen", fused=True)

@@ -22,6 +22,8 @@ import linecache
 import types
 from typing import Literal, Protocol, TypeVar, cast
 
+import torch
+
 from draftmeta.errors import PreconditionFailed, UpdateError
 from draftmeta.rules import (
     Advance,
@@ -60,6 +62,7 @@ class _Namespace:
             "_SPEC": spec_name,
             "_PreconditionFailed": PreconditionFailed,
             "_UpdateError": UpdateError,
+            "_bool": torch.bool,
         }
         self._names: dict[int, str] = {}
 
@@ -221,7 +224,6 @@ class _Generator:
                 self.emit(f"{memo}[0] = ({expr}, {src})", 2)
             elif isinstance(rule, Advance):
                 self.emit(f"if {expr}.is_floating_point() or {expr}.dtype is _bool:")
-                self.ns.values["_bool"] = __import__("torch").bool
                 self.error(path, f"f'is a {{{expr}.dtype}} tensor; advance needs integers'")
             elif isinstance(rule, (Derive, Recompute)):
                 name, args = self._call(path, rule)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import attrs
 import torch
 
-__all__ = ["FieldInfo", "FieldKind", "class_fields", "is_record_class"]
+__all__ = ["FieldInfo", "FieldKind", "class_fields", "is_record_class", "record_items"]
 
 
 class FieldKind(enum.Enum):
@@ -68,6 +68,16 @@ class FieldInfo:
 def is_record_class(cls: object) -> bool:
     """Whether ``cls`` is a dataclass or an attrs class (a class whose fields a spec can cover)."""
     return isinstance(cls, type) and (dataclasses.is_dataclass(cls) or attrs.has(cls))
+
+
+def record_items(obj: object) -> list[tuple[str, object]] | None:
+    """``(name, value)`` of every field of a dataclass or attrs instance, else ``None``."""
+    cls = type(obj)
+    if attrs.has(cls):
+        return [(a.name, getattr(obj, a.name)) for a in attrs.fields(cls)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    return None
 
 
 def _raw_fields(cls: type) -> list[tuple[str, object]]:

@@ -29,6 +29,7 @@ import torch
 
 from draftmeta.advance import HostBound, OverflowPolicy, advance_spec
 from draftmeta.errors import DraftMetaError, PreconditionFailed, UpdateError
+from draftmeta.fields import record_items
 from draftmeta.protocol import SupportsDraftUpdate, spec_of
 from draftmeta.rules import Invalidate, Reset
 from draftmeta.state import DraftState
@@ -162,6 +163,8 @@ class DraftLoop:
             raise ValueError(f"fused=True needs the state on CUDA, it is on {state.device}")
         self._fused_enabled = fused
         self._fused: Any = None  # the FusedStep, built on the first refresh
+        self._fused_groups: list[AttentionGroup] = []
+        self._fused_names: set[str] = set()
         self.stats = LoopStats()
         for group in self.groups:
             reason = _capability(group.builder)
@@ -186,21 +189,19 @@ class DraftLoop:
         """The fused kernel's generated Triton source, once built (``None`` unfused)."""
         return None if self._fused is None else str(self._fused.source)
 
-    def _fused_groups(self) -> list[AttentionGroup]:
-        return [
-            g for g in self.groups
-            if self.stats.groups[g.name].path == "update" and spec_of(g.builder) is not None
-        ]
-
     def _refresh_fused(self, draft_index: int) -> bool:
         """The fused path; False (having written nothing) if a check failed."""
-        from draftmeta.fused import FusedStep
+        if self._fused is None:  # the groups fused and the kernel are decided once
+            from draftmeta.fused import FusedStep
 
-        fused_groups = self._fused_groups()
-        if self._fused is None:
+            self._fused_groups = [
+                g for g in self.groups
+                if self.stats.groups[g.name].path == "update" and spec_of(g.builder) is not None
+            ]
+            self._fused_names = {g.name for g in self._fused_groups}
             self._fused = FusedStep(
                 self.state,
-                [(spec_of(g.builder), g.metadata) for g in fused_groups],  # type: ignore[misc]
+                [(spec_of(g.builder), g.metadata) for g in self._fused_groups],  # type: ignore[misc]
                 policy=self.policy,
                 host_bound=self.host_bound,
             )
@@ -214,10 +215,9 @@ class DraftLoop:
         self._fused.launch()
         self._fused.finish()
         self.stats.advances += 1
-        for group in fused_groups:
+        for group in self._fused_groups:
             self.stats.groups[group.name].updates += 1
-        fused_names = {g.name for g in fused_groups}
-        self._refresh_groups(draft_index, skip=fused_names)
+        self._refresh_groups(draft_index, skip=self._fused_names)
         return True
 
     def refresh(self, draft_index: int) -> None:
@@ -410,11 +410,11 @@ class CapturedLoop:
 def _walk(obj: object, prefix: str, keep: Callable[[object], bool]
           ) -> Iterator[tuple[str, Any]]:
     """``(path, value)`` of every field of a record tree that ``keep`` accepts."""
-    for name, value in _record_items(obj):
+    for name, value in record_items(obj) or ():
         path = f"{prefix}.{name}"
         if keep(value):
             yield path, value
-        elif _record_items(value):
+        elif record_items(value):
             yield from _walk(value, path, keep)
 
 
@@ -424,17 +424,6 @@ def _walk_tensors(obj: object, prefix: str) -> Iterator[tuple[str, torch.Tensor]
 
 def _walk_host(obj: object, prefix: str) -> Iterator[tuple[str, object]]:
     return _walk(obj, prefix, lambda v: isinstance(v, (int, float, bool)))
-
-
-def _record_items(obj: object) -> list[tuple[str, object]]:
-    import dataclasses
-
-    cls = type(obj)
-    if attrs.has(cls):
-        return [(a.name, getattr(obj, a.name)) for a in attrs.fields(cls)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
-    return []
 
 
 @contextlib.contextmanager

@@ -27,7 +27,13 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
-__all__ = ["DraftUpdatable", "SupportsDraftUpdate", "install_draft_update", "spec_of"]
+__all__ = [
+    "DraftUpdatable",
+    "SpecBuilder",
+    "SupportsDraftUpdate",
+    "install_draft_update",
+    "spec_of",
+]
 
 M = TypeVar("M")
 M_contra = TypeVar("M_contra", contravariant=True)
@@ -100,6 +106,24 @@ def install_draft_update(cls: T, spec: DraftSpec[Any]) -> T:
     setattr(cls, _SPEC_ATTR, spec)
     cls.update_draft_metadata = _installed_update  # type: ignore[attr-defined]
     return cls
+
+
+class SpecBuilder(Generic[M]):
+    """A capable builder made from a spec held by the instance (and, optionally, the builder
+    it stands for): for draft loops over builders whose spec is chosen per instance.
+
+    Attributes:
+        draft_spec: the spec whose generated update ``update_draft_metadata`` runs.
+        builder: the builder it stands for, if any.
+    """
+
+    def __init__(self, spec: DraftSpec[M], builder: object = None) -> None:
+        self.draft_spec = spec
+        self.builder = builder
+
+    def update_draft_metadata(self, metadata: M, state: DraftState, /) -> None:
+        """Update ``metadata`` in place for one draft step, as ``draft_spec`` declares."""
+        self.draft_spec.update(metadata, state)
 
 
 def spec_of(builder: object) -> DraftSpec[Any] | None:

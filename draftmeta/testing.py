@@ -10,12 +10,12 @@ boundary, positions reaching ``max_model_len``, padded rows, mixed lengths).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 
 import attrs
 import torch
 
+from draftmeta.fields import record_items
 from draftmeta.state import DraftState
 
 __all__ = ["Mismatch", "assert_same_metadata", "compare_metadata", "random_state"]
@@ -35,15 +35,6 @@ class Mismatch:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.detail}"
-
-
-def _record_items(obj: object) -> list[tuple[str, object]] | None:
-    cls = type(obj)
-    if attrs.has(cls):
-        return [(a.name, getattr(obj, a.name)) for a in attrs.fields(cls)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
-    return None
 
 
 def _compare_tensors(path: str, a: torch.Tensor, b: torch.Tensor) -> Iterator[Mismatch]:
@@ -105,7 +96,7 @@ def _walk(
         return
     if opaque(a):
         return
-    items_a, items_b = _record_items(a), _record_items(b)
+    items_a, items_b = record_items(a), record_items(b)
     if items_a is not None and items_b is not None:
         for (key, va), (_, vb) in zip(items_a, items_b):
             _walk(va, vb, f"{path}.{key}" if path else key, ignore, opaque, out)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from draftmeta.protocol import SpecBuilder
 from draftmeta.state import DraftState
 from draftmeta.testing import Mismatch, compare_metadata, random_state
 
@@ -36,14 +37,6 @@ def _cpu_rows(
             checked += result.steps_checked
             failures += [(builder, s, step, m) for step, m in result.mismatches]
         yield builder, batches, checked, failures
-
-
-class _Capable:
-    def __init__(self, spec: Any) -> None:
-        self.draft_spec = spec
-
-    def update_draft_metadata(self, metadata: Any, state: DraftState, /) -> None:
-        self.draft_spec.update(metadata, state)
 
 
 def _cuda_rows(
@@ -83,7 +76,7 @@ def _check_cuda(label: str, seed: int, steps: int, fused: bool, failures: list[F
     batch = int(torch.randint(1, 257, (1,), generator=g))
     state = random_state(g, batch_size=batch, block_size=64, max_model_len=1024, steps=k,
                          num_padded=3 if seed % 5 == 0 else 0).to("cuda")
-    groups = [AttentionGroup(n, _Capable(sp), build(n, state), lambda st, i: None)
+    groups = [AttentionGroup(n, SpecBuilder(sp), build(n, state), lambda st, i: None)
               for n, sp in (("mla", mla), ("indexer", idx))]
     loop = DraftLoop(groups, state, policy="wrap" if seed % 2 else "clamp", fused=fused)
     checked = 0

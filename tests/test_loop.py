@@ -15,28 +15,11 @@ from draftmeta.backends.indexer import indexer_spec
 from draftmeta.backends.mla import mla_spec
 from draftmeta.integrations.vllm import harness
 from draftmeta.loop import AttentionGroup, CaptureError, DraftLoop, validate_state
-from draftmeta.spec import DraftSpec
+from draftmeta.protocol import SpecBuilder
 from draftmeta.testing import compare_metadata, random_state
 from tests.toy import ToyDecode, ToyMeta, toy_metadata, toy_spec
 
-
-class SpecBuilder:
-    """A builder that declares the capability through a spec (what the vLLM plugin installs)."""
-
-    def __init__(self, builder: object, spec: DraftSpec[Any]) -> None:
-        self.builder = builder
-        self.draft_spec = spec
-
-    def update_draft_metadata(self, metadata: object, state: DraftState, /) -> None:
-        self.draft_spec.update(metadata, state)
-
-
-def _cad(state: DraftState) -> Any:
-    return harness.make_common_metadata(
-        seq_lens=state.seq_lens, positions=state.positions, slot_mapping=state.slot_mapping,
-        block_table=state.block_table, query_start_loc=state.query_start_loc,
-        max_seq_len=state.max_seq_len, num_reqs=state.num_reqs,
-    )
+_cad = harness.common_metadata_for
 
 
 def _vllm_groups(state: DraftState, *, capable: bool) -> list[AttentionGroup]:
@@ -53,7 +36,7 @@ def _vllm_groups(state: DraftState, *, capable: bool) -> list[AttentionGroup]:
         def rebuild(s: DraftState, index: int, builder: Any = builder) -> Any:
             return harness.build_metadata(builder, _cad(s), draft_index=index)
 
-        declared = SpecBuilder(builder, spec) if capable and spec is not None else builder
+        declared = SpecBuilder(spec, builder) if capable and spec is not None else builder
         groups.append(AttentionGroup(name, declared, metadata, rebuild))
     return groups
 
@@ -127,7 +110,7 @@ def test_a_dcp_state_falls_back_for_a_spec_without_dcp() -> None:
                          max_model_len=512, steps=4)
     state.dcp_world_size, state.dcp_local_seq_lens = 2, torch.zeros_like(state.seq_lens)
     spec = mla_spec("triton")
-    group = AttentionGroup("mla", SpecBuilder(None, spec), None, lambda s, i: "rebuilt")
+    group = AttentionGroup("mla", SpecBuilder(spec), None, lambda s, i: "rebuilt")
     stats = DraftLoop([group], state).run(lambda i, m: None, 3)
     assert stats.fallbacks()["mla"].startswith("precondition 'no_dcp' failed")
 
@@ -136,7 +119,7 @@ def test_an_unsupported_spec_rebuilds_with_its_reason() -> None:
     state = random_state(torch.Generator().manual_seed(2), batch_size=3, block_size=16,
                          max_model_len=512, steps=4)
     spec = mla_spec("flashattn_mla")
-    group = AttentionGroup("fa", SpecBuilder(None, spec), None, lambda s, i: "rebuilt")
+    group = AttentionGroup("fa", SpecBuilder(spec), None, lambda s, i: "rebuilt")
     loop = DraftLoop([group], state)
     assert "FA3 scheduler metadata needs the builder's head configuration" in (
         loop.stats.fallbacks()["fa"])

@@ -245,7 +245,7 @@ def test_mla_spec_under_dcp(world: int, interleave: int, overflow: str) -> None:
 def test_indexer_schedule_hook_refills_the_persistent_buffer(seed: int) -> None:
     from draftmeta.backends.schedules import paged_mqa_schedule_reference
     from draftmeta.integrations.vllm import harness
-    from draftmeta.integrations.vllm.equivalence import _cad
+    _cad = harness.common_metadata_for
 
     spec = indexer_spec(schedule_compute=paged_mqa_schedule_reference)
     g = torch.Generator().manual_seed(seed)
@@ -326,7 +326,7 @@ def test_reference_builders_equal_vllms(builder: str) -> None:
         build_mla_metadata,
     )
     from draftmeta.integrations.vllm import harness
-    from draftmeta.integrations.vllm.equivalence import _cad
+    _cad = harness.common_metadata_for
 
     spec = mla_spec("triton") if builder == "TRITON_MLA" else indexer_spec()
     for seed in range(20):

@@ -15,8 +15,10 @@ from draftmeta.backends import vllm_classes
 from draftmeta.backends.indexer import indexer_spec
 from draftmeta.backends.mla import mla_spec
 from draftmeta.integrations.vllm import harness, plugin
-from draftmeta.integrations.vllm.equivalence import _cad, random_case
+from draftmeta.integrations.vllm.equivalence import random_case
 from draftmeta.testing import compare_metadata, random_state
+
+_cad = harness.common_metadata_for
 
 BUILDER_CLASSES = {
     "CPU_MLA": "vllm.model_executor.layers.attention.mla_attention.MLACommonMetadataBuilder",

@@ -23,7 +23,6 @@ from draftmeta.backends.indexer import indexer_spec, kpool_tail_spec
 from draftmeta.backends.mla import mla_spec
 from draftmeta.integrations.vllm import harness
 from draftmeta.spec import DraftSpec
-from draftmeta.state import DraftState
 from draftmeta.testing import Mismatch, compare_metadata, random_state
 
 __all__ = ["BUILDERS", "BatchResult", "CaseConfig", "check_batch", "random_case"]
@@ -113,18 +112,6 @@ def random_case(builder: str, seed: int, *, max_steps: int = 8) -> CaseConfig:
     )
 
 
-def _cad(state: DraftState) -> Any:
-    return harness.make_common_metadata(
-        seq_lens=state.seq_lens,
-        positions=state.positions,
-        slot_mapping=state.slot_mapping,
-        block_table=state.block_table,
-        query_start_loc=state.query_start_loc,
-        max_seq_len=state.max_seq_len,
-        num_reqs=state.num_reqs,
-    )
-
-
 def _unfilled(path: str) -> bool:
     return path in _UNFILLED_ON_CPU
 
@@ -155,12 +142,13 @@ def check_batch(case: CaseConfig, *, spec: DraftSpec[Any] | None = None) -> Batc
         steps=case.steps,
         num_padded=case.num_padded,
     )
-    metadata = harness.build_metadata(updater, _cad(state), draft_index=1)
+    metadata = harness.build_metadata(updater, harness.common_metadata_for(state), draft_index=1)
     found: list[tuple[int, Mismatch]] = []
     for step in range(2, case.steps + 1):
         advance_state(state, case.overflow, case.host_bound)
         spec.update(metadata, state)
-        rebuilt = harness.build_metadata(rebuilder, _cad(state.clone()), draft_index=step)
+        fresh = harness.common_metadata_for(state.clone())
+        rebuilt = harness.build_metadata(rebuilder, fresh, draft_index=step)
         mismatches = compare_metadata(metadata, rebuilt, ignore=_unfilled)
         for path in _UNFILLED_ON_CPU:
             mismatches += _shape_only(metadata, rebuilt, path)

@@ -35,11 +35,14 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.attention.backend import AttentionMetadataBuilder, CommonAttentionMetadata
 
+    from draftmeta.state import DraftState
+
 __all__ = [
     "BUILDER_NAMES",
     "INDEXER_BLOCK_SIZE",
     "build_metadata",
     "cached_vllm_config",
+    "common_metadata_for",
     "make_builder",
     "make_common_metadata",
     "make_vllm_config",
@@ -459,6 +462,19 @@ def _check(
         raise ValueError(
             f"{name} must be {ndim}-D with at least {min_len} rows, got shape {tuple(tensor.shape)}"
         )
+
+
+def common_metadata_for(state: DraftState) -> CommonAttentionMetadata:
+    """``make_common_metadata`` over a draft state's buffers (aliased, not copied)."""
+    return make_common_metadata(
+        seq_lens=state.seq_lens,
+        positions=state.positions,
+        slot_mapping=state.slot_mapping,
+        block_table=state.block_table,
+        query_start_loc=state.query_start_loc,
+        max_seq_len=state.max_seq_len,
+        num_reqs=state.num_reqs,
+    )
 
 
 def build_metadata(
