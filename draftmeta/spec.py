@@ -28,7 +28,7 @@ import torch
 
 from draftmeta.conditions import Equals, Precondition, SameValue, Satisfies
 from draftmeta.errors import SpecError
-from draftmeta.fields import FieldInfo, FieldKind, class_fields, is_record_class
+from draftmeta.fields import FieldInfo, FieldKind, class_fields, classify, is_record_class
 from draftmeta.rules import (
     HostDerive,
     Invalidate,
@@ -91,6 +91,11 @@ class DraftSpec(Generic[M]):
             instead of the annotated class), by path: ``{"decode": FlashMLADecodeMetadata}``.
         dtypes: tensor dtypes by path where the annotations do not say, so rules can be checked
             against them at declaration (an advance on a float tensor is rejected).
+        attributes: attributes a built object carries outside its class's fields (a builder
+            that sets ``metadata.seq_lens_i64 = ...`` after construction), by path, with their
+            annotation (``{"seq_lens_i64": torch.Tensor, "num_kv_splits": int}``). They need
+            rules like fields do; :meth:`uncovered` reports any attribute a built object
+            carries that is neither a field nor declared here.
 
     Raises:
         SpecError: the spec is malformed; the message names the field and says how to fix it.
@@ -105,6 +110,7 @@ class DraftSpec(Generic[M]):
         preconditions: Sequence[Precondition] = (),
         nested: Mapping[str, type] | None = None,
         dtypes: Mapping[str, torch.dtype] | None = None,
+        attributes: Mapping[str, object] | None = None,
     ) -> None:
         self.cls: type[M] = cls
         self.name: str = name or str(getattr(cls, "__qualname__", repr(cls)))
@@ -112,6 +118,7 @@ class DraftSpec(Generic[M]):
         self.preconditions: tuple[Precondition, ...] = tuple(preconditions)
         self.nested: dict[str, type] = dict(nested or {})
         self.dtypes: dict[str, torch.dtype] = dict(dtypes or {})
+        self.attributes: dict[str, object] = dict(attributes or {})
         self._fields: dict[str, FieldInfo] = {}
         self._records: dict[str, type] = {}
         self._compiled: UpdateFunction[M] | None = None
@@ -179,6 +186,7 @@ class DraftSpec(Generic[M]):
             )
         self._check_overrides_shape()
         self._walk(self.cls, "")
+        self._add_attributes()
         self._check_overrides_known()
         self._check_rules_known()
         self._check_rules_fit()
@@ -211,6 +219,62 @@ class DraftSpec(Generic[M]):
                 FieldKind.RECORD, FieldKind.GENERIC, FieldKind.OBJECT
             ):
                 self._walk(child, path + ".")
+
+    def _add_attributes(self) -> None:
+        for path, annotation in self.attributes.items():
+            parent, _, name = str(path).rpartition(".")
+            if not isinstance(path, str) or not name.isidentifier():
+                raise self._fail(
+                    str(path), "attributes= names it, but it is not an attribute name",
+                    "name attributes by a Python identifier, dotted for nested records",
+                )
+            if parent not in self._records:
+                raise self._unknown(parent, "attributes=")
+            if path in self._fields:
+                raise self._fail(
+                    path, "attributes= declares it, but it is already a field of the class",
+                    f"remove {path!r} from attributes=: fields are covered by rules already",
+                )
+            kind, optional, record, dtype = classify(annotation)
+            if kind in (FieldKind.RECORD, FieldKind.GENERIC):
+                raise self._fail(
+                    path, "attributes= declares it as a nested record",
+                    "declare extra attributes as tensors, host scalars or host objects",
+                )
+            text = annotation if isinstance(annotation, str) else getattr(
+                annotation, "__qualname__", str(annotation))
+            self._fields[path] = FieldInfo(name, kind, optional, record, dtype, str(text))
+
+    # -- built objects ------------------------------------------------------------------------
+
+    def uncovered(self, metadata: object) -> tuple[str, ...]:
+        """What a built ``metadata`` object carries that this spec has no rule for.
+
+        Walks the object and its nested records and reports, as readable strings, every
+        attribute in an instance ``__dict__`` that is neither a field of its class nor declared
+        in ``attributes=``, and every record whose class is not exactly the declared one (a
+        subclass may add fields). An empty tuple means the spec covers the object completely.
+        Cost: one pass over the object's attributes; call it once per built object, not per step.
+        """
+        problems: list[str] = []
+        for path, cls in self._records.items():
+            obj: object = metadata
+            for part in path.split(".") if path else ():
+                obj = getattr(obj, part, None)
+            if obj is None:
+                continue
+            where = path or "the metadata object"
+            if type(obj) is not cls:
+                problems.append(
+                    f"{where} is a {type(obj).__qualname__}, not the declared "
+                    f"{cls.__qualname__}"
+                )
+                continue
+            prefix = f"{path}." if path else ""
+            for name in getattr(obj, "__dict__", {}):
+                if f"{prefix}{name}" not in self._fields:
+                    problems.append(f"{prefix}{name} (an attribute outside the class's fields)")
+        return tuple(problems)
 
     def _check_overrides_known(self) -> None:
         for path in self.nested:

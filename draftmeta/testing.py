@@ -100,6 +100,7 @@ def _walk(
     if items_a is not None and items_b is not None:
         for (key, va), (_, vb) in zip(items_a, items_b):
             _walk(va, vb, f"{path}.{key}" if path else key, ignore, opaque, out)
+        _walk_extra_attributes(a, b, {key for key, _ in items_a}, path, ignore, opaque, out)
         return
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if len(a) != len(b):
@@ -120,6 +121,29 @@ def _walk(
             return
     if not equal:
         out.append(Mismatch(name, f"{a!r} != {b!r}"))
+
+
+def _walk_extra_attributes(
+    a: object,
+    b: object,
+    fields: set[str],
+    path: str,
+    ignore: Callable[[str], bool],
+    opaque: Callable[[object], bool],
+    out: list[Mismatch],
+) -> None:
+    """Compare attributes set on the instances outside their class's fields (vLLM's AMX builder
+    attaches some after construction): one missing on either side is a mismatch too."""
+    extra_a = {k: v for k, v in getattr(a, "__dict__", {}).items() if k not in fields}
+    extra_b = {k: v for k, v in getattr(b, "__dict__", {}).items() if k not in fields}
+    for key in sorted(extra_a.keys() | extra_b.keys()):
+        sub = f"{path}.{key}" if path else key
+        if key not in extra_a or key not in extra_b:
+            side = "updated" if key in extra_a else "rebuilt"
+            if not ignore(sub):
+                out.append(Mismatch(sub, f"attribute set only on the {side} object"))
+            continue
+        _walk(extra_a[key], extra_b[key], sub, ignore, opaque, out)
 
 
 def assert_same_metadata(updated: object, rebuilt: object, *, context: str = "") -> None:
