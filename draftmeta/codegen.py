@@ -20,11 +20,14 @@ from __future__ import annotations
 import hashlib
 import linecache
 import types
-from typing import Literal, Protocol, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 import torch
 
-from draftmeta.errors import PreconditionFailed, UpdateError
+from draftmeta.errors import PreconditionFailed, UpdateError, WriteFailed
+from draftmeta.fields import FieldKind, class_fields
+from draftmeta.layout import LayoutGuard, Written
 from draftmeta.rules import (
     Advance,
     Alias,
@@ -37,6 +40,7 @@ from draftmeta.rules import (
     Recompute,
     Reset,
     Rule,
+    Unchanged,
     Wrap,
     same_value,
 )
@@ -48,6 +52,8 @@ __all__ = ["Part", "UpdateFunction", "compile_spec", "explain"]
 M_contra = TypeVar("M_contra", contravariant=True)
 M = TypeVar("M")
 
+_STATE_INFO = {f.name: f for f in class_fields(DraftState)}
+
 
 class UpdateFunction(Protocol[M_contra]):
     """The signature of a generated update: ``update(metadata, state) -> None``."""
@@ -56,28 +62,65 @@ class UpdateFunction(Protocol[M_contra]):
         """Update ``metadata`` in place for the step ``state`` describes."""
 
 
+def _one_line(text: object) -> str:
+    """``text`` safe inside a comment or docstring of generated code: one line, no quotes that
+    could end a docstring, escapes instead of control characters. User text (names, formulas,
+    reasons) goes through here or through ``repr``, never into code as written."""
+    return repr(str(text))[1:-1].replace('"', '\\"')
+
+
+_FIXED = ("_SPEC", "_PreconditionFailed", "_UpdateError", "_WriteFailed", "_bool", "_pair",
+          "_problem", "_exc", "_raised", "_int", "_path")
+
+
 class _Namespace:
+    """The generated module's globals and every name the generated code uses: one registry,
+    so a name derived from user text (a nested record called ``pair``) never shadows another
+    (it gets a suffix, as torch.fx does)."""
+
     def __init__(self, spec_name: str) -> None:
         self.values: dict[str, object] = {
             "_SPEC": spec_name,
             "_PreconditionFailed": PreconditionFailed,
             "_UpdateError": UpdateError,
+            "_WriteFailed": WriteFailed,
             "_bool": torch.bool,
+            "_raised": _raised,
+            "_int": int,
         }
+        self.taken: set[str] = set(_FIXED)
         self._names: dict[int, str] = {}
+        self._count = 0
+
+    def fresh(self, hint: str) -> str:
+        """A new name from ``hint`` (``_`` prefixed), suffixed only on collision."""
+        base = "_" + identifier(hint)
+        name, n = base, 1
+        while name in self.taken:
+            name, n = f"{base}_{n}", n + 1
+        self.taken.add(name)
+        return name
 
     def bind(self, obj: object, hint: str = "obj") -> str:
         name = self._names.get(id(obj))
         if name is None:
-            name = f"_{identifier(hint)}_{len(self._names)}"
+            name = self.fresh(f"{identifier(hint)}_{self._count}")
+            self._count += 1
             self._names[id(obj)] = name
             self.values[name] = obj
         return name
 
 
+def _raised(exc: BaseException) -> str:
+    """The message of an exception raised inside a formula, for a draftmeta error."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 Part = Literal["full", "check", "finish"]
-"""Which phases a generated function runs: all of them; only the checks (phases 1-2); or
+"""Which phases a generated function runs: all of them; only the checks (phases 0-3); or
 everything after the checks (phases 3-5) minus the tensor writes done elsewhere (fused)."""
+
+_HOST_RULES = (HostAdvance, HostUpperBound, HostDerive, Reset, Invalidate)
 
 
 class _Generator:
@@ -96,6 +139,9 @@ class _Generator:
 
     def emit(self, line: str = "", depth: int = 1) -> None:
         self.lines.append(("    " * depth + line) if line else "")
+
+    def comment(self, text: str, depth: int = 1) -> None:
+        self.emit(f"# {_one_line(text)}", depth)
 
     def raw(self, ref: str) -> str:
         return ref if is_state_ref(ref) else f"metadata.{ref}"
@@ -122,49 +168,87 @@ class _Generator:
         prefix = {"full": "draft_update_", "check": "draft_check_", "finish": "draft_finish_"}
         fname = prefix[self.part] + identifier(spec.name)
         self.emit(f"def {fname}(metadata, state):", 0)
+        cls = _one_line(spec.cls.__qualname__)
         what = {
-            "full": f"Update a {spec.cls.__qualname__} in place for one draft step.",
-            "check": f"Check that a {spec.cls.__qualname__} can be updated; write nothing.",
-            "finish": f"Finish updating a {spec.cls.__qualname__} after its checks passed.",
+            "full": f"Update a {cls} in place for one draft step.",
+            "check": f"Check that a {cls} can be updated; write nothing.",
+            "finish": f"Finish updating a {cls} after its checks passed.",
         }[self.part]
         self.emit(f'"""{what}')
         self.emit()
-        self.emit(f"Generated by draftmeta from spec {spec.name!r}; every check runs before the")
-        self.emit("first write, so a failed update leaves the metadata untouched.")
+        self.emit(f"Generated by draftmeta from spec {_one_line(repr(spec.name))}; every check "
+                  "runs before")
+        self.emit("the first write, so a failed update leaves the metadata untouched.")
         self.emit('"""')
         if not spec.supported:
             reasons = "; ".join(f"{p}: {r}" for p, r in spec.unsupported_reasons)
             self.emit(f"raise _PreconditionFailed(_SPEC, 'unsupported', {reasons!r})")
             return fname, self.finish()
         if self.part != "finish":
+            self.object_check()
             self.preconditions()
         self.containers()
         if self.part != "finish":
             self.checks()
+            self.host_operands()
+        self.host_phase()
+        if self.part != "finish":
+            self.formula_checks()
+            self.layout()
         if self.part != "check":
-            self.host_phase()
             self.tensor_phase()
             self.store_phase()
         if self.part == "full":
             self.untouched()
         elif self.skip:
-            self.emit(f"# fused elsewhere: {', '.join(sorted(self.skip))}")
+            self.comment(f"fused elsewhere: {', '.join(sorted(self.skip))}")
         return fname, self.finish()
 
     def finish(self) -> str:
         return "\n".join(self.lines) + "\n"
 
+    def object_check(self) -> None:
+        spec = self.spec
+        self.emit("# 0. the object: exactly the spec's class, nothing outside the spec "
+                  "(once per object)")
+        memo = self.ns.bind([None], "checked_object")
+        covered = self.ns.bind(_coverage(spec), "covered")
+        self.emit(f"if metadata is not {memo}[0]:")
+        self.emit(f"_problem = {covered}(metadata)", 2)
+        self.emit("if _problem is not None:", 2)
+        self.error("", "_problem", 3)
+        self.emit(f"{memo}[0] = metadata", 2)
+
+    def _guards(self, refs: tuple[str, ...]) -> list[str]:
+        """Optional records on the way to ``refs``: each must be present before reading."""
+        out: list[str] = []
+        for ref in refs:
+            if is_state_ref(ref):
+                continue
+            parts = ref.split(".")
+            for i in range(1, len(parts)):
+                head = ".".join(parts[:i])
+                if self.spec.optional(head) and head not in out:
+                    out.append(head)
+        return out
+
     def preconditions(self) -> None:
         if not self.spec.preconditions:
             return
         self.emit("# 1. preconditions: one combined test; on failure, find the first that fails")
-        exprs = [cond.expression(self.raw, self.ns.bind) for cond in self.spec.preconditions]
+        exprs = []
+        for cond in self.spec.preconditions:
+            expr = cond.expression(self.raw, self.ns.bind)
+            guards = self._guards(cond.reads())
+            exprs.append(" and ".join([f"{self.raw(g)} is not None" for g in guards] + [expr]))
         self.emit("if not (")
         for i, expr in enumerate(exprs):
             self.emit(f"({expr})" + (" and" if i < len(exprs) - 1 else ""), 2)
         self.emit("):")
         for cond, expr in zip(self.spec.preconditions, exprs):
             observed = "f" + repr(cond.observed(self.raw))
+            for g in reversed(self._guards(cond.reads())):
+                observed = f"{g + ' is None'!r} if {self.raw(g)} is None else {observed}"
             self.emit(f"if not ({expr}):", 2)
             self.emit(f"raise _PreconditionFailed(_SPEC, {cond.name!r}, {observed})", 3)
 
@@ -186,12 +270,21 @@ class _Generator:
             return
         self.emit("# 2. structure: nested records, aliases, derivation inputs")
         for path in wanted:
-            name = "_" + identifier(path.replace(".", "__"))
+            name = self.ns.fresh(path.replace(".", "__"))
             self.emit(f"{name} = {self.ref(path)}")
             self.locals[path] = name
+            if self.part == "finish":
+                continue
+            cls = self.spec.record_class(path)
             if self.spec.optional(path):
                 self.emit(f"if {name} is None:")
                 self.error(path, repr("is None, but the spec updates fields inside it"))
+            self.emit(f"if type({name}) is not {self.ns.bind(cls, cls.__name__)}:")
+            self.error(
+                path,
+                f"f'is a {{type({name}).__qualname__}}, not the declared "
+                f"{_text(cls.__qualname__)} (its extra fields would go stale)'",
+            )
 
     def checks(self) -> None:
         first = not self.locals
@@ -206,6 +299,9 @@ class _Generator:
                     self.error(path, repr("is None, expected a tensor"))
             if isinstance(rule, Alias):
                 src = f"state.{rule.source}"
+                if _STATE_INFO[rule.source].optional:
+                    self.emit(f"if {src} is None:")
+                    self.error(path, repr(f"is an alias of {src}, which is None"))
                 # a pair of tensor objects verified once stays verified (a tensor's storage is
                 # fixed unless set_() swaps it): the steady state costs two identity tests
                 memo = self.ns.bind([None], f"verified_{path}")
@@ -223,13 +319,89 @@ class _Generator:
                 )
                 self.emit(f"{memo}[0] = ({expr}, {src})", 2)
             elif isinstance(rule, Advance):
-                self.emit(f"if {expr}.is_floating_point() or {expr}.dtype is _bool:")
+                self.emit(f"if {expr}.is_floating_point() or {expr}.is_complex() or "
+                          f"{expr}.dtype is _bool:")
                 self.error(path, f"f'is a {{{expr}.dtype}} tensor; advance needs integers'")
-            elif isinstance(rule, (Derive, Recompute)):
-                name, args = self._call(path, rule)
-                self.emit(f"_problem = {name}.check({args})")
-                self.emit("if _problem is not None:")
-                self.error(path, "_problem")
+
+    def host_operands(self) -> None:
+        """Host ints of the state that bound advances: exact ints in range, or nothing runs."""
+        minimum: dict[str, int] = {}
+        users: dict[str, str] = {}
+        for path, rule in self.spec.rules.items():
+            if isinstance(rule, Advance) and rule.rows:
+                minimum.setdefault(rule.rows, 0)
+                users.setdefault(rule.rows, path)
+            bounds = (rule.overflow.bound,) if isinstance(rule, Advance) else (
+                rule.bounds() if isinstance(rule, (HostAdvance, HostUpperBound)) else ())
+            for bound in bounds:
+                least = 1
+                if isinstance(rule, Advance) and isinstance(rule.overflow, Wrap):
+                    o = rule.overflow  # the span state.bound + offset - restart + 1 must be >= 1
+                    least = max(least, o.restart - o.offset)
+                elif isinstance(rule, Advance):
+                    least = max(least, -rule.overflow.offset)  # the limit must be >= 0
+                minimum[bound] = max(minimum.get(bound, 0), least)
+                users.setdefault(bound, path)
+        if not minimum:
+            return
+        self.emit("# 2. structure: host ints of the state that bound the advances")
+        for name, least in minimum.items():
+            value = f"state.{name}"
+            self.emit(f"if type({value}) is not _int or {value} < {least}:")
+            self.error(
+                f"state.{name}",
+                f"f'is {{{value}!r}}; {_text(users[name])} needs an int >= {least}'",
+            )
+
+    def formula_checks(self) -> None:
+        first = True
+        for path, rule in self._active():
+            if not isinstance(rule, (Derive, Recompute)):
+                continue
+            if first:
+                self.emit("# 3b. formulas: inputs of the right number, kind, shape, dtype, "
+                          "device (new host values)")
+                first = False
+            name, args = self._call(path, rule)
+            self.emit("try:")
+            self.emit(f"_problem = {name}.check({args})", 2)
+            self.emit("except Exception as _exc:")
+            self.emit(f"raise _UpdateError(_SPEC, {path!r}, _raised(_exc)) from _exc", 2)
+            self.emit("if _problem is not None:")
+            self.error(path, "_problem")
+
+    def layout(self) -> None:
+        entries: list[Written] = []
+        args: list[str] = []
+        for path, rule in self.spec.rules.items():
+            if isinstance(rule, (Advance, Derive, Recompute)):
+                fn = rule.derivation if isinstance(rule, Derive) else (
+                    rule.hook if isinstance(rule, Recompute) else None)
+                inputs = rule.reads() if isinstance(rule, (Derive, Recompute)) else ()
+                entries.append(Written(path, len(inputs), fn))
+                args += [self.ref(path), *(self.ref(r) for r in inputs)]
+                if isinstance(rule, Recompute):
+                    for extra in rule.also:
+                        entries.append(Written(extra, len(inputs)))
+                        args += [self.ref(extra), *(self.ref(r) for r in inputs)]
+            elif (
+                isinstance(rule, Unchanged)
+                and self.spec.fields[path].kind is FieldKind.TENSOR
+                and ("." not in path or path.rsplit(".", 1)[0] in self.locals)
+            ):  # a field said to stay must not be a view of a buffer the advance moves
+                entries.append(Written(path, 0, None, unchanged=True))
+                args.append(self.ref(path))
+        if not any(not e.unchanged for e in entries) and self.spec.cls is DraftState:
+            return
+        if not entries:
+            return
+        guard = self.ns.bind(
+            LayoutGuard(entries, owns_state=self.spec.cls is DraftState), "layout"
+        )
+        self.emit("# 3c. memory: written tensors own their memory (checked once per tensor set)")
+        self.emit(f"_problem = {guard}.check(state, {', '.join(args)})")
+        self.emit("if _problem is not None:")
+        self.emit("raise _UpdateError(_SPEC, *_problem)", 2)
 
     def _call(self, path: str, rule: Derive | Recompute) -> tuple[str, str]:
         fn = rule.derivation if isinstance(rule, Derive) else rule.hook
@@ -242,7 +414,7 @@ class _Generator:
     def host_phase(self) -> None:
         first = True
         for path, rule in self.spec.rules.items():
-            if not isinstance(rule, (HostAdvance, HostUpperBound, HostDerive, Reset, Invalidate)):
+            if not isinstance(rule, _HOST_RULES):
                 continue
             if first:
                 self.emit("# 3. new host values, computed before any write")
@@ -263,10 +435,19 @@ class _Generator:
                 value = f"{fn}({', '.join(self.ref(r) for r in rule.inputs)})"
             else:
                 value = f"{self.ns.bind(rule.factory, 'new')}()"
-            local = "_new_" + identifier(path.replace(".", "__"))
-            self.emit(f"# {path}: {rule.describe()}")
+            local = self.ns.fresh("new_" + path.replace(".", "__"))
+            self.comment(f"{path}: {rule.describe()}")
             self.emit(f"{local} = {value}")
             self.host_values[path] = local
+            kind = self.spec.fields[path].kind
+            if self.part == "finish":
+                continue
+            if kind is FieldKind.INT and not isinstance(rule, Invalidate):
+                self.emit(f"if type({local}) is not _int:")
+                self.error(path, f"f'would become {{{local}!r}}, not an int'")
+            elif kind is FieldKind.FLOAT and isinstance(rule, HostDerive):
+                self.emit(f"if {local} != {local}:")
+                self.error(path, repr("would become NaN"))
 
     def tensor_phase(self) -> None:
         first = True
@@ -274,15 +455,21 @@ class _Generator:
             if not isinstance(rule, (Advance, Derive, Recompute)) or path in self.skip:
                 continue
             if first:
-                self.emit("# 4. tensor writes, in place, in declaration order")
+                self.emit("# 4. tensor writes, in place, in declaration order (an exception here "
+                          "is a bug in a formula or hook: WriteFailed)")
+                self.emit("_path = None")
+                self.emit("try:")
                 first = False
             expr = self.ref(path)
-            self.emit(f"# {path}: {rule.describe()}")
+            self.comment(f"{path}: {rule.describe()}", 2)
+            self.emit(f"_path = {path!r}", 2)
             if isinstance(rule, Advance):
                 o = rule.overflow
+                if rule.rows:
+                    expr = f"{expr}[:state.{rule.rows}]"
                 if isinstance(o, Clamp):
                     limit = _plus(f"state.{o.bound}", o.offset)
-                    self.emit(f"{expr}.add_({rule.by}).clamp_(max={limit})")
+                    self.emit(f"{expr}.add_({rule.by}).clamp_(max={limit})", 2)
                 else:
                     assert isinstance(o, Wrap)
                     # values live in [restart, limit]; x' = (x + by - restart) % span + restart
@@ -290,10 +477,13 @@ class _Generator:
                     shift = rule.by - o.restart
                     head = f"{expr}.add_({shift})" if shift else expr
                     tail = f".add_({o.restart})" if o.restart else ""
-                    self.emit(f"{head}.remainder_({span}){tail}")
+                    self.emit(f"{head}.remainder_({span}){tail}", 2)
             else:
                 name, args = self._call(path, rule)
-                self.emit(f"{name}.apply({args}, workspace=state.workspace)")
+                self.emit(f"{name}.apply({args}, workspace=state.workspace)", 2)
+        if not first:
+            self.emit("except Exception as _exc:")
+            self.emit("raise _WriteFailed(_SPEC, _path, _raised(_exc)) from _exc", 2)
 
     def store_phase(self) -> None:
         if not self.host_values:
@@ -313,7 +503,33 @@ class _Generator:
             return
         self.emit("# fields this update does not write:")
         for path, rule in rest:
-            self.emit(f"#   {path}: {rule.describe()}")
+            self.comment(f"  {path}: {rule.describe()}")
+
+
+def _text(value: str) -> str:
+    """User text as the literal part of an f-string inside a repr: braces doubled, quotes and
+    control characters escaped."""
+    return repr(value.replace("{", "{{").replace("}", "}}"))[1:-1]
+
+
+def _coverage(spec: DraftSpec[Any]) -> Callable[[object], str | None]:
+    """The once-per-object check: the object is exactly the spec's class and carries nothing the
+    spec has no rule for (a subclass's extra field, an attribute set after construction)."""
+    cls = spec.cls
+    uncovered = getattr(spec, "uncovered", None)
+
+    def covered(metadata: object) -> str | None:
+        if type(metadata) is not cls:
+            what = "None" if metadata is None else f"a {type(metadata).__qualname__}"
+            return (f"the metadata object is {what}, not the spec's {cls.__qualname__} (an "
+                    "update of another class would leave its extra fields stale)")
+        problems = uncovered(metadata) if uncovered is not None else ()
+        if problems:
+            return ("the metadata object carries state the spec has no rule for, which would "
+                    f"go stale: {'; '.join(problems)}; declare it with attributes= or rebuild")
+        return None
+
+    return covered
 
 
 def _plus(expr: str, offset: int) -> str:

@@ -5,13 +5,16 @@ checks every one of them before it writes anything; when one fails it raises
 :class:`~draftmeta.errors.PreconditionFailed` naming it, and the draft loop rebuilds instead.
 
 Each precondition renders itself as a Python expression over references (``state.X`` or
-metadata paths), so the checks appear verbatim in the generated source.
+metadata paths), so the checks appear verbatim in the generated source. User text (names,
+values, descriptions) never becomes code: values go through ``repr`` (or are bound as
+constants), and the literal parts of failure messages have their braces escaped.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import attrs
 
@@ -27,14 +30,55 @@ _LITERALS = (int, bool, float, str, type(None))
 
 
 def _literal(_: object, attribute: attrs.Attribute[object], value: object) -> None:
-    if not isinstance(value, _LITERALS):
+    if type(value) not in _LITERALS:  # exact types: a numpy int or str subclass has another repr
         raise ValueError(
-            f"{attribute.name} must be an int, bool, float, str or None literal, got {value!r}"
+            f"{attribute.name} must be an int, bool, float, str or None literal, got {value!r} "
+            f"({type(value).__qualname__})"
+        )
+    if isinstance(value, float) and value != value:
+        raise ValueError(
+            f"{attribute.name} is NaN, which equals nothing: the check could never hold"
         )
 
 
+def _ref(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not all(p.isidentifier() for p in value.split(".")):
+        raise ValueError(
+            f"{attribute.name} must be a dotted field path such as 'num_prefills' or "
+            f"'state.dcp_world_size', got {value!r}"
+        )
+
+
+def _name(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{attribute.name} must be a non-empty str, got {value!r}")
+
+
 def _as_refs(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise TypeError(
+            f"refs must be a list of field paths, got the bare string {value!r} (which would be "
+            f"read as its characters); write ({value!r},)"
+        )
     return tuple(value)
+
+
+def _refs(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
+    for ref in value:
+        _ref(_, attribute, ref)
+
+
+def _text(value: str) -> str:
+    """``value`` as the literal part of an f-string body: braces doubled, so never evaluated."""
+    return value.replace("{", "{{").replace("}", "}}")
+
+
+def _value(value: object, bind: Bind) -> str:
+    """A Python expression for a literal: its ``repr`` where that evaluates back to it, else a
+    bound constant (``inf`` has no literal)."""
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return bind(value, "inf")
+    return repr(value)
 
 
 class Precondition(abc.ABC):
@@ -69,12 +113,12 @@ class Equals(Precondition):
         name: the reported name (defaults to ``"<ref> == <value>"``).
     """
 
-    ref: str
+    ref: str = attrs.field(validator=_ref)
     value: object = attrs.field(validator=_literal)
-    name: str = attrs.field()
+    name: str = attrs.field(validator=_name)
 
     @name.default
-    def _name(self) -> str:
+    def _default_name(self) -> str:
         return f"{self.ref} == {self.value!r}"
 
     def reads(self) -> tuple[str, ...]:
@@ -82,21 +126,21 @@ class Equals(Precondition):
 
     def expression(self, render: Render, bind: Bind) -> str:
         op = "is" if self.value is None or isinstance(self.value, bool) else "=="
-        return f"{render(self.ref)} {op} {self.value!r}"
+        return f"{render(self.ref)} {op} {_value(self.value, bind)}"
 
     def observed(self, render: Render) -> str:
-        return f"{self.ref} is {{{render(self.ref)}!r}}, expected {self.value!r}"
+        return f"{self.ref} is {{{render(self.ref)}!r}}, expected {_text(repr(self.value))}"
 
 
 @attrs.frozen
 class IsNone(Precondition):
     """The referenced field is ``None`` (no prefill part, no DCP totals, ...)."""
 
-    ref: str
-    name: str = attrs.field()
+    ref: str = attrs.field(validator=_ref)
+    name: str = attrs.field(validator=_name)
 
     @name.default
-    def _name(self) -> str:
+    def _default_name(self) -> str:
         return f"{self.ref} is None"
 
     def reads(self) -> tuple[str, ...]:
@@ -113,11 +157,11 @@ class IsNone(Precondition):
 class IsNotNone(Precondition):
     """The referenced field is present (a decode part exists, ...)."""
 
-    ref: str
-    name: str = attrs.field()
+    ref: str = attrs.field(validator=_ref)
+    name: str = attrs.field(validator=_name)
 
     @name.default
-    def _name(self) -> str:
+    def _default_name(self) -> str:
         return f"{self.ref} is not None"
 
     def reads(self) -> tuple[str, ...]:
@@ -134,12 +178,12 @@ class IsNotNone(Precondition):
 class SameValue(Precondition):
     """Two host values are equal (``num_decodes == num_decode_tokens``)."""
 
-    left: str
-    right: str
-    name: str = attrs.field()
+    left: str = attrs.field(validator=_ref)
+    right: str = attrs.field(validator=_ref)
+    name: str = attrs.field(validator=_name)
 
     @name.default
-    def _name(self) -> str:
+    def _default_name(self) -> str:
         return f"{self.left} == {self.right}"
 
     def reads(self) -> tuple[str, ...]:
@@ -166,10 +210,10 @@ class Satisfies(Precondition):
         description: what the predicate states, for messages.
     """
 
-    name: str
+    name: str = attrs.field(validator=_name)
     fn: Callable[..., bool] = attrs.field(validator=attrs.validators.is_callable())
-    refs: tuple[str, ...] = attrs.field(converter=_as_refs)
-    description: str = ""
+    refs: tuple[str, ...] = attrs.field(converter=_as_refs, validator=_refs)
+    description: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
 
     def reads(self) -> tuple[str, ...]:
         return self.refs
@@ -179,4 +223,4 @@ class Satisfies(Precondition):
 
     def observed(self, render: Render) -> str:
         values = ", ".join(f"{r}={{{render(r)}!r}}" for r in self.refs)
-        return f"{self.description or self.name} is false for {values}"
+        return f"{_text(self.description or self.name)} is false for {values}"

@@ -11,7 +11,7 @@ buffers only, so the steady state allocates nothing and never waits on the devic
 from __future__ import annotations
 
 import abc
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import attrs
 import torch
@@ -29,6 +29,9 @@ __all__ = [
     "TokenToRequest",
 ]
 
+Argument = Literal["tensor", "int", "any"]
+"""The kind of one input a formula takes: a tensor, a host int, or anything."""
+
 
 class InPlaceFunction(abc.ABC):
     """Something that writes one tensor in place from inputs: the common base of the two kinds.
@@ -36,10 +39,20 @@ class InPlaceFunction(abc.ABC):
     Attributes:
         name: a short identifier, used in the generated source.
         formula: a human-readable statement of what is computed.
+        arguments: the kind of each input, in order (``("tensor", "int")``), checked against
+            the rule's inputs when the spec is declared; ``None`` (the default for formulas
+            defined elsewhere) checks only at run time.
     """
 
     name: ClassVar[str]
     formula: ClassVar[str]
+    arguments: ClassVar[tuple[Argument, ...] | None] = None
+
+    def is_noop(self, out: torch.Tensor, *inputs: object) -> bool:
+        """Whether ``apply`` would write nothing because ``out`` is already its result (a copy
+        onto itself). Such a field may share storage with its input; any other written field
+        may not share storage with what it reads or with the draft state."""
+        return False
 
     @abc.abstractmethod
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
@@ -88,13 +101,33 @@ class RecomputeHook(InPlaceFunction):
 
 
 def _tensor(x: object) -> torch.Tensor:
-    assert isinstance(x, torch.Tensor)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"expected a tensor input, got {type(x).__qualname__}")
     return x
 
 
 def _int(x: object) -> int:
-    assert isinstance(x, int)
+    if type(x) is not int:
+        raise TypeError(f"expected a host int input, got {x!r} ({type(x).__qualname__})")
     return x
+
+
+def _kinds(inputs: tuple[object, ...], kinds: tuple[Argument, ...]) -> str | None:
+    """What is wrong with the number or kinds of ``inputs``, or ``None``."""
+    if len(inputs) != len(kinds):
+        return f"takes {len(kinds)} input(s), got {len(inputs)}"
+    for i, (value, kind) in enumerate(zip(inputs, kinds)):
+        if kind == "tensor" and not isinstance(value, torch.Tensor):
+            return f"input {i} must be a tensor, got {type(value).__qualname__}"
+        if kind == "int" and type(value) is not int:
+            return f"input {i} must be a host int, got {value!r} ({type(value).__qualname__})"
+    return None
+
+
+def _not_int(name: str, t: torch.Tensor) -> str | None:
+    if t.is_floating_point() or t.is_complex() or t.dtype is torch.bool:
+        return f"{name} must be an integer tensor, got {t.dtype}"
+    return None
 
 
 def _same_device(out: torch.Tensor, *tensors: torch.Tensor) -> str | None:
@@ -128,10 +161,17 @@ class SlotMapping(Derivation):
         "block_table[r, min(pos // block_size, W - 1)] * block_size + pos % block_size; "
         "-1 where r >= num_reqs or seq_len <= 1"
     )
+    arguments: ClassVar[tuple[Argument, ...]] = ("tensor", "tensor", "tensor", "int", "int")
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        problem = _kinds(inputs, self.arguments)
+        if problem is not None:
+            return problem
         positions, block_table, seq_lens = map(_tensor, inputs[:3])
+        block_size, num_reqs = _int(inputs[3]), _int(inputs[4])
         n = out.shape[0]
+        if block_size < 1 or not 0 <= num_reqs <= n:
+            return f"block_size {block_size} must be >= 1 and num_reqs {num_reqs} in 0..{n}"
         if out.dim() != 1 or positions.shape != out.shape or seq_lens.shape != out.shape:
             return (
                 f"shapes differ: out {tuple(out.shape)}, positions {tuple(positions.shape)}, "
@@ -144,6 +184,11 @@ class SlotMapping(Derivation):
                 "slot mapping and positions must be int32/int64, got "
                 f"{out.dtype}, {positions.dtype}"
             )
+        problem = _not_int("block_table", block_table) or _not_int("seq_lens", seq_lens)
+        if problem is not None:
+            return problem
+        if block_table.shape[1] < 1:
+            return "block_table has no columns"
         return _same_device(out, positions, block_table, seq_lens)
 
     def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
@@ -154,7 +199,7 @@ class SlotMapping(Derivation):
         index = workspace.buffer("slot_mapping.index", (n, 1), torch.int64, dev)
         block = workspace.buffer("slot_mapping.block", (n, 1), block_table.dtype, dev)
         valid = workspace.buffer("slot_mapping.valid", (n,), torch.bool, dev)
-        torch.div(positions.view(n, 1), block_size, rounding_mode="floor", out=index)
+        torch.div(positions.unsqueeze(1), block_size, rounding_mode="floor", out=index)
         index.clamp_(max=width - 1)
         table = block_table[:n] if block_table.shape[0] != n else block_table
         torch.gather(table, 1, index, out=block)
@@ -183,10 +228,18 @@ class DcpLocalSeqLens(Derivation):
         "with N = dcp_world_size, I = interleave"
     )
 
+    arguments: ClassVar[tuple[Argument, ...]] = ("tensor", "int", "int", "int")
+
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        problem = _kinds(inputs, self.arguments)
+        if problem is not None:
+            return problem
         seq_lens = _tensor(inputs[0])
         if seq_lens.shape != out.shape:
             return f"shapes differ: out {tuple(out.shape)}, seq_lens {tuple(seq_lens.shape)}"
+        problem = _not_int("the DCP-local lengths", out) or _not_int("seq_lens", seq_lens)
+        if problem is not None:
+            return problem
         world, rank, interleave = _int(inputs[1]), _int(inputs[2]), _int(inputs[3])
         if world < 1 or interleave < 1 or not 0 <= rank < world:
             return f"invalid DCP setting: world {world}, rank {rank}, interleave {interleave}"
@@ -216,13 +269,22 @@ class TokenToRequest(Derivation):
         "searchsorted(query_start_loc[1:num_reqs+1], t, right=True) % num_reqs"
     )
 
+    arguments: ClassVar[tuple[Argument, ...]] = ("tensor", "int")
+
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        problem = _kinds(inputs, self.arguments)
+        if problem is not None:
+            return problem
         qsl = _tensor(inputs[0])
         num_reqs = _int(inputs[1])
+        if num_reqs < 1:
+            return f"num_reqs is {num_reqs}; a token-to-request map needs at least one request"
         if out.dim() != 1 or qsl.dim() != 1 or qsl.shape[0] < num_reqs + 1:
             return f"query_start_loc {tuple(qsl.shape)} does not cover {num_reqs} requests"
-        if out.dtype not in _INT_DTYPES:
-            return f"token-to-request map must be int32/int64, got {out.dtype}"
+        if out.dtype not in _INT_DTYPES or qsl.dtype not in _INT_DTYPES:
+            return f"token-to-request map and query_start_loc must be int32/int64, got {out.dtype}"
+        if not out.is_contiguous():
+            return "token-to-request map must be contiguous (searchsorted writes it whole)"
         return _same_device(out, qsl)
 
     def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
@@ -244,14 +306,15 @@ class Fill(Derivation):
     """
 
     name: ClassVar[str] = "fill"
-    value: int = 0
+    arguments: ClassVar[tuple[Argument, ...]] = ()
+    value: int = attrs.field(default=0, validator=attrs.validators.instance_of((int, float)))
 
     @property
     def formula(self) -> str:  # type: ignore[override]
         return f"every element = {self.value}"
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
-        return None
+        return _kinds(inputs, self.arguments)
 
     def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
         out.fill_(self.value)
@@ -271,19 +334,25 @@ class CopyFrom(Derivation):
     """
 
     name: ClassVar[str] = "copy"
-    flat: bool = False
+    arguments: ClassVar[tuple[Argument, ...]] = ("tensor",)
+    flat: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @property
     def formula(self) -> str:  # type: ignore[override]
         return "flattened copy of the input" if self.flat else "copy of the input's leading rows"
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
-        src = _tensor(inputs[0])
+        if len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor):
+            return _kinds(inputs, self.arguments)
+        src = inputs[0]
         if out.shape == src.shape:  # the common case, one cheap comparison
             return None if out.device == src.device else _same_device(out, src)
         if self.flat:
             if src.numel() < out.numel():
                 return f"source has {src.numel()} elements, fewer than the field's {out.numel()}"
+            for what, t in (("field", out), ("source", src)):
+                if t.dim() > 1 and not t.is_contiguous():
+                    return f"a flattened copy needs a contiguous {what}, got strides {t.stride()}"
             return _same_device(out, src)
         if src.dim() != out.dim() or src.shape[0] < out.shape[0] or not _broadcasts(
             tuple(src.shape[1:]), tuple(out.shape[1:])
@@ -291,15 +360,24 @@ class CopyFrom(Derivation):
             return f"source shape {tuple(src.shape)} does not fit {tuple(out.shape)}"
         return _same_device(out, src)
 
+    def is_noop(self, out: torch.Tensor, *inputs: object) -> bool:
+        """Whether the field is a view of its source's leading elements (copy onto itself)."""
+        src = inputs[0] if inputs else None
+        if not isinstance(src, torch.Tensor) or out.data_ptr() != src.data_ptr():
+            return False
+        if out.dtype != src.dtype:
+            return False
+        if self.flat and out.shape != src.shape:
+            return out.is_contiguous() and src.is_contiguous()
+        return out.stride() == src.stride()
+
     def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
         src = _tensor(inputs[0])
-        if out.data_ptr() == src.data_ptr() and (
-            self.flat or out.stride() == src.stride()
-        ):
+        if self.is_noop(out, src):
             return  # the field is a view of its source: copying onto itself changes nothing
-        if self.flat:
-            out.view(-1).copy_(src.view(-1)[: out.numel()])
-        elif src.shape[0] == out.shape[0]:
+        if out.shape == src.shape:
             out.copy_(src)
+        elif self.flat:
+            out.view(-1).copy_(src.view(-1)[: out.numel()])
         else:
             out.copy_(src[: out.shape[0]])

@@ -5,7 +5,7 @@ Every error says what was wrong, where (the spec and the field path) and how to 
 
 from __future__ import annotations
 
-__all__ = ["DraftMetaError", "PreconditionFailed", "SpecError", "UpdateError"]
+__all__ = ["DraftMetaError", "PreconditionFailed", "SpecError", "UpdateError", "WriteFailed"]
 
 
 class DraftMetaError(Exception):
@@ -71,4 +71,28 @@ class UpdateError(DraftMetaError):
         self.detail = detail
         super().__init__(
             f"spec {spec!r}, field {path!r}: {detail}; the metadata was left untouched"
+        )
+
+
+class WriteFailed(DraftMetaError):
+    """A write raised after every check had passed (a backend kernel or a formula failing on
+    inputs its ``check`` accepted): the metadata may be partly updated and must be rebuilt.
+
+    The draft state is not affected: the update's layout check has already shown that no
+    written tensor shares memory with it. The draft loop catches this, rebuilds the group's
+    metadata (replacing the partly written object) and rebuilds that group from then on.
+
+    Attributes:
+        spec: the name of the spec.
+        path: the field whose write raised.
+        detail: the original exception, as text.
+    """
+
+    def __init__(self, spec: str, path: str, detail: str) -> None:
+        self.spec = spec
+        self.path = path
+        self.detail = detail
+        super().__init__(
+            f"spec {spec!r}, field {path!r}: the write raised after every check passed "
+            f"({detail}); the metadata may be partly updated: rebuild it"
         )

@@ -72,13 +72,48 @@ def _refs(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[s
 
 
 def _as_refs(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise TypeError(
+            f"inputs must be a list of references, got the bare string {value!r} (which would "
+            f"be read as its characters); write ({value!r},)"
+        )
     return tuple(value)
+
+
+def _int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if type(value) is not int:
+        raise TypeError(f"{attribute.name} must be an int, got {value!r}")
+
+
+def _text(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be a str, got {value!r}")
+
+
+def _path(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or not all(p.isidentifier() for p in value.split(".")):
+        raise ValueError(
+            f"{attribute.name} must be a dotted field path such as 'decode.tile_metadata', "
+            f"got {value!r}"
+        )
 
 
 def _instance(kind: type) -> Callable[[object, attrs.Attribute[Any], object], None]:
     def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if isinstance(value, type) and issubclass(value, kind):
+            raise TypeError(
+                f"{attribute.name} must be a {kind.__name__} instance, got the class "
+                f"{value.__qualname__}; write {value.__qualname__}()"
+            )
         if not isinstance(value, kind):
             raise TypeError(f"{attribute.name} must be a {kind.__name__}, got {value!r}")
+        for name in ("name", "formula"):
+            text = getattr(value, name, None)
+            if not isinstance(text, str) or not text:
+                raise TypeError(
+                    f"{attribute.name}: {type(value).__qualname__} has no {name} (a non-empty "
+                    f"str); set the class attribute {name} = '...'"
+                )
 
     return check
 
@@ -171,7 +206,7 @@ class Clamp:
 
     kind: ClassVar[str] = "clamp"
     bound: str = attrs.field(validator=_identifier)
-    offset: int = 0
+    offset: int = attrs.field(default=0, validator=_int)
 
 
 @attrs.frozen
@@ -184,8 +219,8 @@ class Wrap:
 
     kind: ClassVar[str] = "wrap"
     bound: str = attrs.field(validator=_identifier)
-    offset: int = 0
-    restart: int = 0
+    offset: int = attrs.field(default=0, validator=_int)
+    restart: int = attrs.field(default=0, validator=_int)
 
 
 Overflow = Clamp | Wrap
@@ -199,6 +234,9 @@ class Advance(Rule):
     Attributes:
         overflow: what happens at the limit (:class:`Clamp` or :class:`Wrap`).
         by: the increment per step (a positive int).
+        rows: a host int of the draft state (``"num_reqs"``): only that many leading rows
+            advance and the rest (padding) keep their values, as vLLM's runners leave padded
+            rows at 0; ``None`` advances every row.
     """
 
     kind: ClassVar[str] = "advance"
@@ -206,20 +244,22 @@ class Advance(Rule):
     writes: ClassVar[bool] = True
     overflow: Overflow = attrs.field(validator=attrs.validators.instance_of((Clamp, Wrap)))
     by: int = attrs.field(default=1, validator=_positive)
+    rows: str | None = attrs.field(default=None, validator=attrs.validators.optional(_identifier))
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.overflow, Wrap) and self.overflow.restart < 0:
             raise ValueError(f"Wrap.restart must be >= 0, got {self.overflow.restart}")
 
     def bounds(self) -> tuple[str, ...]:
-        return (self.overflow.bound,)
+        return (self.overflow.bound,) + ((self.rows,) if self.rows else ())
 
     def describe(self) -> str:
         o = self.overflow
         limit = f"state.{o.bound}{o.offset:+d}" if o.offset else f"state.{o.bound}"
+        rows = f" (rows < state.{self.rows}; the rest stay)" if self.rows else ""
         if isinstance(o, Clamp):
-            return f"advance: += {self.by}, clamped to {limit}"
-        return f"advance: += {self.by}, past {limit} restarts at {o.restart}"
+            return f"advance: += {self.by}, clamped to {limit}{rows}"
+        return f"advance: += {self.by}, past {limit} restarts at {o.restart}{rows}"
 
 
 @attrs.frozen
@@ -283,7 +323,7 @@ class WrittenBy(Rule):
     kind: ClassVar[str] = "written by"
     target: ClassVar[Target] = "tensor"
     writes: ClassVar[bool] = False
-    owner: str = attrs.field(validator=attrs.validators.instance_of(str))
+    owner: str = attrs.field(validator=_path)
 
     def describe(self) -> str:
         return f"written by the recompute hook of {self.owner}"
@@ -305,7 +345,7 @@ class Reset(Rule):
     target: ClassVar[Target] = "object"
     writes: ClassVar[bool] = True
     factory: Callable[[], object] = attrs.field(validator=attrs.validators.is_callable())
-    label: str = ""
+    label: str = attrs.field(default="", validator=_text)
 
     def describe(self) -> str:
         name = self.label or getattr(self.factory, "__qualname__", repr(self.factory))
@@ -403,7 +443,7 @@ class HostDerive(Rule):
     writes: ClassVar[bool] = True
     fn: Callable[..., object] = attrs.field(validator=attrs.validators.is_callable())
     inputs: tuple[str, ...] = attrs.field(converter=_as_refs, validator=_refs)
-    formula: str = ""
+    formula: str = attrs.field(default="", validator=_text)
 
     def reads(self) -> tuple[str, ...]:
         return self.inputs
@@ -426,7 +466,7 @@ class Unsupported(Rule):
     kind: ClassVar[str] = "unsupported"
     target: ClassVar[Target] = "any"
     writes: ClassVar[bool] = False
-    reason: str = attrs.field(validator=attrs.validators.min_len(1))
+    reason: str = attrs.field(validator=attrs.validators.and_(_text, attrs.validators.min_len(1)))
 
     def describe(self) -> str:
         return f"unsupported: {self.reason}"

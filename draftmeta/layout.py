@@ -1,0 +1,174 @@
+"""Memory-layout checks for in-place writes: run before the first write, cached per tensor set.
+
+An in-place update is only safe when every tensor it writes owns the memory it writes: no
+element of a written tensor may alias another element of it (an ``expand``-ed tensor), alias a
+tensor the same formula reads (a destination overlapping its source), alias another tensor the
+update writes, or alias a buffer of the draft state (the update would corrupt the state every
+group reads). The loop's own advance writes the state's positions, sequence lengths, slot
+mapping and DCP-local lengths, so a field declared :class:`~draftmeta.rules.Unchanged` that
+shares memory with one of them is not unchanged at all.
+
+:class:`LayoutGuard` checks all of this in the generated update's structure phase. The checks
+are exact for overlapping byte ranges and conservative for interleaved strided views (two views
+whose ranges interleave without sharing an element are refused too). A set of tensor objects
+that passed is remembered (the guard holds strong references to them), so in the steady state
+a check costs one ``id`` per tensor and a list comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from draftmeta.derivations import InPlaceFunction
+
+__all__ = ["LayoutGuard", "Written", "has_internal_overlap", "overlaps"]
+
+STATE_BUFFERS = (
+    "positions",
+    "seq_lens",
+    "slot_mapping",
+    "block_table",
+    "query_start_loc",
+    "dcp_local_seq_lens",
+)
+"""The draft state's tensors, in the order the generated code passes them to a guard."""
+
+ADVANCED = frozenset({"positions", "seq_lens", "slot_mapping", "dcp_local_seq_lens"})
+"""State buffers the loop's shared advance writes every step."""
+
+
+def has_internal_overlap(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory (an expanded or otherwise self-overlapping
+    view; conservative for exotic strides)."""
+    reach = 0
+    for size, stride in sorted(
+        ((s, st) for s, st in zip(t.shape, t.stride()) if s > 1), key=lambda p: p[1]
+    ):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int, int] | None:
+    if t.numel() == 0 or t.device.type == "meta":
+        return None
+    span = sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
+    start = t.data_ptr()
+    return t.untyped_storage().data_ptr(), start, start + span * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges of ``a`` and ``b`` in memory intersect."""
+    ea, eb = _extent(a), _extent(b)
+    if ea is None or eb is None or ea[0] != eb[0]:
+        return False
+    return ea[1] < eb[2] and eb[1] < ea[2]
+
+
+@attrs.frozen
+class Written:
+    """One tensor an update writes (or declares unchanged), as the guard sees it.
+
+    Attributes:
+        path: the field path, for messages.
+        inputs: how many arguments after the field's own are its formula's inputs.
+        fn: the formula (to ask whether the write is a no-op copy onto itself), if any.
+        unchanged: the field is declared unchanged (only its overlap with buffers the
+            shared advance writes is checked).
+    """
+
+    path: str
+    inputs: int = 0
+    fn: InPlaceFunction | None = None
+    unchanged: bool = False
+
+
+class LayoutGuard:
+    """Checks the memory layout of one spec's written tensors before the first write.
+
+    The generated code calls ``check(state, *args)`` where ``args`` are, for every
+    :class:`Written` entry in order, the field's tensor followed by its formula's inputs.
+
+    Args:
+        entries: the written (and unchanged) tensor fields, in the order of the arguments.
+        owns_state: the spec updates the draft state itself (the loop's advance), so its
+            fields are compared with each other, not with the state.
+    """
+
+    __slots__ = ("_entries", "_held", "_ids", "_owns_state")
+
+    def __init__(self, entries: Sequence[Written], *, owns_state: bool = False) -> None:
+        self._entries = tuple(entries)
+        self._owns_state = owns_state
+        self._ids: list[int] = []
+        self._held: tuple[object, ...] = ()
+
+    def check(self, state: object, *args: object) -> tuple[str, str] | None:
+        """``None`` if every write is safe, else ``(path, problem)``. Writes nothing."""
+        buffers = () if self._owns_state else tuple(getattr(state, n) for n in STATE_BUFFERS)
+        held = (*args, *buffers)
+        ids = list(map(id, held))
+        if ids == self._ids:
+            return None
+        problem = self._verify(args, buffers)
+        if problem is None:
+            self._ids, self._held = ids, held  # strong references: the ids stay unique
+        return problem
+
+    def _verify(
+        self, args: tuple[object, ...], buffers: tuple[object, ...]
+    ) -> tuple[str, str] | None:
+        written: list[tuple[str, torch.Tensor]] = []
+        unchanged: list[tuple[str, torch.Tensor]] = []
+        i = 0
+        for entry in self._entries:
+            out, inputs = args[i], args[i + 1 : i + 1 + entry.inputs]
+            i += 1 + entry.inputs
+            if not isinstance(out, torch.Tensor):
+                if entry.unchanged or out is None:
+                    continue
+                return entry.path, f"is a {type(out).__qualname__}, expected a tensor"
+            if entry.unchanged:
+                unchanged.append((entry.path, out))
+                continue
+            if entry.fn is not None and entry.fn.is_noop(out, *inputs):
+                continue  # a copy onto itself: nothing is written
+            if has_internal_overlap(out):
+                return entry.path, (
+                    f"has elements sharing memory (strides {out.stride()} for shape "
+                    f"{tuple(out.shape)}, an expanded view?); an in-place write would be "
+                    "undefined: make it a real buffer"
+                )
+            for k, src in enumerate(inputs):
+                if isinstance(src, torch.Tensor) and overlaps(out, src):
+                    return entry.path, (
+                        f"overlaps the memory of its input {k} (a destination may not share "
+                        "memory with its source): write into a separate buffer"
+                    )
+            written.append((entry.path, out))
+        for j, (path, out) in enumerate(written):
+            for other, t in written[:j]:
+                if overlaps(out, t):
+                    return path, (
+                        f"shares memory with {other!r}, which this update also writes: give "
+                        "each written field its own buffer"
+                    )
+            for name, buf in zip(STATE_BUFFERS, buffers):
+                if isinstance(buf, torch.Tensor) and overlaps(out, buf):
+                    return path, (
+                        f"shares memory with state.{name}, so writing it would corrupt the "
+                        f"draft state; declare it Alias({name!r}) if it is a view of that "
+                        "buffer, or give it its own buffer"
+                    )
+        for path, t in unchanged:
+            for name, buf in zip(STATE_BUFFERS, buffers):
+                if name in ADVANCED and isinstance(buf, torch.Tensor) and overlaps(t, buf):
+                    return path, (
+                        f"is declared unchanged but shares memory with state.{name}, which "
+                        f"the loop advances every step; declare it Alias({name!r})"
+                    )
+        return None
