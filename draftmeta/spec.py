@@ -19,7 +19,9 @@ binds a rule that does not fit its field raises :class:`~draftmeta.errors.SpecEr
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import keyword
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -30,7 +32,11 @@ from draftmeta.conditions import Equals, Precondition, SameValue, Satisfies
 from draftmeta.errors import SpecError
 from draftmeta.fields import FieldInfo, FieldKind, class_fields, classify, is_record_class
 from draftmeta.rules import (
+    Alias,
+    Derive,
+    HostAdvance,
     HostDerive,
+    HostUpperBound,
     Invalidate,
     Recompute,
     Reset,
@@ -178,6 +184,15 @@ class DraftSpec(Generic[M]):
         return SpecError(self.name, path, problem, fix)
 
     def _validate(self) -> None:
+        given: object = self.cls
+        if not isinstance(given, type) and is_record_class(type(given)):
+            raise self._fail(
+                "",
+                f"the spec is given an instance of {type(given).__qualname__}, not a class",
+                f"pass the class itself: DraftSpec({type(given).__qualname__}, ...)",
+            )
+        if not isinstance(self.name, str) or not self.name:
+            raise self._fail("", f"name= is {self.name!r}", "name the spec with a non-empty str")
         if not is_record_class(self.cls):
             raise self._fail(
                 "",
@@ -193,10 +208,27 @@ class DraftSpec(Generic[M]):
         self._check_complete()
         self._check_references()
         self._check_written_by()
+        self._check_formulas()
+        self._check_frozen()
         self._check_order()
 
     def _check_overrides_shape(self) -> None:
         for path, klass in self.nested.items():
+            if klass is torch.Tensor:
+                raise self._fail(
+                    path,
+                    "nested= maps it to torch.Tensor, but nested= takes record classes",
+                    f"for a tensor field typed by a TypeVar pass dtypes={{{path!r}: its dtype}} "
+                    "(torch.int32, ...)",
+                )
+            given: object = klass
+            if not isinstance(given, type) and is_record_class(type(given)):
+                raise self._fail(
+                    path,
+                    f"nested= maps it to an instance of {type(klass).__qualname__}, not a class",
+                    f"map it to the class itself: nested={{{path!r}: "
+                    f"{type(klass).__qualname__}}}",
+                )
             if not is_record_class(klass):
                 raise self._fail(
                     path,
@@ -213,6 +245,16 @@ class DraftSpec(Generic[M]):
         self._records[prefix.rstrip(".")] = cls
         for info in class_fields(cls):
             path = prefix + info.name
+            if not info.name.isidentifier() or keyword.iskeyword(info.name):
+                raise self._fail(
+                    path,
+                    f"{cls.__qualname__} has a field named {info.name!r}, which generated code "
+                    "cannot address as an attribute",
+                    "rename the field to a Python identifier that is not a keyword",
+                )
+            if info.kind is FieldKind.GENERIC and path in self.dtypes:
+                info = FieldInfo(info.name, FieldKind.TENSOR, info.optional, None,
+                                 self.dtypes[path], info.annotation)
             self._fields[path] = info
             child = self.nested.get(path) or info.record
             if child is not None and info.kind in (
@@ -308,7 +350,7 @@ class DraftSpec(Generic[M]):
                     path,
                     f"{where} names a path through {head!r}, which is typed by the TypeVar "
                     f"{info.annotation}, so its fields are unknown",
-                    f"pass nested={{{head!r}: TheConcreteClass}} to the spec",
+                    f"pass nested={{{head!r}: TheConcreteClass}} to the spec (a record class)",
                 )
             if info is not None and head not in self._records:
                 return self._fail(
@@ -362,7 +404,8 @@ class DraftSpec(Generic[M]):
                 raise self._fail(
                     path,
                     f"is typed by the TypeVar {info.annotation}, so its class is unknown",
-                    f"pass nested={{{path!r}: TheConcreteClass}} to the spec",
+                    f"pass nested={{{path!r}: TheConcreteClass}} if it holds a record, or "
+                    f"dtypes={{{path!r}: torch.int32}} (its dtype) if it holds a tensor",
                 )
             if isinstance(rule, Invalidate) and not info.optional:
                 raise self._fail(
@@ -481,6 +524,14 @@ class DraftSpec(Generic[M]):
         for path, rule in self.rules.items():
             for ref in rule.reads():
                 self._check_ref(path, ref)
+                if isinstance(rule, Alias) and not self._is_tensor_ref(ref):
+                    kind = _describe_kind(_STATE_FIELDS[rule.source], None)
+                    raise self._fail(
+                        path,
+                        f"is an alias of {ref}, which is {kind}, not a tensor buffer",
+                        f"alias a tensor of the draft state; for a host value use "
+                        f"copy_of({ref!r})",
+                    )
                 if ref == path:
                     raise self._fail(
                         path,
@@ -524,6 +575,23 @@ class DraftSpec(Generic[M]):
         for path, rule in self.rules.items():
             if isinstance(rule, WrittenBy):
                 owner = self.rules.get(rule.owner)
+                if rule.owner == path:
+                    raise self._fail(
+                        path,
+                        "is declared written by itself",
+                        "give the field its own Recompute(hook, inputs) rule",
+                    )
+                info = self._fields.get(rule.owner)
+                if info is None:
+                    raise self._unknown(rule.owner, f"WrittenBy of {path!r}")
+                if info.kind is not FieldKind.TENSOR:
+                    raise self._fail(
+                        path,
+                        f"is written by {rule.owner!r}, which is "
+                        f"{_describe_kind(info, self.dtype_of(rule.owner))}; only a tensor "
+                        "field's Recompute hook writes other fields",
+                        "name the tensor field whose Recompute rule lists this one in also=",
+                    )
                 if not isinstance(owner, Recompute) or path not in owner.also:
                     raise self._fail(
                         path,
@@ -542,6 +610,56 @@ class DraftSpec(Generic[M]):
                             f"WrittenBy({path!r})",
                             f"bind {extra!r}: WrittenBy({path!r})",
                         )
+
+    def _check_formulas(self) -> None:
+        """Derive and Recompute inputs: as many as the formula takes, of the kinds it takes."""
+        for path, rule in self.rules.items():
+            if not isinstance(rule, (Derive, Recompute)):
+                continue
+            fn = rule.derivation if isinstance(rule, Derive) else rule.hook
+            kinds = fn.arguments
+            if kinds is None:
+                continue
+            if len(rule.inputs) != len(kinds):
+                raise self._fail(
+                    path,
+                    f"{fn.name} takes {len(kinds)} input(s) ({', '.join(kinds) or 'none'}), "
+                    f"but the rule gives {len(rule.inputs)}: {list(rule.inputs)}",
+                    f"give {fn.name} exactly {len(kinds)} input(s), in the order "
+                    f"{type(fn).__qualname__}'s docstring lists",
+                )
+            for i, (ref, kind) in enumerate(zip(rule.inputs, kinds)):
+                info = (_STATE_FIELDS[ref[len(STATE_PREFIX):]] if is_state_ref(ref)
+                        else self._fields[ref])
+                actual = info.kind
+                wrong = (
+                    (kind == "tensor" and actual is not FieldKind.TENSOR)
+                    or (kind == "int" and actual is not FieldKind.INT)
+                )
+                if wrong:
+                    raise self._fail(
+                        path,
+                        f"input {i} of {fn.name} must be a {'host int' if kind == 'int' else kind}"
+                        f", but {ref!r} is {_describe_kind(info, None)}",
+                        f"pass a {'host int' if kind == 'int' else kind} reference as input {i}",
+                    )
+
+    def _check_frozen(self) -> None:
+        """Host rules store new values with setattr: a frozen record cannot take them."""
+        for path, rule in self.rules.items():
+            if not isinstance(rule, (HostAdvance, HostUpperBound, HostDerive, Reset, Invalidate)):
+                continue
+            parent = path.rsplit(".", 1)[0] if "." in path else ""
+            cls = self._records.get(parent)
+            if cls is not None and _frozen(cls):
+                where = f"{parent!r}" if parent else "the metadata class"
+                raise self._fail(
+                    path,
+                    f"rule {rule.kind} stores a new value each step, but {where} "
+                    f"({cls.__qualname__}) is frozen, so the store would fail mid-update",
+                    "make the class mutable, or declare the spec Unsupported for it so the "
+                    "builder rebuilds",
+                )
 
     def _writer(self, path: str) -> str | None:
         rule = self.rules.get(path)
@@ -617,6 +735,15 @@ def _find_cycle(deps: Mapping[str, Sequence[str]]) -> list[str] | None:
             if found:
                 return found
     return None
+
+
+def _frozen(cls: type) -> bool:
+    """Whether instances of a dataclass or attrs class refuse attribute assignment."""
+    params = getattr(cls, "__dataclass_params__", None)
+    if dataclasses.is_dataclass(cls) and params is not None and params.frozen:
+        return True
+    setattr_ = getattr(cls, "__setattr__", None)
+    return getattr(setattr_, "__name__", "") == "_frozen_setattrs"
 
 
 def identifier(text: str) -> str:
