@@ -1,0 +1,160 @@
+"""What one ``generate`` records inside vLLM's older proposer.
+
+:class:`Recorder` wraps three of vLLM's methods for the length of a run:
+
+* ``SpecDecodeBaseProposer.propose``: the draft token ids it returns, per call;
+* ``SpecDecodeBaseProposer._sample_draft_tokens``: a digest of the draft hidden states it samples
+  from, per draft step (output tokens cannot reveal a draft-side bug, since the target re-checks
+  every draft; draft tokens and these digests can);
+* ``AttentionGroup.build_metadata_for_drafting``: host time (``time.perf_counter``) per draft
+  index, and, from draft index 1 on, whether the group's metadata was updated in place (the
+  same object as at the previous index comes back) or rebuilt (a new object), per attention
+  backend (vLLM's name, ``"CPU_MLA"``).
+
+The timing wrapper sits above the builder's ``build_for_drafting``, so with the plugin off it
+measures vLLM's rebuild and with it on draftmeta's in-place update, through the same code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+
+from draftmeta.e2e.patching import Patches
+
+__all__ = ["GenerateRecord", "IndexTiming", "Recorder"]
+
+
+@attrs.define
+class IndexTiming:
+    """Host time spent building or updating draft metadata at one draft index.
+
+    Attributes:
+        seconds: total over every call at this index.
+        calls: how many calls (one per attention group per ``propose``).
+    """
+
+    seconds: float = 0.0
+    calls: int = 0
+
+
+@attrs.define
+class GenerateRecord:
+    """What one ``generate`` call did in the draft loop.
+
+    Attributes:
+        draft_tokens: per ``propose`` call, the draft token ids it returned
+            (``[request][draft step]``).
+        hidden_digests: per draft step, a digest of the draft hidden states sampled from.
+        timings: host time by draft index (0 is the first draft step's build from the target's
+            metadata, 1.. are the refreshes between draft steps).
+        in_place: per attention backend, refreshes (draft index >= 1) that updated the previous
+            index's metadata object in place.
+        rebuilt: per attention backend, refreshes (draft index >= 1) that returned a new object.
+    """
+
+    draft_tokens: list[list[list[int]]] = attrs.field(factory=list)
+    hidden_digests: list[str] = attrs.field(factory=list)
+    timings: dict[int, IndexTiming] = attrs.field(factory=dict)
+    in_place: dict[str, int] = attrs.field(factory=dict)
+    rebuilt: dict[str, int] = attrs.field(factory=dict)
+
+    def refresh(self, first_index: int = 1) -> IndexTiming:
+        """Host time over draft indices ``>= first_index`` (1: every refresh between steps)."""
+        total = IndexTiming()
+        for index, timing in self.timings.items():
+            if index >= first_index:
+                total.seconds += timing.seconds
+                total.calls += timing.calls
+        return total
+
+
+def _digest(hidden_states: torch.Tensor) -> str:
+    raw = hidden_states.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
+    return hashlib.blake2b(raw.tobytes(), digest_size=8).hexdigest()
+
+
+@attrs.define
+class Recorder:
+    """Installs the recording wrappers; :meth:`start` begins a fresh :class:`GenerateRecord`.
+
+    Use as a context manager around the engine's whole life: vLLM's classes are patched on
+    entry and restored exactly on exit.
+
+    Attributes:
+        record: what the current ``generate`` has recorded so far.
+    """
+
+    record: GenerateRecord = attrs.field(factory=GenerateRecord)
+    _patches: Patches = attrs.field(factory=Patches, init=False)
+    _last: dict[int, object] = attrs.field(factory=dict, init=False)
+
+    def start(self) -> GenerateRecord:
+        """Begin recording a new ``generate``; returns the (empty) record it fills."""
+        self.record = GenerateRecord()
+        self._last.clear()
+        return self.record
+
+    def __enter__(self) -> Recorder:
+        from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+        from vllm.v1.worker.utils import AttentionGroup
+
+        self._patches.replace(SpecDecodeBaseProposer, "propose",
+                              self._wrap_propose(SpecDecodeBaseProposer.propose))
+        self._patches.replace(SpecDecodeBaseProposer, "_sample_draft_tokens",
+                              self._wrap_sample(SpecDecodeBaseProposer._sample_draft_tokens))
+        self._patches.replace(AttentionGroup, "build_metadata_for_drafting",
+                              self._wrap_build(AttentionGroup.build_metadata_for_drafting))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._patches.restore()
+        self._last.clear()
+
+    def _wrap_propose(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        recorder = self
+
+        def propose(proposer: Any, *args: Any, **kwargs: Any) -> Any:
+            draft_token_ids = original(proposer, *args, **kwargs)
+            recorder.record.draft_tokens.append(draft_token_ids.tolist())
+            return draft_token_ids
+
+        return propose
+
+    def _wrap_sample(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        recorder = self
+
+        def sample(proposer: Any, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+            recorder.record.hidden_digests.append(_digest(hidden_states))
+            return original(proposer, hidden_states, *args, **kwargs)
+
+        return sample
+
+    def _wrap_build(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        recorder = self
+
+        def build_metadata_for_drafting(group: Any, common_attn_metadata: Any,
+                                        draft_index: int) -> Any:
+            start = time.perf_counter()
+            metadata = original(group, common_attn_metadata, draft_index)
+            elapsed = time.perf_counter() - start
+            record = recorder.record
+            timing = record.timings.get(draft_index)
+            if timing is None:
+                timing = record.timings[draft_index] = IndexTiming()
+            timing.seconds += elapsed
+            timing.calls += 1
+            if draft_index >= 1:
+                name = str(group.backend.get_name())
+                counts = record.in_place if recorder._last.get(id(group)) is metadata else (
+                    record.rebuilt)
+                counts[name] = counts.get(name, 0) + 1
+            recorder._last[id(group)] = metadata
+            return metadata
+
+        return build_metadata_for_drafting

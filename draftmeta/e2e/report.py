@@ -1,0 +1,275 @@
+"""The end-to-end results as JSON, a Markdown table and a PNG.
+
+:func:`summary` turns a :class:`~draftmeta.e2e.compare.MatrixResult` into one JSON object. Its
+top level pools every configuration (identity flags are all-of, counts are summed, host times
+are totals divided by totals); ``configurations`` holds one object per backend, batch size and
+K with the same keys. Counts are per ``generate``; times are medians over the measured
+generates.
+
+Host time "refreshing draft metadata" is the time spent in vLLM's
+``AttentionGroup.build_metadata_for_drafting`` at draft indices >= 1 (every refresh between
+draft steps): with the plugin off, vLLM's rebuilds; with it on, the build the plugin keeps at
+index 1 plus its in-place updates at indices >= 2. ``refresh_us_per_later_step`` counts indices
+>= 2 only: the steps the plugin replaces, so it compares a rebuild with an update directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftmeta.e2e.compare import Comparison, MatrixResult
+
+__all__ = ["REFRESH_GOAL", "markdown", "plot", "summary", "write_results"]
+
+REFRESH_GOAL = 5.0
+"""Issue 11's goal: with the plugin on, refreshing draft metadata takes at least 5x less host
+time than with it off."""
+
+JSONObject = dict[str, Any]
+
+
+def _median(values: Iterable[float]) -> float:
+    return float(statistics.median(list(values)))
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def _per_call(seconds: float, calls: int) -> float | None:
+    return seconds * 1e6 / calls if calls else None
+
+
+def _merge(into: dict[str, int], counts: Mapping[str, int]) -> None:
+    for name, n in counts.items():
+        into[name] = into.get(name, 0) + n
+
+
+def _configuration(c: Comparison) -> JSONObject:
+    refresh_calls = {m: r.first.refresh(1).calls for m, r in (("off", c.off), ("on", c.on))}
+    later_calls = {m: r.first.refresh(2).calls for m, r in (("off", c.off), ("on", c.on))}
+    refresh = {m: _median(r.refresh_seconds) for m, r in (("off", c.off), ("on", c.on))}
+    later = {m: _median(r.later_refresh_seconds) for m, r in (("off", c.off), ("on", c.on))}
+    tps = {m: r.generated_tokens / _median(r.seconds) for m, r in (("off", c.off), ("on", c.on))}
+    per_step = {m: _per_call(refresh[m], refresh_calls[m]) for m in refresh}
+    per_later = {m: _per_call(later[m], later_calls[m]) for m in later}
+    return {
+        "backend": c.backend,
+        "batch_size": c.batch_size,
+        "k": c.k,
+        "output_tokens_identical": c.output_tokens_identical,
+        "draft_tokens_identical": c.draft_tokens_identical,
+        "draft_hidden_states_identical": c.hidden_states_identical,
+        "differing_draft_tokens": c.differing_draft_tokens,
+        "draft_tokens_compared": sum(len(row) for call in c.off.first.draft_tokens
+                                     for row in call),
+        "deterministic": {"off": c.off.deterministic, "on": c.on.deterministic},
+        "propose_calls": len(c.off.first.draft_tokens),
+        "generated_tokens": c.off.generated_tokens,
+        "in_place_updates": {"off": dict(c.off.first.in_place), "on": dict(c.on.first.in_place)},
+        "rebuilds": {"off": dict(c.off.first.rebuilt), "on": dict(c.on.first.rebuilt)},
+        "plugin_stats": c.on.plugin_stats,
+        "refresh_calls": refresh_calls,
+        "later_refresh_calls": later_calls,
+        "refresh_us_per_generate": {m: v * 1e6 for m, v in refresh.items()},
+        "later_refresh_us_per_generate": {m: v * 1e6 for m, v in later.items()},
+        "refresh_us_per_step": per_step,
+        "refresh_us_per_later_step": per_later,
+        "refresh_ratio": _ratio(per_step["off"], per_step["on"]),
+        "later_refresh_ratio": _ratio(per_later["off"], per_later["on"]),
+        "tokens_per_s": tps,
+        "tokens_per_s_ratio": _ratio(tps["on"], tps["off"]),
+        "seconds_per_generate": {"off": c.off.seconds, "on": c.on.seconds},
+    }
+
+
+def _pooled(configs: list[JSONObject], key_total: str, key_calls: str) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for mode in ("off", "on"):
+        total = sum(c[key_total][mode] for c in configs)
+        calls = sum(c[key_calls][mode] for c in configs)
+        out[mode] = total / calls if calls else None
+    return out
+
+
+def summary(result: MatrixResult) -> JSONObject:
+    """The JSON object ``draftmeta e2e --json`` prints; see the module docs for its layout."""
+    configs = [_configuration(c) for c in result.comparisons]
+    in_place: dict[str, dict[str, int]] = {"off": {}, "on": {}}
+    rebuilds: dict[str, dict[str, int]] = {"off": {}, "on": {}}
+    for c in configs:
+        for mode in ("off", "on"):
+            _merge(in_place[mode], c["in_place_updates"][mode])
+            _merge(rebuilds[mode], c["rebuilds"][mode])
+    refresh_per_step = _pooled(configs, "refresh_us_per_generate", "refresh_calls")
+    later_per_step = _pooled(configs, "later_refresh_us_per_generate", "later_refresh_calls")
+    tokens = {m: sum(c["generated_tokens"] for c in configs) for m in ("off", "on")}
+    seconds = {m: sum(c["generated_tokens"] / c["tokens_per_s"][m] for c in configs)
+               for m in ("off", "on")}
+    tps = {m: tokens[m] / seconds[m] for m in ("off", "on")}
+    refresh_ratio = _ratio(refresh_per_step["off"], refresh_per_step["on"])
+    tps_ratio = _ratio(tps["on"], tps["off"])
+    identical = all(c["output_tokens_identical"] for c in configs)
+    drafts = all(c["draft_tokens_identical"] for c in configs)
+    hidden = all(c["draft_hidden_states_identical"] for c in configs)
+    backends = list(dict.fromkeys(c["backend"] for c in configs))
+    settings = result.config
+    return {
+        "vllm_version": result.vllm_version,
+        "backend": ",".join(backends),
+        "backends": backends,
+        "skipped": dict(result.skipped),
+        "output_tokens_identical": identical,
+        "draft_tokens_identical": drafts,
+        "draft_hidden_states_identical": hidden,
+        "in_place_updates": in_place,
+        "rebuilds": rebuilds,
+        "refresh_us_per_step": refresh_per_step,
+        "refresh_us_per_later_step": later_per_step,
+        "tokens_per_s": tps,
+        "goals": {
+            "tokens_identical_everywhere": identical and drafts,
+            "refresh_ratio": refresh_ratio,
+            "refresh_5x_lower": refresh_ratio is not None and refresh_ratio >= REFRESH_GOAL,
+            "later_refresh_ratio": _ratio(later_per_step["off"], later_per_step["on"]),
+            "tokens_per_s_ratio": tps_ratio,
+            "tokens_per_s_not_lower": tps_ratio is not None and tps_ratio >= 1.0,
+        },
+        "settings": {
+            "batch_sizes": list(settings.batch_sizes),
+            "ks": list(settings.ks),
+            "max_tokens": settings.max_tokens,
+            "warmups": settings.warmups,
+            "repeats": settings.repeats,
+            "seed": settings.seed,
+            "negative_control": bool(settings.spec_factories),
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        },
+        "engine_startup_seconds": [round(e.startup_seconds, 3) for e in result.engines],
+        "wall_seconds": result.wall_seconds,
+        "configurations": configs,
+    }
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "0"
+
+
+def markdown(data: Mapping[str, Any]) -> str:
+    """A Markdown report of :func:`summary`'s object: headline, goals, one row per configuration."""
+    goals = data["goals"]
+    lines = [
+        f"vLLM {data['vllm_version']} (CPU build), backend(s) {data['backend']}; "
+        + (f"skipped: {'; '.join(f'{k}: {v}' for k, v in data['skipped'].items())}; "
+           if data["skipped"] else "")
+        + f"{data['settings']['max_tokens']} tokens per prompt, median of "
+        f"{data['settings']['repeats']} generates after {data['settings']['warmups']} warm-up.",
+        "",
+        f"- output tokens identical: **{data['output_tokens_identical']}**, draft tokens "
+        f"identical: **{data['draft_tokens_identical']}**, draft hidden states identical: "
+        f"**{data['draft_hidden_states_identical']}**",
+        f"- refresh between draft steps (indices >= 1): {_fmt(data['refresh_us_per_step']['off'])}"
+        f" us off, {_fmt(data['refresh_us_per_step']['on'])} us on per step "
+        f"({_fmt(goals['refresh_ratio'], 2)}x; goal {REFRESH_GOAL:g}x: "
+        f"{'met' if goals['refresh_5x_lower'] else 'not met'})",
+        f"- steps the plugin updates in place (indices >= 2): "
+        f"{_fmt(data['refresh_us_per_later_step']['off'])} us rebuild, "
+        f"{_fmt(data['refresh_us_per_later_step']['on'])} us update "
+        f"({_fmt(goals['later_refresh_ratio'], 2)}x)",
+        f"- tokens/s: {_fmt(data['tokens_per_s']['off'])} off, "
+        f"{_fmt(data['tokens_per_s']['on'])} on ({_fmt(goals['tokens_per_s_ratio'], 3)}x)",
+        "",
+        "| backend | batch | K | tokens same | drafts same | in place (on) | rebuilds off / on "
+        "| refresh us/step off / on | later step us off / on | tok/s off / on |",
+        "|---|---:|---:|---|---|---:|---|---|---|---|",
+    ]
+    for c in data["configurations"]:
+        drafts = ("yes" if c["draft_tokens_identical"]
+                  else f"**no** ({c['differing_draft_tokens']} differ)")
+        lines.append(
+            f"| {c['backend']} | {c['batch_size']} | {c['k']} | "
+            f"{'yes' if c['output_tokens_identical'] else '**no**'} | "
+            f"{drafts} | {_counts(c['in_place_updates']['on'])} | "
+            f"{_counts(c['rebuilds']['off'])} / "
+            f"{_counts(c['rebuilds']['on'])} | {_fmt(c['refresh_us_per_step']['off'])} / "
+            f"{_fmt(c['refresh_us_per_step']['on'])} | "
+            f"{_fmt(c['refresh_us_per_later_step']['off'])} / "
+            f"{_fmt(c['refresh_us_per_later_step']['on'])} | {_fmt(c['tokens_per_s']['off'])} / "
+            f"{_fmt(c['tokens_per_s']['on'])} |"
+        )
+    lines.append("")
+    lines.append("Counts are per generate; refreshes are calls of vLLM's "
+                 "`build_metadata_for_drafting` at draft indices >= 1.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: Mapping[str, Any], path: Path) -> Path:
+    """A PNG of :func:`summary`'s object: host time per refresh step and tokens/s, off against
+    on, one group of bars per configuration.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install matplotlib``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = [c for c in data["configurations"]]
+    labels = [f"{c['backend']}\nb{c['batch_size']} K{c['k']}" for c in configs]
+    xs = list(range(len(configs)))
+    width = 0.38
+    fig, axes = plt.subplots(2, 1, figsize=(max(7.0, 0.75 * len(configs) + 2), 7.5))
+    panels = (("refresh_us_per_step", "host us per refresh step (indices >= 1)"),
+              ("tokens_per_s", "tokens/s"))
+    for ax, (key, title) in zip(axes, panels):
+        for shift, mode, colour in ((-width / 2, "off", "#b0b0b0"), (width / 2, "on", "#2b7bba")):
+            values = [c[key][mode] or 0.0 for c in configs]
+            ax.bar([x + shift for x in xs], values, width, label=f"plugin {mode}", color=colour)
+        ax.set_ylabel(title)
+        ax.set_xticks(xs)
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_title(f"draftmeta in a real vLLM {data['vllm_version']} MTP run "
+                      f"(CPU, {data['backend']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_results(data: Mapping[str, Any], out: Path, stem: str = "e2e-cpu") -> dict[str, Path]:
+    """Write ``{stem}.json``, ``{stem}.md`` and ``{stem}.png`` into ``out`` (created).
+
+    The PNG is left out (with no error) where matplotlib is not installed.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md"}
+    paths["json"].write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    paths["markdown"].write_text(markdown(data), encoding="utf-8")
+    try:
+        paths["png"] = plot(data, out / f"{stem}.png")
+    except ImportError:
+        pass
+    return paths
