@@ -8,15 +8,24 @@ machinery, generated and checked like any backend's), chosen by the overflow pol
   its sequence length at 1, and its slot becomes -1 (padding);
 * ``"clamp"`` (vLLM's new model runner): the position stops at ``max_model_len - 1``, the
   sequence length at ``max_model_len``, and the slot stays real.
+
+Either way only the ``num_reqs`` real rows advance: padded rows keep their positions and
+sequence lengths (0, as vLLM's runners leave them) and always get slot -1. Every host operand
+(``max_model_len``, ``block_size``, ``num_reqs``) is checked to be an exact int in range before
+the first write, so an invalid state cannot leave the advance half-applied.
+
+A group's spec that advances its own copy of a position must use the same policy as the loop
+(:func:`check_policy`); the draft loop refuses a mismatch when it is built.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import Any, Literal
 
 from draftmeta.conditions import Equals, Precondition, Satisfies
 from draftmeta.derivations import DcpLocalSeqLens, SlotMapping
+from draftmeta.errors import SpecError
 from draftmeta.rules import (
     Advance,
     Clamp,
@@ -31,7 +40,14 @@ from draftmeta.rules import (
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
-__all__ = ["OverflowPolicy", "HostBound", "advance_spec", "advance_state"]
+__all__ = [
+    "HostBound",
+    "OverflowPolicy",
+    "advance_spec",
+    "advance_state",
+    "check_policy",
+    "overflow_policies",
+]
 
 OverflowPolicy = Literal["wrap", "clamp"]
 """How positions past ``max_model_len`` are handled: vLLM's older proposer wraps, its new runner
@@ -44,14 +60,14 @@ HostBound = Literal["advance", "frozen"]
 
 def _positions_rule(policy: OverflowPolicy) -> Advance:
     if policy == "wrap":
-        return Advance(Wrap("max_model_len", offset=-1, restart=0))
-    return Advance(Clamp("max_model_len", offset=-1))
+        return Advance(Wrap("max_model_len", offset=-1, restart=0), rows="num_reqs")
+    return Advance(Clamp("max_model_len", offset=-1), rows="num_reqs")
 
 
 def _seq_lens_rule(policy: OverflowPolicy) -> Advance:
     if policy == "wrap":
-        return Advance(Wrap("max_model_len", offset=0, restart=1))
-    return Advance(Clamp("max_model_len"))
+        return Advance(Wrap("max_model_len", offset=0, restart=1), rows="num_reqs")
+    return Advance(Clamp("max_model_len"), rows="num_reqs")
 
 
 def _dcp_enabled(world: int) -> bool:
@@ -116,6 +132,36 @@ def advance_spec(
         name=f"draft_state.{policy}.{host_bound}{'.dcp' if dcp else ''}",
         preconditions=preconditions,
     )
+
+
+def overflow_policies(spec: DraftSpec[Any]) -> dict[str, OverflowPolicy]:
+    """``{path: "clamp" | "wrap"}`` for every field the spec advances with an overflow policy."""
+    return {
+        path: ("clamp" if isinstance(rule.overflow, Clamp) else "wrap")
+        for path, rule in spec.rules.items()
+        if isinstance(rule, Advance)
+    }
+
+
+def check_policy(spec: DraftSpec[Any], policy: OverflowPolicy) -> None:
+    """Refuse a spec whose own advances overflow differently from the loop's source advance.
+
+    A clamp spec in a wrap loop (or the reverse) would update without complaint and drift from
+    the state at ``max_model_len``.
+
+    Raises:
+        SpecError: naming the field, its policy and the loop's.
+    """
+    for path, own in overflow_policies(spec).items():
+        if own != policy:
+            raise SpecError(
+                spec.name,
+                path,
+                f"advances with the {own} overflow policy, but the draft loop's source advance "
+                f"uses {policy}, so the field would drift from the state at max_model_len",
+                f"declare it Advance({'Wrap' if policy == 'wrap' else 'Clamp'}(...)) to match, "
+                f"or run the loop with policy={own!r}",
+            )
 
 
 def advance_state(

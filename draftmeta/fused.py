@@ -168,19 +168,24 @@ def _same_flat(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _emit_rule(k: _Kernel, rule: Any, out: torch.Tensor, inputs: list[Any], path: str) -> None:
-    k.emit(f"# {path}: {rule.describe()}")
+    k.emit("# " + repr(f"{path}: {rule.describe()}")[1:-1])  # user text: one escaped line
     if isinstance(rule, Advance):
         x = k.load1d(out)
         o = rule.overflow
         if isinstance(o, Clamp):
             bound, offset = o.bound, o.offset
             limit = k.scalar(lambda s: int(getattr(s, bound)) + offset)
-            k.store1d(out, f"tl.minimum({x} + {rule.by}, {limit})")
+            value = f"tl.minimum({x} + {rule.by}, {limit})"
         else:
             assert isinstance(o, Wrap)
             bound, offset, restart = o.bound, o.offset, o.restart
             span = k.scalar(lambda s: int(getattr(s, bound)) + offset - restart + 1)
-            k.store1d(out, f"({x} + {rule.by - restart}) % {span} + {restart}")
+            value = f"({x} + {rule.by - restart}) % {span} + {restart}"
+        if rule.rows:  # padded rows keep their values
+            rows_name = rule.rows
+            real = k.scalar(lambda s: int(getattr(s, rows_name)))
+            value = f"tl.where(offs < {real}, {value}, {x})"
+        k.store1d(out, value)
         return
     d = rule.derivation
     if isinstance(d, Fill):

@@ -15,6 +15,15 @@ check) is rebuilt from then on; the failed update wrote nothing.
 
 On CUDA, :meth:`DraftLoop.capture` records steps 1..K-1 (updates and the caller's step
 function) in one CUDA graph after checking that they are capture-safe.
+
+Shadow mode (``DRAFTMETA_SHADOW=N`` or ``shadow=N``, :mod:`draftmeta.shadow`): every Nth run of
+the loop also rebuilds each in-place group after every update and compares field by field; a
+group whose metadata is found stale is logged once, switched to rebuilding for the rest of the
+process, and continues with the rebuilt metadata.
+
+Thread safety: a loop, its state and its groups' metadata belong to one thread at a time. Two
+loops over distinct states and metadata objects may run in two threads; one metadata object
+must never be updated from two threads at once (the generated update is not locked).
 """
 
 from __future__ import annotations
@@ -27,11 +36,12 @@ from typing import Any, Literal
 import attrs
 import torch
 
-from draftmeta.advance import HostBound, OverflowPolicy, advance_spec
-from draftmeta.errors import DraftMetaError, PreconditionFailed, UpdateError
+from draftmeta.advance import HostBound, OverflowPolicy, advance_spec, check_policy
+from draftmeta.errors import DraftMetaError, PreconditionFailed, UpdateError, WriteFailed
 from draftmeta.fields import record_items
 from draftmeta.protocol import SupportsDraftUpdate, spec_of
 from draftmeta.rules import Invalidate, Reset
+from draftmeta.shadow import Sentinel, sentinel_for
 from draftmeta.state import DraftState
 
 __all__ = [
@@ -85,12 +95,14 @@ class GroupStats:
         reason: why the group rebuilds (``None`` while it updates).
         updates: in-place updates done.
         rebuilds: rebuilds done.
+        shadow_checks: shadow-mode comparisons of an update with a rebuild.
     """
 
     path: Path
     reason: str | None = None
     updates: int = 0
     rebuilds: int = 0
+    shadow_checks: int = 0
 
 
 @attrs.define
@@ -131,10 +143,14 @@ class DraftLoop:
         state: the draft state (source buffers); advanced in place once per step.
         policy: overflow policy of the source advance (``"wrap"`` or ``"clamp"``).
         host_bound: how the host ``max_seq_len`` moves (``"advance"`` or ``"frozen"``).
+        fused: one Triton launch per step (default: on CUDA with Triton).
+        shadow: shadow every Nth run (:mod:`draftmeta.shadow`); default ``DRAFTMETA_SHADOW``,
+            0 is off.
 
     Raises:
         ValueError: two groups share a name, or the state is malformed (dtypes, devices,
-            shapes), with the field and the fix.
+            shapes, host ints), with the field and the fix.
+        SpecError: a group's spec advances a field with another overflow policy than the loop.
     """
 
     def __init__(
@@ -145,11 +161,16 @@ class DraftLoop:
         policy: OverflowPolicy = "clamp",
         host_bound: HostBound = "advance",
         fused: bool | None = None,
+        shadow: int | None = None,
     ) -> None:
         names = [g.name for g in groups]
         if len(set(names)) != len(names):
             raise ValueError(f"attention group names must be unique, got {names}")
         validate_state(state)
+        for group in groups:
+            spec = spec_of(group.builder)
+            if spec is not None:
+                check_policy(spec, policy)
         self.groups = list(groups)
         self.state = state
         self.policy: OverflowPolicy = policy
@@ -166,8 +187,15 @@ class DraftLoop:
         self._fused_groups: list[AttentionGroup] = []
         self._fused_names: set[str] = set()
         self.stats = LoopStats()
+        self.sentinels: dict[str, Sentinel] = {
+            g.name: sentinel_for(g.name, shadow) for g in self.groups
+        }
+        self._shadowed: list[AttentionGroup] = []  # groups shadowed in the current run
         for group in self.groups:
             reason = _capability(group.builder)
+            sentinel = self.sentinels[group.name]
+            if reason is None and sentinel.switched_off:
+                reason = f"shadow mode found stale metadata earlier ({sentinel.first_mismatch})"
             self.stats.groups[group.name] = GroupStats(
                 path="update" if reason is None else "rebuild", reason=reason
             )
@@ -218,6 +246,8 @@ class DraftLoop:
         for group in self._fused_groups:
             self.stats.groups[group.name].updates += 1
         self._refresh_groups(draft_index, skip=self._fused_names)
+        if self._shadowed:
+            self._shadow_check(draft_index)
         return True
 
     def refresh(self, draft_index: int) -> None:
@@ -231,6 +261,28 @@ class DraftLoop:
         self._advance(self.state, self.state)
         self.stats.advances += 1
         self._refresh_groups(draft_index)
+        if self._shadowed:
+            self._shadow_check(draft_index)
+
+    def _shadow_check(self, draft_index: int) -> None:
+        """Shadow mode: rebuild each shadowed group that updated in place and compare."""
+        for group in self._shadowed:
+            stats = self.stats.groups[group.name]
+            if stats.path != "update":
+                continue
+            sentinel = self.sentinels[group.name]
+            rebuilt = group.rebuild(self.state, draft_index)
+            stats.shadow_checks += 1
+            mismatch = sentinel.compare(group.metadata, rebuilt)
+            if mismatch is None:
+                continue
+            stats.path = "rebuild"
+            stats.reason = f"shadow mode found stale metadata: {mismatch}"
+            group.metadata = rebuilt  # continue with correct metadata
+            self._log(group.name)
+            if group.name in self._fused_names:  # the kernel is bound to the old buffers
+                self._fused_enabled, self._fused = False, None
+        self._shadowed = [g for g in self._shadowed if self.stats.groups[g.name].path == "update"]
 
     def _refresh_groups(self, draft_index: int, skip: set[str] | None = None) -> None:
         for group in self.groups:
@@ -248,6 +300,8 @@ class DraftLoop:
                     stats.reason = f"precondition {exc.name!r} failed: {exc.detail}"
                 except UpdateError as exc:
                     stats.reason = f"field {exc.path!r}: {exc.detail}"
+                except WriteFailed as exc:  # partly written: the rebuild below replaces it
+                    stats.reason = f"field {exc.path!r}: write failed: {exc.detail}"
                 stats.path = "rebuild"
                 self._log(group.name)
             group.metadata = group.rebuild(self.state, draft_index)
@@ -258,6 +312,10 @@ class DraftLoop:
         built), calling ``step_fn(draft_index, metadata_by_group)`` once per step."""
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        self._shadowed = [
+            g for g in self.groups
+            if self.stats.groups[g.name].path == "update" and self.sentinels[g.name].should_check()
+        ]
         for index in range(num_steps):
             if index:
                 self.refresh(index)
@@ -445,6 +503,21 @@ def validate_state(state: DraftState) -> None:
     Raises:
         ValueError: naming the field, what it is and what it must be.
     """
+    for name in ("num_reqs", "max_seq_len", "max_model_len", "block_size", "dcp_world_size",
+                 "dcp_rank", "dcp_interleave", "step"):
+        value = getattr(state, name)
+        if type(value) is not int:
+            raise ValueError(
+                f"state.{name} is {value!r} ({type(value).__qualname__}); it must be a Python "
+                f"int (convert with int(...))"
+            )
+    for name in ("max_model_len", "block_size", "dcp_world_size", "dcp_interleave"):
+        if getattr(state, name) < 1:
+            raise ValueError(f"state.{name} is {getattr(state, name)}; it must be >= 1")
+    if not 0 <= state.dcp_rank < state.dcp_world_size:
+        raise ValueError(
+            f"state.dcp_rank {state.dcp_rank} is not in 0..{state.dcp_world_size - 1}"
+        )
     rows = state.batch_size
     expect = {
         "positions": ((rows,), _INT),

@@ -16,6 +16,9 @@ def reference_step(state: DraftState, policy: str) -> None:
     limit, bs = state.max_model_len, state.block_size
     width = state.block_table.shape[1]
     for r in range(state.batch_size):
+        if r >= state.num_reqs:  # padding: vLLM's runners leave it at 0, slot -1
+            state.slot_mapping[r] = -1
+            continue
         p, q = int(state.positions[r]) + 1, int(state.seq_lens[r]) + 1
         if policy == "wrap":
             if p >= limit:  # the older proposer: restart, pad the slot

@@ -11,30 +11,30 @@ import pytest
 import torch
 
 from draftmeta import DraftState, DraftUpdatable
-from draftmeta.backends.indexer import indexer_spec
-from draftmeta.backends.mla import mla_spec
-from draftmeta.integrations.vllm import harness
+from draftmeta.integrations.vllm.catalogue import builder_spec
 from draftmeta.loop import AttentionGroup, CaptureError, DraftLoop, validate_state
 from draftmeta.protocol import SpecBuilder
 from draftmeta.testing import compare_metadata, random_state
 from tests.toy import ToyDecode, ToyMeta, toy_metadata, toy_spec
 
-_cad = harness.common_metadata_for
-
 
 def _vllm_groups(state: DraftState, *, capable: bool) -> list[AttentionGroup]:
+    pytest.importorskip("vllm", reason="compares with vLLM's real builders")
+    from draftmeta.integrations.vllm import harness
+
+    _cad = harness.common_metadata_for
     config = harness.cached_vllm_config(max_model_len=state.max_model_len, block_size=64)
     groups = []
-    for name, spec in (("TRITON_MLA", mla_spec("triton")), ("CPU_MLA", None),
-                       ("INDEXER", indexer_spec())):
+    for name, spec in (("TRITON_MLA", builder_spec("TRITON_MLA")), ("CPU_MLA", None),
+                       ("INDEXER", builder_spec("INDEXER"))):
         kwargs: dict[str, Any] = {"block_size": 64}
         if name == "INDEXER":
             kwargs["block_table_width"] = state.block_table.shape[1]
         builder = harness.make_builder(name, config, **kwargs)
         metadata = harness.build_metadata(builder, _cad(state), draft_index=1)
 
-        def rebuild(s: DraftState, index: int, builder: Any = builder) -> Any:
-            return harness.build_metadata(builder, _cad(s), draft_index=index)
+        def rebuild(s: DraftState, index: int, builder: Any = builder, cad: Any = _cad) -> Any:
+            return harness.build_metadata(builder, cad(s), draft_index=index)
 
         declared = SpecBuilder(spec, builder) if capable and spec is not None else builder
         groups.append(AttentionGroup(name, declared, metadata, rebuild))
@@ -109,7 +109,7 @@ def test_a_dcp_state_falls_back_for_a_spec_without_dcp() -> None:
     state = random_state(torch.Generator().manual_seed(1), batch_size=3, block_size=16,
                          max_model_len=512, steps=4)
     state.dcp_world_size, state.dcp_local_seq_lens = 2, torch.zeros_like(state.seq_lens)
-    spec = mla_spec("triton")
+    spec = builder_spec("TRITON_MLA")
     group = AttentionGroup("mla", SpecBuilder(spec), None, lambda s, i: "rebuilt")
     stats = DraftLoop([group], state).run(lambda i, m: None, 3)
     assert stats.fallbacks()["mla"].startswith("precondition 'no_dcp' failed")
@@ -118,7 +118,7 @@ def test_a_dcp_state_falls_back_for_a_spec_without_dcp() -> None:
 def test_an_unsupported_spec_rebuilds_with_its_reason() -> None:
     state = random_state(torch.Generator().manual_seed(2), batch_size=3, block_size=16,
                          max_model_len=512, steps=4)
-    spec = mla_spec("flashattn_mla")
+    spec = builder_spec("FLASH_ATTN_MLA")
     group = AttentionGroup("fa", SpecBuilder(spec), None, lambda s, i: "rebuilt")
     loop = DraftLoop([group], state)
     assert "FA3 scheduler metadata needs the builder's head configuration" in (

@@ -67,9 +67,9 @@ class ToyMeta(Generic[D]):
 def toy_rules(policy: str = "clamp") -> dict[str, Rule]:
     """A correct rule set for ToyMeta[ToyDecode]; its own positions follow ``policy``."""
     positions = (
-        Advance(Clamp("max_model_len", offset=-1))
+        Advance(Clamp("max_model_len", offset=-1), rows="num_reqs")
         if policy == "clamp"
-        else Advance(Wrap("max_model_len", offset=-1, restart=0))
+        else Advance(Wrap("max_model_len", offset=-1, restart=0), rows="num_reqs")
     )
     return {
         "num_reqs": HostConstant(),
