@@ -70,7 +70,7 @@ def _one_line(text: object) -> str:
 
 
 _FIXED = ("_SPEC", "_PreconditionFailed", "_UpdateError", "_WriteFailed", "_bool", "_pair",
-          "_problem", "_exc", "_raised", "_int", "_path")
+          "_problem", "_exc", "_raised", "_int", "_path", "_Tensor")
 
 
 class _Namespace:
@@ -85,6 +85,7 @@ class _Namespace:
             "_UpdateError": UpdateError,
             "_WriteFailed": WriteFailed,
             "_bool": torch.bool,
+            "_Tensor": torch.Tensor,
             "_raised": _raised,
             "_int": int,
         }
@@ -109,6 +110,17 @@ class _Namespace:
             self._names[id(obj)] = name
             self.values[name] = obj
         return name
+
+
+class _Unchecked:
+    """The value of a once-per-object memo before its first object (``None`` is an object a
+    caller may pass, and must be checked like any other)."""
+
+    def __repr__(self) -> str:
+        return "<no object checked yet>"
+
+
+_UNCHECKED = _Unchecked()
 
 
 def _raised(exc: BaseException) -> str:
@@ -211,7 +223,7 @@ class _Generator:
         spec = self.spec
         self.emit("# 0. the object: exactly the spec's class, nothing outside the spec "
                   "(once per object)")
-        memo = self.ns.bind([None], "checked_object")
+        memo = self.ns.bind([_UNCHECKED], "checked_object")
         covered = self.ns.bind(_coverage(spec), "covered")
         self.emit(f"if metadata is not {memo}[0]:")
         self.emit(f"_problem = {covered}(metadata)", 2)
@@ -319,6 +331,9 @@ class _Generator:
                 )
                 self.emit(f"{memo}[0] = ({expr}, {src})", 2)
             elif isinstance(rule, Advance):
+                self.emit(f"if not isinstance({expr}, _Tensor):")
+                self.error(path, f"f'is a {{type({expr}).__qualname__}}; advance needs an "
+                                 "integer tensor'")
                 self.emit(f"if {expr}.is_floating_point() or {expr}.is_complex() or "
                           f"{expr}.dtype is _bool:")
                 self.error(path, f"f'is a {{{expr}.dtype}} tensor; advance needs integers'")
