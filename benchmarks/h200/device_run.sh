@@ -17,7 +17,7 @@ python3 -c "import torch, triton, sys; print(sys.version.split()[0], torch.__ver
 bash "$CARRY/vllm/install.sh" && rm -rf "$HOME/vllm-site/draftmeta"   # draftmeta: this tree's
 ( export PYTHONPATH=$PWD:$HOME/vllm-site VLLM_TARGET_DEVICE=cuda HF_HUB_OFFLINE=1 \
     VLLM_CACHE_ROOT=$PWD/$CARRY/vllm-cache TVM_FFI_DISABLE_TORCH_C_DLPACK=1 \
-    VLLM_LOGGING_LEVEL=WARNING
+    VLLM_LOGGING_LEVEL=CRITICAL
   timeout "${RUN_TIMEOUT:-300}" python3 benchmarks/h200/run_h200.py --out "$OUT" \
     --equivalence-batches "${EQ_BATCHES:-60}" 2>&1 | tee "$OUT/h200-draft-loop.log" )
 

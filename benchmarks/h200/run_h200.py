@@ -48,8 +48,7 @@ from vllm_cuda import use_cuda, vllm_version  # noqa: E402
 harness = use_cuda()
 
 from draftmeta.advance import advance_state  # noqa: E402
-from draftmeta.backends.indexer import indexer_spec  # noqa: E402
-from draftmeta.backends.mla import mla_spec  # noqa: E402
+from draftmeta.integrations.vllm.equivalence import BUILDERS as SPECS  # noqa: E402
 from draftmeta.loop import AttentionGroup, DraftLoop  # noqa: E402
 from draftmeta.protocol import SpecBuilder  # noqa: E402
 from draftmeta.state import DraftState  # noqa: E402
@@ -253,8 +252,8 @@ def _metadata_case(batch: int, k: int, rounds: int) -> list[dict[str, Any]]:
         cad = harness.common_metadata_for(state)
         mla_meta = mla_u.build_for_drafting(cad, 1)
         idx_meta = idx_u.build_for_drafting(cad, 1)
-        mspec = mla_spec("triton", policy=host_bound)
-        ispec = indexer_spec(policy=host_bound)
+        mspec = SPECS["TRITON_MLA"](host_bound)
+        ispec = SPECS["INDEXER"](host_bound)
         return ([AttentionGroup("mla", SpecBuilder(mspec), mla_meta, lambda s, i: None),
                  AttentionGroup("indexer", SpecBuilder(ispec), idx_meta, lambda s, i: None)],
                 (mspec, mla_meta), (ispec, idx_meta))
@@ -466,7 +465,7 @@ def _draft_loop_case(layer_name: str, layer: DraftLayer, state: DraftState, snap
     def build_meta(policy: str) -> tuple[Any, Any]:
         snap.restore()
         meta = mla_u.build_for_drafting(harness.common_metadata_for(state), 0)
-        return meta, mla_spec("triton", policy=policy)
+        return meta, SPECS["TRITON_MLA"](policy)
 
     snap.restore()
     vstep.reset()
