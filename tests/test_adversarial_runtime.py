@@ -9,7 +9,7 @@ import copy
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -24,7 +24,6 @@ from draftmeta import (
     Equals,
     HostConstant,
     HostDerive,
-    IsNotNone,
     PreconditionFailed,
     Reset,
     Satisfies,
@@ -241,7 +240,7 @@ class _SeesHost(Derivation):
 
     name = "sees_host"
     formula = "records max_seq_len"
-    seen: list[tuple[str, object]] = []
+    seen: ClassVar[list[tuple[str, object]]] = []
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
         self.seen.append(("check", inputs[1]))
@@ -274,7 +273,7 @@ def test_a_write_that_raises_is_reported_as_write_failed_naming_the_field() -> N
     spec = _toy_with("decode.decode_lens", Derive(_ApplyRaises(), ()))
     state = _state()
     meta = toy_metadata(state)
-    with pytest.raises(WriteFailed, match="'decode.decode_lens'.*kernel failed.*rebuild it"):
+    with pytest.raises(WriteFailed, match=r"'decode\.decode_lens'.*kernel failed.*rebuild it"):
         spec.update(meta, state)
 
 
@@ -346,7 +345,7 @@ def test_an_alias_of_an_absent_state_buffer_is_refused() -> None:
 
     spec = DraftSpec(DcpMeta, {"local": Alias("dcp_local_seq_lens")})
     state = _state()
-    with pytest.raises(UpdateError, match="alias of state.dcp_local_seq_lens, which is None"):
+    with pytest.raises(UpdateError, match=r"alias of state\.dcp_local_seq_lens, which is None"):
         spec.update(DcpMeta(state.seq_lens), state)
 
 
@@ -374,9 +373,9 @@ def test_a_precondition_through_a_missing_record_fails_as_a_precondition() -> No
     spec = DraftSpec(_WithPart, {"part": Unchanged(), "n": HostConstant()},
                      preconditions=[Equals("part.count", 0, name="no_count")])
     spec.update(_WithPart(_Part(0), 1), _state())  # holds
-    with pytest.raises(PreconditionFailed, match="'no_count' does not hold \\(part is None\\)"):
+    with pytest.raises(PreconditionFailed, match=r"'no_count' does not hold \(part is None\)"):
         spec.update(_WithPart(None, 1), _state())
-    with pytest.raises(PreconditionFailed, match="part.count is 3, expected 0"):
+    with pytest.raises(PreconditionFailed, match=r"part\.count is 3, expected 0"):
         spec.update(_WithPart(_Part(3), 1), _state())
 
 
