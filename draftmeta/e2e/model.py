@@ -87,24 +87,30 @@ def _tensor_seed(seed: int, owner: str, name: str) -> int:
 
 @torch.no_grad()
 def reinitialize(model: torch.nn.Module, seed: int) -> int:
-    """Give every parameter of ``model`` a fresh value; returns how many tensors changed.
+    """Give every floating-point parameter of ``model`` a fresh value; returns how many changed.
 
-    Norm weights (1-D, ``norm`` in the name) become 1, other 1-D tensors (biases, routing
-    corrections) 0, and matrices N(0, 1/fan_in) with ``fan_in`` the last dimension, drawn in
-    float32 from a generator seeded per tensor, then cast to the tensor's dtype.
+    The weight of a norm layer (a module whose class or name contains ``norm``) becomes 1,
+    other 1-D tensors (biases, routing corrections) 0, and matrices N(0, 1/fan_in) with
+    ``fan_in`` the last dimension, drawn in float32 from a generator seeded per tensor, then cast
+    to the tensor's dtype.
     """
     owner = type(model).__qualname__
     changed = 0
-    for name, param in model.named_parameters():
-        if not param.is_floating_point():
-            continue
-        if param.dim() <= 1:
-            param.fill_(1.0 if "norm" in name else 0.0)
-        else:
-            generator = torch.Generator().manual_seed(_tensor_seed(seed, owner, name))
-            values = torch.randn(param.shape, generator=generator, dtype=torch.float32)
-            param.copy_(values.mul_(param.shape[-1] ** -0.5))
-        changed += 1
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        is_norm = "norm" in type(module).__name__.lower() or "norm" in module_name.lower()
+        for param_name, param in module.named_parameters(recurse=False):
+            if not param.is_floating_point() or id(param) in seen:
+                continue
+            seen.add(id(param))
+            if param.dim() <= 1:
+                param.fill_(1.0 if is_norm and param_name == "weight" else 0.0)
+            else:
+                name = f"{module_name}.{param_name}"
+                generator = torch.Generator().manual_seed(_tensor_seed(seed, owner, name))
+                values = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+                param.copy_(values.mul_(param.shape[-1] ** -0.5))
+            changed += 1
     return changed
 
 

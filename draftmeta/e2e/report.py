@@ -87,6 +87,10 @@ def _configuration(c: Comparison) -> JSONObject:
         "refresh_us_per_later_step": per_later,
         "refresh_ratio": _ratio(per_step["off"], per_step["on"]),
         "later_refresh_ratio": _ratio(per_later["off"], per_later["on"]),
+        "refresh_us_by_draft_index": {
+            m: {str(i): v * 1e6 for i, v in r.index_seconds.items()}
+            for m, r in (("off", c.off), ("on", c.on))
+        },
         "tokens_per_s": tps,
         "tokens_per_s_ratio": _ratio(tps["on"], tps["off"]),
         "seconds_per_generate": {"off": c.off.seconds, "on": c.on.seconds},
@@ -152,7 +156,7 @@ def summary(result: MatrixResult) -> JSONObject:
             "warmups": settings.warmups,
             "repeats": settings.repeats,
             "seed": settings.seed,
-            "negative_control": bool(settings.spec_factories),
+            "negative_control": bool(settings.spec_overrides),
         },
         "machine": {
             "platform": platform.platform(),
@@ -161,7 +165,8 @@ def summary(result: MatrixResult) -> JSONObject:
             "torch": torch.__version__,
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         },
-        "engine_startup_seconds": [round(e.startup_seconds, 3) for e in result.engines],
+        "plugin_builders": list(result.plugin_builders),
+        "engine_startup_seconds": [round(t, 3) for t in result.startup_seconds],
         "wall_seconds": result.wall_seconds,
         "configurations": configs,
     }
