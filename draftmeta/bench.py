@@ -164,11 +164,10 @@ def _cpu_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Samp
 
 
 def _cuda_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sample]:
-    from draftmeta.backends.indexer import indexer_spec
-    from draftmeta.backends.mla import mla_spec
+    from draftmeta.integrations.vllm.catalogue import builder_spec
 
-    mla = mla_spec("triton", policy="frozen")
-    idx = indexer_spec(policy="frozen")
+    mla = builder_spec("TRITON_MLA", policy="frozen")
+    idx = builder_spec("INDEXER", policy="frozen")
     for batch in config.batch_sizes:
         for k in config.steps:
             yield from _cuda_config(config, mla, idx, batch, k)

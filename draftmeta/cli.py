@@ -33,9 +33,12 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _coverage(args: argparse.Namespace) -> int:
-    from draftmeta.integrations.vllm.coverage import coverage_table
+    import json
 
-    print(coverage_table())
+    from draftmeta.integrations.vllm.coverage import coverage, coverage_table
+
+    report = coverage()
+    print(json.dumps(report, indent=1) if args.json else coverage_table(report))
     return 0
 
 
@@ -85,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     e = sub.add_parser("explain", help="print the generated update source for a backend's spec")
-    e.add_argument("backend", help="a spec name, e.g. mla.triton, indexer, state.wrap")
+    e.add_argument("backend", help="a spec name, e.g. TRITON_MLA, INDEXER.dcp, state.wrap")
     e.set_defaults(run=_explain)
 
     v = sub.add_parser("verify", help="update-versus-rebuild check for every registered backend")
@@ -95,7 +98,11 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0, help="first seed")
     v.set_defaults(run=_verify)
 
-    c = sub.add_parser("coverage", help="which vLLM MLA / indexer builders draftmeta covers")
+    c = sub.add_parser(
+        "coverage",
+        help="the vLLM found, the plugin's state, and who covers each builder on each draft path",
+    )
+    c.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     c.set_defaults(run=_coverage)
 
     b = sub.add_parser("bench", help="time per draft step: vLLM rebuild vs draftmeta update")

@@ -1,4 +1,9 @@
-"""Every spec draftmeta ships, by name (what ``draftmeta explain`` accepts)."""
+"""Every spec draftmeta ships, by name (what ``draftmeta explain`` accepts).
+
+Builder specs are named after the builder's catalogue entry (vLLM's attention-backend name,
+``TRITON_MLA``), from the installed vLLM release's catalogue (0.33's where vLLM is not
+installed); ``NAME.dcp`` is its DCP > 1 variant. The source advance is ``state.*``.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +11,38 @@ from collections.abc import Callable
 from typing import Any
 
 from draftmeta.advance import advance_spec
-from draftmeta.backends.indexer import indexer_spec, kpool_tail_spec
-from draftmeta.backends.mla import MLA_VARIANTS, mla_spec
 from draftmeta.spec import DraftSpec
 
 __all__ = ["SPECS", "get_spec"]
 
 
+def _flashmla_fp8() -> DraftSpec[Any]:
+    from draftmeta.backends.mla import MLASpec, mla_spec
+    from draftmeta.integrations.vllm.catalogue import current_release
+
+    factory = current_release().entry("FLASHMLA").spec
+    assert isinstance(factory, MLASpec)
+    return mla_spec(factory, name="FLASHMLA", fp8_kv_cache=True, num_q_tokens_per_head_k=128)
+
+
 def _specs() -> dict[str, Callable[[], DraftSpec[Any]]]:
+    from draftmeta.integrations.vllm.catalogue import current_release
+
     specs: dict[str, Callable[[], DraftSpec[Any]]] = {
         "state.wrap": lambda: advance_spec("wrap"),
         "state.clamp": lambda: advance_spec("clamp"),
         "state.clamp.frozen": lambda: advance_spec("clamp", "frozen"),
         "state.dcp": lambda: advance_spec("clamp", "advance", True),
-        "indexer": lambda: indexer_spec(),
-        "indexer.dcp": lambda: indexer_spec(dcp=True),
-        "indexer.kpool_tail": lambda: kpool_tail_spec(),
-        "mla.flashmla.fp8": lambda: mla_spec(
-            "flashmla", fp8_kv_cache=True, num_q_tokens_per_head_k=128
-        ),
+        "FLASHMLA.fp8": _flashmla_fp8,
     }
-    for name in MLA_VARIANTS:
-        specs[f"mla.{name}"] = lambda name=name: mla_spec(name)  # type: ignore[misc]
-        specs[f"mla.{name}.dcp"] = lambda name=name: mla_spec(name, dcp=True)  # type: ignore[misc]
+    for entry in current_release().builders:
+        specs[entry.name] = lambda e=entry: e.make_spec()  # type: ignore[misc]
+        specs[f"{entry.name}.dcp"] = lambda e=entry: e.make_spec(dcp=True)  # type: ignore[misc]
     return dict(sorted(specs.items()))
 
 
 SPECS: dict[str, Callable[[], DraftSpec[Any]]] = _specs()
-"""Spec factories by name: the source advance (``state.*``), MLA variants, the indexer."""
+"""Spec factories by name: the source advance (``state.*``) and every catalogued builder."""
 
 
 def get_spec(name: str) -> DraftSpec[Any]:

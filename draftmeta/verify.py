@@ -53,16 +53,15 @@ def _cuda_rows(
 
 def _check_cuda(label: str, seed: int, steps: int, fused: bool, failures: list[Failure]) -> int:
     """One random batch through the draft loop on CUDA; returns the steps checked."""
-    from draftmeta.backends.indexer import indexer_spec
-    from draftmeta.backends.mla import mla_spec
     from draftmeta.backends.reference import (
         IndexerBuffers,
         build_indexer_metadata,
         build_mla_metadata,
     )
+    from draftmeta.integrations.vllm.catalogue import builder_spec
     from draftmeta.loop import AttentionGroup, DraftLoop
 
-    mla, idx = mla_spec("triton"), indexer_spec()
+    mla, idx = builder_spec("TRITON_MLA"), builder_spec("INDEXER")
     slots = torch.cuda.get_device_properties(0).multi_processor_count
 
     def build(name: str, state: DraftState) -> Any:

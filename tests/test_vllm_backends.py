@@ -1,16 +1,18 @@
-"""The backend specs, proven against vLLM 0.33's real builders and classes on CPU."""
+"""The backend specs, proven against the installed vLLM release's real builders on CPU."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import torch
 
-from draftmeta import DraftState, SpecError, advance_state
+from draftmeta import DraftSpec, DraftState, SpecError, advance_state
 from draftmeta.backends.indexer import INDEXER_DECODE, INDEXER_METADATA, indexer_spec
-from draftmeta.backends.mla import MLA_VARIANTS, mla_spec
+from draftmeta.backends.mla import MLASpec, mla_spec
 from draftmeta.backends.vllm_classes import load_metadata_class, source_fields
+from draftmeta.integrations.vllm.catalogue import builder_spec, current_release
 from draftmeta.integrations.vllm.equivalence import (
     BUILDERS,
     CaseConfig,
@@ -18,6 +20,16 @@ from draftmeta.integrations.vllm.equivalence import (
     random_case,
 )
 from draftmeta.testing import compare_metadata, random_state
+
+pytest.importorskip("vllm", reason="needs vLLM (pip install 'draftmeta[vllm]')")
+
+MLA_ENTRIES = {e.name: e for e in current_release().builders if isinstance(e.spec, MLASpec)}
+
+
+def _flashmla_fp8(**kwargs: Any) -> DraftSpec[Any]:
+    factory = MLA_ENTRIES["FLASHMLA"].spec
+    assert isinstance(factory, MLASpec)
+    return mla_spec(factory, name="FLASHMLA", fp8_kv_cache=True, **kwargs)
 
 BATCHES_PER_BUILDER = 200
 
@@ -89,7 +101,7 @@ def test_random_batches_do_reach_the_edges() -> None:
 def test_a_broken_spec_is_caught_with_its_field_path() -> None:
     from draftmeta import DraftSpec, HostConstant
 
-    good = mla_spec("triton")
+    good = builder_spec("TRITON_MLA")
     broken = DraftSpec(good.cls, {**good.rules, "max_seq_len": HostConstant()},
                        nested=good.nested, preconditions=good.preconditions, name="broken")
     result = check_batch(random_case("TRITON_MLA", 1), spec=broken)
@@ -107,17 +119,19 @@ def _installed_fields(module: str, qualname: str) -> list[str]:
     return [name for name, _ in source_fields(module, qualname)]
 
 
-@pytest.mark.parametrize("variant", sorted(MLA_VARIANTS))
+@pytest.mark.parametrize("name", sorted(MLA_ENTRIES))
 @pytest.mark.parametrize("dcp", [False, True])
-def test_every_mla_variant_covers_every_installed_field(variant: str, dcp: bool) -> None:
-    v = MLA_VARIANTS[variant]
-    spec = mla_spec(variant, dcp=dcp)
+def test_every_mla_builder_covers_every_installed_field(name: str, dcp: bool) -> None:
+    v = MLA_ENTRIES[name].spec
+    assert isinstance(v, MLASpec)
+    spec = builder_spec(name, dcp=dcp)
     top = _installed_fields(v.metadata.module, v.metadata.qualname)
     assert [p for p in spec.fields if "." not in p] == top
     if v.decode is not None:
         decode = _installed_fields(v.decode.module, v.decode.qualname)
+        declared = {path for path, _ in v.attributes}
         assert [p.split(".", 1)[1] for p in spec.fields if p.startswith("decode.")
-                and p.count(".") == 1] == decode
+                and p.count(".") == 1 and p not in declared] == decode
     records = set(spec.containers())
     for path in spec.fields:
         if path not in records:
@@ -125,7 +139,7 @@ def test_every_mla_variant_covers_every_installed_field(variant: str, dcp: bool)
 
 
 def test_flashmla_fp8_spec_covers_the_scheduler_object() -> None:
-    spec = mla_spec("flashmla", fp8_kv_cache=True, num_q_tokens_per_head_k=16)
+    spec = _flashmla_fp8(num_q_tokens_per_head_k=16)
     sched = _installed_fields("vllm.third_party.flashmla.flash_mla_interface",
                               "FlashMLASchedMeta")
     assert sched == ["have_initialized", "config", "tile_scheduler_metadata", "num_splits"]
@@ -150,7 +164,7 @@ def test_a_field_added_by_a_future_release_fails_the_declaration() -> None:
 
     from draftmeta import DraftSpec
 
-    spec = mla_spec("triton")
+    spec = builder_spec("TRITON_MLA")
     rules = {k: v for k, v in spec.rules.items()}
     with pytest.raises(SpecError, match=r"'decode\.kv_split_hints'.*has no rule"):
         DraftSpec(spec.cls, rules, nested={"decode": FutureDecode}, name="future")
@@ -159,13 +173,14 @@ def test_a_field_added_by_a_future_release_fails_the_declaration() -> None:
 def test_which_classes_are_verified_only_by_completeness() -> None:
     """Document (and pin) which metadata classes cannot be imported on a CPU-only machine."""
     stand_ins = {
-        name for name, v in MLA_VARIANTS.items()
-        if not load_metadata_class(v.metadata.module, v.metadata.qualname)[1]
+        name for name, e in MLA_ENTRIES.items()
+        if isinstance(e.spec, MLASpec)
+        and not load_metadata_class(e.spec.metadata.module, e.spec.metadata.qualname)[1]
     }
     # FlashAttn-MLA always needs its CUDA extension; FlashAttn-MLA-sparse fails the first
     # import in a fresh process (a later attempt may find its dependencies already loaded)
-    assert "flashattn_mla" in stand_ins
-    assert stand_ins <= {"flashattn_mla", "flashattn_mla_sparse"}
+    assert "FLASH_ATTN_MLA" in stand_ins
+    assert stand_ins <= {"FLASH_ATTN_MLA", "FLASH_ATTN_MLA_SPARSE"}
     assert not load_metadata_class("vllm.third_party.flashmla.flash_mla_interface",
                                    "FlashMLASchedMeta")[1]
 
@@ -213,7 +228,7 @@ def _vllm_dcp_mla_metadata(state: DraftState, cls: type, decode_cls: type) -> ob
 @pytest.mark.parametrize("interleave", [1, 8])
 @pytest.mark.parametrize("overflow", ["wrap", "clamp"])
 def test_mla_spec_under_dcp(world: int, interleave: int, overflow: str) -> None:
-    spec = mla_spec("triton", dcp=True)
+    spec = builder_spec("TRITON_MLA", dcp=True)
     cls, decode_cls = spec.cls, spec.nested["decode"]
     for seed in range(20):
         g = torch.Generator().manual_seed(seed)
@@ -276,8 +291,7 @@ def test_flashmla_fp8_tile_schedule_hook(seed: int) -> None:
     def compute(seq_lens: torch.Tensor, q_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         return flashmla_tile_schedule_reference(seq_lens, q_tokens, 1, parts)
 
-    spec = mla_spec("flashmla", fp8_kv_cache=True, num_q_tokens_per_head_k=16,
-                    tile_compute=compute)
+    spec = _flashmla_fp8(num_q_tokens_per_head_k=16, tile_compute=compute)
     cls, decode_cls = spec.cls, spec.nested["decode"]
     sched_cls = spec.nested["decode.scheduler_metadata"]
     g = torch.Generator().manual_seed(seed)
@@ -328,7 +342,7 @@ def test_reference_builders_equal_vllms(builder: str) -> None:
     from draftmeta.integrations.vllm import harness
     _cad = harness.common_metadata_for
 
-    spec = mla_spec("triton") if builder == "TRITON_MLA" else indexer_spec()
+    spec = builder_spec(builder)
     for seed in range(20):
         case = random_case(builder, seed)
         g = torch.Generator().manual_seed(seed)
@@ -357,11 +371,15 @@ def test_specs_build_from_the_recorded_lists_alone(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("DRAFTMETA_VLLM_CLASSES", "recorded")
     vllm_classes.load_metadata_class.cache_clear()
     try:
-        for variant in MLA_VARIANTS:
+        for name, entry in MLA_ENTRIES.items():
+            factory = entry.spec
+            assert isinstance(factory, MLASpec)
             _cls, imported = vllm_classes.load_metadata_class(
-                MLA_VARIANTS[variant].metadata.module, MLA_VARIANTS[variant].metadata.qualname)
+                factory.metadata.module, factory.metadata.qualname)
             assert not imported
-            mla_spec.__wrapped__(variant)  # type: ignore[attr-defined]  # uncached
+            bound = factory.bound_rules(None) if factory.bound_rules is not None else ()
+            mla_spec.__wrapped__(  # type: ignore[attr-defined]  # uncached
+                factory, name=name, bound=bound)
         indexer_spec.__wrapped__()  # type: ignore[attr-defined]
     finally:
         vllm_classes.load_metadata_class.cache_clear()

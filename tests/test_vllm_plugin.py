@@ -1,4 +1,4 @@
-"""The vLLM plugin, against the real vLLM 0.33 package on CPU."""
+"""The vLLM plugin, against the installed real vLLM release (0.32, 0.33 or 0.34) on CPU."""
 
 from __future__ import annotations
 
@@ -15,17 +15,23 @@ from draftmeta.backends import vllm_classes
 from draftmeta.backends.indexer import indexer_spec
 from draftmeta.backends.mla import mla_spec
 from draftmeta.integrations.vllm import harness, plugin
+from draftmeta.integrations.vllm.catalogue import current_release
 from draftmeta.integrations.vllm.equivalence import random_case
 from draftmeta.testing import compare_metadata, random_state
 
 _cad = harness.common_metadata_for
 
+pytest.importorskip("vllm", reason="needs vLLM (pip install 'draftmeta[vllm]')")
+
+RELEASE = current_release()
 BUILDER_CLASSES = {
-    "CPU_MLA": "vllm.model_executor.layers.attention.mla_attention.MLACommonMetadataBuilder",
-    "TRITON_MLA": "vllm.v1.attention.backends.mla.triton_mla.TritonMLAMetadataBuilder",
-    "INDEXER": "vllm.v1.attention.backends.mla.indexer.DeepseekV32IndexerMetadataBuilder",
-    "KPOOL_TAIL": "vllm.v1.attention.backends.mla.indexer.KpoolTailMetadataBuilder",
+    e.name: f"{e.builder.module}.{e.builder.qualname}"
+    for e in RELEASE.builders if e.harness is not None
 }
+needs_older_proposer = pytest.mark.skipif(
+    "older_proposer" not in RELEASE.paths,
+    reason=f"vLLM {RELEASE.version} has no older proposer (build_for_drafting)",
+)
 
 
 def _class(path: str) -> type:
@@ -73,8 +79,11 @@ def test_vllms_loader_calls_register(monkeypatch: pytest.MonkeyPatch) -> None:
         vllm.plugins.load_general_plugins()
         info = plugin.installed()
         assert info is not None
-        assert "TritonMLAMetadataBuilder" in info.v1
-        assert "DeepseekV32IndexerMetadataBuilder" in info.v1
+        assert info.release == RELEASE.version
+        if "older_proposer" in RELEASE.paths:
+            assert {"TRITON_MLA", "INDEXER"} <= set(info.older_proposer)
+        else:
+            assert info.older_proposer == () and "CPU_MLA" in info.hook
         vllm.plugins.load_general_plugins()  # loaded once per process; register is idempotent
         plugin.register()
         assert plugin.installed() is info
@@ -83,13 +92,16 @@ def test_vllms_loader_calls_register(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_what_is_installed_where(active: plugin.Installed) -> None:
-    assert set(active.v1) >= {"MLACommonMetadataBuilder", "TritonMLAMetadataBuilder",
-                              "DeepseekV32IndexerMetadataBuilder", "FlashMLAMetadataBuilder"}
-    assert "FlashMLAMetadataBuilder" in active.v2  # upstream leaves it out
-    assert "TritonMLAMetadataBuilder" not in active.v2  # upstream covers it
+    if "older_proposer" in RELEASE.paths:
+        assert set(active.older_proposer) >= {"CPU_MLA", "AMX_MLA", "TRITON_MLA", "INDEXER",
+                                              "FLASHMLA", "KPOOL_TAIL"}
+    assert "CPU_MLA" in active.hook  # upstream leaves it without the hook
+    assert "TRITON_MLA" not in active.hook  # upstream covers it
+    assert "FLASHMLA" not in active.hook  # its Reset rule is not capture-safe
     reasons = " ".join(active.skipped.values())
-    assert "cannot be imported on this machine" in reasons  # FlashAttn-MLA on CPU
-    assert "vLLM's own update_draft_decode_metadata" in reasons
+    assert "FlashAttnMLAMetadataBuilder does not import here" in reasons
+    assert "vLLM's own hook" in reasons
+    assert "not capture-safe: decode.scheduler_metadata" in reasons
 
 
 def _v1_loop(builder: Any, state: Any, steps: int, policy: str) -> list[Any]:
@@ -104,6 +116,7 @@ def _v1_loop(builder: Any, state: Any, steps: int, policy: str) -> list[Any]:
     return out
 
 
+@needs_older_proposer
 @pytest.mark.parametrize("name", sorted(BUILDER_CLASSES))
 def test_older_proposer_path_equals_the_unpatched_builder(
     name: str, active: plugin.Installed
@@ -121,6 +134,7 @@ def test_older_proposer_path_equals_the_unpatched_builder(
         if name == "INDEXER":
             kwargs["block_table_width"] = state.block_table.shape[1]
         patched = harness.make_builder(name, config, **kwargs)
+        assert type(patched) is cls
         reference = harness.make_builder(name, config, **kwargs)
         results = _v1_loop(patched, state.clone(), case.steps, case.overflow)
         assert all(r is results[0] for r in results), "later steps must reuse the metadata"
@@ -215,18 +229,18 @@ def test_an_unsupported_version_leaves_vllm_untouched(
     import vllm
 
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
-    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    monkeypatch.setattr(vllm, "__version__", "0.35.0")
     plugin.unregister()
     before = _snapshot()
     with caplog.at_level(logging.WARNING, logger="draftmeta.vllm"):
         plugin.register()
     assert plugin.installed() is None and _snapshot() == before
     lines = [r.getMessage() for r in caplog.records if r.name == "draftmeta.vllm"]
-    assert lines == ["draftmeta: vLLM left untouched: vLLM 0.34.0 is not a supported release "
-                     "(0.33.x)"]
+    assert lines == ["draftmeta: vLLM left untouched: vLLM 0.35.0 is not a supported release "
+                     "(0.32 to 0.34)"]
 
 
-def test_a_removed_field_leaves_vllm_untouched(
+def test_a_removed_field_leaves_only_the_builders_that_need_it_untouched(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import vllm.model_executor.layers.attention.mla_attention as mla_module
@@ -242,16 +256,113 @@ def test_a_removed_field_leaves_vllm_untouched(
     mla_spec.cache_clear()
     indexer_spec.cache_clear()
     plugin.unregister()
-    before = _snapshot()
     try:
-        with caplog.at_level(logging.WARNING, logger="draftmeta.vllm"):
-            plugin.register()
-        assert plugin.installed() is None and _snapshot() == before
-        assert "vLLM left untouched" in caplog.text
-        assert "'decode.dcp_tot_seq_lens'" in caplog.text
+        plugin.register()
+        info = plugin.installed()
+        assert info is not None
+        assert "TRITON_MLA" not in info.older_proposer + info.hook
+        path = "older_proposer" if "older_proposer" in RELEASE.paths else "hook"
+        reason = info.skipped[f"CPU_MLA ({path})"]
+        assert "does not fit" in reason and "'decode.dcp_tot_seq_lens'" in reason
+        # the indexer's metadata does not use the removed class: it is still covered
+        assert "INDEXER" in info.older_proposer or "INDEXER (hook)" in info.skipped
     finally:
         monkeypatch.undo()
         vllm_classes.load_metadata_class.cache_clear()
         mla_spec.cache_clear()
         indexer_spec.cache_clear()
+        plugin.unregister()
+
+
+def test_a_builder_class_that_is_gone_is_skipped_and_the_others_patched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import vllm.v1.attention.backends.mla.triton_mla as triton_module
+
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.delattr(triton_module, "TritonMLAMetadataBuilder")
+    plugin.unregister()
+    try:
+        plugin.register()
+        info = plugin.installed()
+        assert info is not None
+        assert "TRITON_MLA" not in info.older_proposer + info.hook
+        assert "CPU_MLA" in info.older_proposer + info.hook
+        assert any("TritonMLAMetadataBuilder does not import here" in r
+                   for r in info.skipped.values())
+    finally:
+        plugin.unregister()
+
+
+def _older_loop_counts(name: str, seed: int = 3) -> tuple[Any, Any]:
+    """Run one older-proposer draft loop of 5 steps on builder ``name``; return the builder
+    and the metadata of the last step."""
+    case = random_case(name, seed)
+    state = random_state(torch.Generator().manual_seed(seed), batch_size=4,
+                         block_size=case.block_size, max_model_len=1024, steps=5)
+    config = harness.cached_vllm_config(max_model_len=1024, block_size=case.block_size)
+    builder = harness.make_builder(name, config, block_size=case.block_size)
+    return builder, _v1_loop(builder, state, 5, "wrap")[-1]
+
+
+@needs_older_proposer
+def test_amx_metadata_with_its_extra_attributes_is_updated_in_place(
+    active: plugin.Installed,
+) -> None:
+    plugin.reset_stats()
+    _older_loop_counts("AMX_MLA")
+    assert plugin.stats()["AMX_MLA"] == {"in_place": 4, "rebuilt": 0}
+
+
+@needs_older_proposer
+def test_an_attribute_the_spec_does_not_cover_keeps_that_builder_rebuilding(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The negative control of the test above: AMX's attributes without their rules."""
+    from draftmeta.backends.mla import MLASpec
+
+    entry = RELEASE.entry("AMX_MLA")
+    assert isinstance(entry.spec, MLASpec)
+    bare = MLASpec("dense", entry.spec.metadata, entry.spec.decode)
+
+    def without_attributes(*, policy: Any, dcp: bool = False, builder: Any = None) -> Any:
+        return bare(name="AMX_MLA", policy=policy, dcp=dcp, builder=builder)
+
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register(spec_overrides={"AMX_MLA": without_attributes})
+    try:
+        with caplog.at_level(logging.WARNING, logger="draftmeta.vllm"):
+            _older_loop_counts("AMX_MLA")
+            _older_loop_counts("AMX_MLA", seed=4)
+        assert plugin.stats()["AMX_MLA"] == {"in_place": 0, "rebuilt": 8}
+        lines = [r.getMessage() for r in caplog.records if r.name == "draftmeta.vllm"]
+        assert len(lines) == 2 and "AMX_MLA keeps rebuilding" in lines[0]
+        assert "decode.req_to_token (an attribute outside the class's fields)" in lines[0]
+    finally:
+        plugin.unregister()
+
+
+def test_the_hook_refuses_metadata_carrying_an_uncovered_attribute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from draftmeta import UpdateError
+
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register()
+    try:
+        state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                             max_model_len=512, steps=4)
+        config = harness.cached_vllm_config(max_model_len=512, block_size=16)
+        builder = harness.make_builder("CPU_MLA", config, block_size=16)
+        assert builder.supports_draft_decode_metadata_update is True
+        metadata = builder.build(0, _cad(state))
+        builder.update_draft_decode_metadata(metadata)  # covered: fine
+        metadata.decode.kernel_hint = torch.zeros(3)
+        fresh = builder.build(0, _cad(state))
+        fresh.decode.kernel_hint = torch.zeros(3)
+        with pytest.raises(UpdateError, match=r"decode\.kernel_hint.*DRAFTMETA_VLLM_PLUGIN=0"):
+            builder.update_draft_decode_metadata(fresh)
+    finally:
         plugin.unregister()

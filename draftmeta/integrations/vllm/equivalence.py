@@ -19,23 +19,35 @@ import torch
 
 from draftmeta.advance import OverflowPolicy, advance_state
 from draftmeta.backends.common import HostBoundPolicy
-from draftmeta.backends.indexer import indexer_spec, kpool_tail_spec
-from draftmeta.backends.mla import mla_spec
 from draftmeta.integrations.vllm import harness
+from draftmeta.integrations.vllm.catalogue import BuilderEntry
 from draftmeta.spec import DraftSpec
 from draftmeta.testing import Mismatch, compare_metadata, random_state
 
 __all__ = ["BUILDERS", "BatchResult", "CaseConfig", "check_batch", "random_case"]
 
-SpecFactory = Callable[[HostBoundPolicy], DraftSpec[Any]]
+SpecFactory = Callable[..., DraftSpec[Any]]
+"""``(policy, builder=None) -> spec``: the spec of a builder's metadata under a host-bound
+policy, bound to the live builder where one is given."""
 
-BUILDERS: dict[str, SpecFactory] = {
-    "CPU_MLA": lambda policy: mla_spec("common", policy=policy),
-    "TRITON_MLA": lambda policy: mla_spec("triton", policy=policy),
-    "INDEXER": lambda policy: indexer_spec(policy=policy),
-    "KPOOL_TAIL": lambda policy: kpool_tail_spec(kpool=64, policy=policy),
-}
-"""vLLM builders that construct on CPU, and the draftmeta spec of the metadata each builds."""
+
+def _builders() -> dict[str, SpecFactory]:
+    from draftmeta.integrations.vllm.catalogue import current_release
+
+    factories: dict[str, SpecFactory] = {}
+    for entry in current_release().builders:
+        if entry.harness is not None:
+            def factory(policy: HostBoundPolicy, builder: Any = None,
+                        entry: BuilderEntry = entry) -> DraftSpec[Any]:
+                return entry.make_spec(policy=policy, builder=builder)
+
+            factories[entry.name] = factory
+    return factories
+
+
+BUILDERS: dict[str, SpecFactory] = _builders()
+"""The installed release's builders that construct on a CPU (from its catalogue), and the
+spec of the metadata each builds."""
 
 _UNFILLED_ON_CPU = frozenset({"decode.schedule_metadata"})
 """Buffers vLLM allocates with ``torch.empty`` and fills only on CUDA with DeepGEMM: on CPU
@@ -97,7 +109,11 @@ def random_case(builder: str, seed: int, *, max_steps: int = 8) -> CaseConfig:
     def pick(options: list[Any]) -> Any:
         return options[int(torch.randint(len(options), (1,), generator=g))]
 
-    block_size = 64 if builder in ("INDEXER", "KPOOL_TAIL") else pick([16, 64])
+    from draftmeta.integrations.vllm.catalogue import current_release
+
+    recipe = current_release().entry(builder).harness
+    smallest = recipe.block_size if recipe is not None else 16
+    block_size = 64 if smallest == 64 else pick([smallest, 64])
     batch = pick([1, 1, 2, 3, 7, 16, 31, 64, int(torch.randint(1, 65, (1,), generator=g))])
     return CaseConfig(
         builder=builder,
@@ -122,7 +138,6 @@ def check_batch(case: CaseConfig, *, spec: DraftSpec[Any] | None = None) -> Batc
     ``spec`` overrides the builder's registered spec (``draftmeta verify`` uses this to show
     that a deliberately broken spec is caught).
     """
-    spec = spec or BUILDERS[case.builder](case.host_bound)
     config = harness.cached_vllm_config(
         max_model_len=case.max_model_len, block_size=case.block_size
     )
@@ -132,6 +147,7 @@ def check_batch(case: CaseConfig, *, spec: DraftSpec[Any] | None = None) -> Batc
         kwargs["block_table_width"] = width
     updater = harness.make_builder(case.builder, config, **kwargs)
     rebuilder = harness.make_builder(case.builder, config, **kwargs)
+    spec = spec or BUILDERS[case.builder](case.host_bound, updater)
 
     g = torch.Generator().manual_seed(case.seed)
     state = random_state(

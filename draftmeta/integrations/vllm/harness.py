@@ -1,8 +1,8 @@
 """Construct vLLM's real attention metadata builders on a CPU-only machine.
 
-Tests and benchmarks use this module to run vLLM 0.33's own ``build()`` code, not imitations
+Tests and benchmarks use this module to run vLLM's own ``build()`` code, not imitations
 of it. It creates a tiny DeepSeek-V3-style :class:`~vllm.config.VllmConfig` offline, constructs
-the builders that work without a GPU (``CPU_MLA``, ``TRITON_MLA`` and the DeepSeek-V3.2
+the builders that work without a GPU (``CPU_MLA``, ``AMX_MLA``, ``TRITON_MLA``, the DeepSeek-V3.2
 indexer), describes a decode-only batch (query length 1 per request) as a vLLM
 ``CommonAttentionMetadata`` that aliases the caller's tensors, and builds metadata from it.
 
@@ -35,12 +35,13 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.attention.backend import AttentionMetadataBuilder, CommonAttentionMetadata
 
+    from draftmeta.integrations.vllm.catalogue import HarnessRecipe
     from draftmeta.state import DraftState
 
 __all__ = [
-    "BUILDER_NAMES",
     "INDEXER_BLOCK_SIZE",
     "build_metadata",
+    "builder_names",
     "cached_vllm_config",
     "common_metadata_for",
     "make_builder",
@@ -48,9 +49,6 @@ __all__ = [
     "make_vllm_config",
     "prepare_environment",
 ]
-
-BUILDER_NAMES: Final = ("CPU_MLA", "TRITON_MLA", "INDEXER", "KPOOL_TAIL")
-"""Names accepted by :func:`make_builder`."""
 
 INDEXER_BLOCK_SIZE: Final = 64
 """The block size DeepSeek-V3.2 runs its indexer KV cache with (FlashMLA-sparse forces 64)."""
@@ -226,14 +224,32 @@ def cached_vllm_config(
     return config
 
 
+def _recipe(name: str) -> HarnessRecipe:
+    from draftmeta.integrations.vllm.catalogue import current_release
+
+    entry = current_release().entry(name)
+    if entry.harness is None:
+        raise ValueError(
+            f"{name} does not build on a machine without a GPU; builders that do: "
+            f"{', '.join(builder_names())}"
+        )
+    return entry.harness
+
+
+def builder_names() -> tuple[str, ...]:
+    """Builders of the installed release's catalogue that construct and build on a CPU."""
+    from draftmeta.integrations.vllm.catalogue import current_release
+
+    return tuple(b.name for b in current_release().builders if b.harness is not None)
+
+
 def _mla_backend(name: str) -> Any:
-    if name == "CPU_MLA":
-        from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+    import importlib
 
-        return CPUMLABackend
-    from vllm.v1.attention.backends.mla.triton_mla import TritonMLABackend
-
-    return TritonMLABackend
+    backend = _recipe(name).backend
+    if backend is None:
+        raise ValueError(f"{name}'s harness recipe names no attention backend")
+    return getattr(importlib.import_module(backend.module), backend.qualname)
 
 
 def _mla_layer(config: VllmConfig, name: str) -> Any:
@@ -301,29 +317,26 @@ def make_builder(
 ) -> AttentionMetadataBuilder[Any]:
     """Construct vLLM's real metadata builder ``name`` for ``config``.
 
-    ============  =============================================  ==========================
-    name          builder class                                  kv-cache spec
-    ============  =============================================  ==========================
-    CPU_MLA       ``MLACommonMetadataBuilder``                   the MLA layer's, head 576
-    TRITON_MLA    ``TritonMLAMetadataBuilder``                   the MLA layer's, head 576
-    INDEXER       ``DeepseekV32IndexerMetadataBuilder``          indexer cache, 132 x uint8
-    ============  =============================================  ==========================
-
-    For the MLA builders an ``MLAAttention`` layer is created (once per config and name, under
+    ``name`` is a catalogue name whose entry has a harness recipe (:func:`builder_names`):
+    for MLA builders (``CPU_MLA``, ``AMX_MLA``, ``TRITON_MLA``) an ``MLAAttention`` layer with
+    the recipe's backend is created (once per config and name, under
     ``set_current_vllm_config(config)``) and its kv-cache spec taken, with ``block_size`` put
-    in. Each call returns a new builder: builders own buffers that ``build()`` writes.
+    in; ``INDEXER`` and ``KPOOL_TAIL`` use the indexer cache's spec (132 x uint8 per token).
+    Each call returns a new builder: builders own buffers that ``build()`` writes.
 
     Args:
-        name: One of :data:`BUILDER_NAMES`.
+        name: a catalogue builder name with a harness recipe.
         config: A config from :func:`make_vllm_config` or :func:`cached_vllm_config`.
         block_size: The kv-cache spec's block size (for INDEXER, usually
-            :data:`INDEXER_BLOCK_SIZE`).
+            :data:`INDEXER_BLOCK_SIZE`; AMX_MLA needs a multiple of 32).
         block_table_width: INDEXER only: the block-table width W its buffers are sized for;
             defaults to ``ceil(max_model_len / block_size)``.
         device: The builders' device; only the CPU works without a GPU.
+
+    Raises:
+        ValueError: an unknown name, one that needs a GPU, or a non-positive block size.
     """
-    if name not in BUILDER_NAMES:
-        raise ValueError(f"unknown builder {name!r}; expected one of {BUILDER_NAMES}")
+    kind = _recipe(name).kind
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     prepare_environment()
@@ -331,13 +344,13 @@ def make_builder(
 
     dev = torch.device(device)
     with set_current_vllm_config(config):
-        if name == "KPOOL_TAIL":  # the GLM-5.3-Flash K-pool tail: block_size is the pool size
+        if kind == "kpool_tail":  # the GLM-5.3-Flash K-pool tail: block_size is the pool size
             from vllm.v1.attention.backends.mla.indexer import KpoolTailMetadataBuilder
 
             return KpoolTailMetadataBuilder(
                 _indexer_kv_cache_spec(config, block_size), [_INDEXER_LAYER_NAME], config, dev
             )
-        if name == "INDEXER":
+        if kind == "indexer":
             from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
 
             if block_table_width is None:
@@ -492,4 +505,7 @@ def build_metadata(
     """
     if draft_index is None:
         return builder.build(common_prefix_len=0, common_attn_metadata=cad)
-    return builder.build_for_drafting(cad, draft_index)
+    build_for_drafting = getattr(builder, "build_for_drafting", None)
+    if build_for_drafting is None:  # vLLM 0.34 removed it with the older proposer
+        return builder.build(common_prefix_len=0, common_attn_metadata=cad, fast_build=True)
+    return build_for_drafting(cad, draft_index)

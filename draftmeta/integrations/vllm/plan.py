@@ -1,0 +1,224 @@
+"""What draftmeta would do for each builder of the installed vLLM, decided without patching.
+
+:func:`make_plan` reads the installed release's catalogue, imports each builder class, declares
+its specs and decides, per draft path, who covers it: ``draftmeta`` (the plugin installs its
+generated update), ``vllm`` (vLLM's own hook) or ``none`` (rebuilt every draft step), with the
+reason. The plugin installs exactly this plan; ``draftmeta coverage`` prints it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import attrs
+
+from draftmeta.backends.common import HostBoundPolicy
+from draftmeta.errors import SpecError
+from draftmeta.integrations.vllm.catalogue import (
+    BuilderEntry,
+    DraftPath,
+    Release,
+    release,
+    supported_range,
+)
+from draftmeta.rules import Invalidate, Reset
+from draftmeta.spec import DraftSpec
+
+__all__ = [
+    "OVERRIDE_ENV",
+    "Decision",
+    "Plan",
+    "SpecOverride",
+    "capture_unsafe_reason",
+    "make_plan",
+]
+
+OVERRIDE_ENV = "DRAFTMETA_VLLM_OVERRIDE_UPSTREAM"
+"""Set to ``1`` to install draftmeta's hook also on builders vLLM covers itself."""
+
+SpecOverride = Callable[..., DraftSpec[Any]]
+"""A replacement spec factory for one builder (tests inject deliberately wrong specs with it):
+called like :meth:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.make_spec`."""
+
+CoveredBy = Literal["draftmeta", "vllm", "none"]
+
+
+@attrs.frozen
+class Decision:
+    """Who covers one builder on one draft path, and why.
+
+    Attributes:
+        entry: the catalogue entry.
+        path: the draft path.
+        covered_by: ``draftmeta``, ``vllm`` or ``none``.
+        reason: one line saying why.
+        cls: the imported builder class (``None`` where it cannot be imported here).
+    """
+
+    entry: BuilderEntry
+    path: DraftPath
+    covered_by: CoveredBy
+    reason: str
+    cls: type | None = None
+
+    @property
+    def installs(self) -> bool:
+        """Whether the plugin patches the builder on this path."""
+        return self.covered_by == "draftmeta"
+
+
+@attrs.frozen
+class Plan:
+    """The decisions for one vLLM installation.
+
+    Attributes:
+        version: the installed ``vllm.__version__``.
+        release: its catalogue.
+        decisions: one per builder and draft path of the release.
+    """
+
+    version: str
+    release: Release
+    decisions: tuple[Decision, ...]
+
+    def on(self, path: DraftPath) -> tuple[Decision, ...]:
+        """The decisions of one draft path."""
+        return tuple(d for d in self.decisions if d.path == path)
+
+    def blocking_full_capture(self) -> tuple[str, ...]:
+        """Builders that keep vLLM's new runner from updating (and capturing) the draft loop:
+        one group without the hook sends every group back to rebuilding."""
+        return tuple(d.entry.name for d in self.on("hook") if d.covered_by == "none")
+
+
+class Unsupported(Exception):
+    """The installed vLLM cannot be planned for at all (the message says why)."""
+
+
+def _override_upstream() -> bool:
+    return os.environ.get(OVERRIDE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _import_class(entry: BuilderEntry) -> type | None:
+    try:
+        module = importlib.import_module(entry.builder.module)
+    except Exception:
+        return None
+    cls = getattr(module, entry.builder.qualname, None)
+    return cls if isinstance(cls, type) else None
+
+
+def capture_unsafe_reason(spec: DraftSpec[Any]) -> str | None:
+    """Why ``spec``'s update cannot run inside a captured CUDA graph, or ``None`` if it can.
+
+    A replay repeats device work only: a rule that replaces a host object (``Reset``,
+    ``Invalidate``) or a recompute hook that declares itself unsafe would be skipped.
+    """
+    for path, rule in spec.rules.items():
+        if isinstance(rule, (Reset, Invalidate)):
+            return (f"{path} is replaced by a host object every step ({type(rule).__name__}), "
+                    "which a captured graph does not replay")
+        if getattr(getattr(rule, "hook", None), "capture_safe", True) is False:
+            return f"the recompute hook of {path} is not capture-safe"
+    return None
+
+
+def spec_for(
+    entry: BuilderEntry,
+    overrides: Mapping[str, SpecOverride] | None,
+    *,
+    policy: HostBoundPolicy,
+    dcp: bool = False,
+    builder: Any = None,
+) -> DraftSpec[Any]:
+    """The spec the plugin uses for ``entry``: an override where one is given, else the
+    catalogue's."""
+    override = (overrides or {}).get(entry.name)
+    if override is not None:
+        return override(policy=policy, dcp=dcp, builder=builder)
+    return entry.make_spec(policy=policy, dcp=dcp, builder=builder)
+
+
+def _older_proposer(entry: BuilderEntry, cls: type | None,
+                    overrides: Mapping[str, SpecOverride] | None) -> Decision:
+    if cls is None:
+        return Decision(entry, "older_proposer", "none",
+                        f"{entry.builder.qualname} does not import here: rebuilt")
+    try:
+        spec = spec_for(entry, overrides, policy="advance")
+    except SpecError as exc:
+        return Decision(entry, "older_proposer", "none",
+                        f"draftmeta's spec does not fit this vLLM: {exc}", cls)
+    if not spec.supported:
+        reasons = "; ".join(r for _, r in spec.unsupported_reasons)
+        return Decision(entry, "older_proposer", "none", f"rebuilt: {reasons}", cls)
+    return Decision(entry, "older_proposer", "draftmeta",
+                    f"in place after draft index 1 (spec {spec.name})", cls)
+
+
+def _hook(entry: BuilderEntry, cls: type | None,
+          overrides: Mapping[str, SpecOverride] | None) -> Decision:
+    upstream = entry.hook
+    if upstream != "none" and not _override_upstream():
+        return Decision(entry, "hook", "vllm", f"vLLM's own hook ({upstream})", cls)
+    if cls is None:
+        fallback: CoveredBy = "vllm" if upstream != "none" else "none"
+        return Decision(entry, "hook", fallback,
+                        f"{entry.builder.qualname} does not import here", cls)
+    if entry.name == "KPOOL_TAIL":
+        return Decision(entry, "hook", "vllm" if upstream != "none" else "none",
+                        "its metadata does not reference the block table draftmeta's spec "
+                        "derives the slot from; vLLM's own hook serves it", cls)
+    try:
+        spec = spec_for(entry, overrides, policy="frozen")
+    except SpecError as exc:
+        return Decision(entry, "hook", "none", f"draftmeta's spec does not fit: {exc}", cls)
+    if not spec.supported:
+        reasons = "; ".join(r for _, r in spec.unsupported_reasons)
+        return Decision(entry, "hook", "none", f"no hook: {reasons}", cls)
+    unsafe = capture_unsafe_reason(spec)
+    if unsafe is not None:
+        return Decision(entry, "hook", "none", f"no hook: not capture-safe: {unsafe}", cls)
+    return Decision(entry, "hook", "draftmeta",
+                    f"draftmeta's generated hook (spec {spec.name})", cls)
+
+
+def make_plan(
+    version: str, *, overrides: Mapping[str, SpecOverride] | None = None
+) -> Plan:
+    """Decide, for vLLM ``version`` as installed in this process, who covers each builder.
+
+    Raises:
+        Unsupported: no catalogue for ``version``, or vLLM's builder API lacks what the
+            release's draft paths need.
+    """
+    try:
+        catalogue = release(version)
+    except LookupError as exc:
+        raise Unsupported(
+            f"vLLM {version} is not a supported release ({supported_range()})"
+        ) from exc
+    try:
+        from vllm.v1.attention.backend import AttentionMetadataBuilder
+    except Exception as exc:
+        raise Unsupported(f"cannot import vLLM's attention backend API ({exc})") from exc
+    needs = {"hook": ("update_draft_decode_metadata", "supports_draft_decode_metadata_update"),
+             "older_proposer": ("build_for_drafting",)}
+    for path in catalogue.paths:
+        for name in needs[path]:
+            if not hasattr(AttentionMetadataBuilder, name):
+                raise Unsupported(
+                    f"vLLM {version}'s AttentionMetadataBuilder has no {name}, which the "
+                    f"{path} path of the {catalogue.version} catalogue relies on"
+                )
+    decisions = []
+    for entry in catalogue.builders:
+        cls = _import_class(entry)
+        if "older_proposer" in catalogue.paths:
+            decisions.append(_older_proposer(entry, cls, overrides))
+        if "hook" in catalogue.paths:
+            decisions.append(_hook(entry, cls, overrides))
+    return Plan(version, catalogue, tuple(decisions))
