@@ -144,14 +144,24 @@ def overflow_policies(spec: DraftSpec[Any]) -> dict[str, OverflowPolicy]:
 
 
 def check_policy(spec: DraftSpec[Any], policy: OverflowPolicy) -> None:
-    """Refuse a spec whose own advances overflow differently from the loop's source advance.
+    """Refuse a spec whose own advances move differently from the loop's source advance.
 
     A clamp spec in a wrap loop (or the reverse) would update without complaint and drift from
-    the state at ``max_model_len``.
+    the state at ``max_model_len``; an advance of every row would drift in padded rows.
 
     Raises:
         SpecError: naming the field, its policy and the loop's.
     """
+    for path, rule in spec.rules.items():
+        if isinstance(rule, Advance) and rule.rows != "num_reqs":
+            raise SpecError(
+                spec.name,
+                path,
+                "advances every row, but the draft loop's source advance leaves padded rows "
+                "(rows >= num_reqs) where they are, so the field would drift from the state "
+                "in padded rows",
+                "declare it Advance(..., rows='num_reqs')",
+            )
     for path, own in overflow_policies(spec).items():
         if own != policy:
             raise SpecError(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from draftmeta import DraftState, DraftUpdatable
+from draftmeta import DraftState, DraftUpdatable, Equals
 from draftmeta.integrations.vllm.catalogue import builder_spec
 from draftmeta.loop import AttentionGroup, CaptureError, DraftLoop, validate_state
 from draftmeta.protocol import SpecBuilder
@@ -109,8 +109,9 @@ def test_a_dcp_state_falls_back_for_a_spec_without_dcp() -> None:
     state = random_state(torch.Generator().manual_seed(1), batch_size=3, block_size=16,
                          max_model_len=512, steps=4)
     state.dcp_world_size, state.dcp_local_seq_lens = 2, torch.zeros_like(state.seq_lens)
-    spec = builder_spec("TRITON_MLA")
-    group = AttentionGroup("mla", SpecBuilder(spec), None, lambda s, i: "rebuilt")
+    spec = toy_spec(preconditions=[Equals("state.dcp_world_size", 1, name="no_dcp")])
+    group = AttentionGroup("mla", SpecBuilder(spec), toy_metadata(state),
+                           lambda s, i: "rebuilt")
     stats = DraftLoop([group], state).run(lambda i, m: None, 3)
     assert stats.fallbacks()["mla"].startswith("precondition 'no_dcp' failed")
 
