@@ -115,20 +115,28 @@ def test_the_command_rejects_k_outside_1_to_8() -> None:
 # -- a real engine ---------------------------------------------------------------------------
 
 
-def _wrong_spec(*, policy: str = "advance", dcp: bool = False, builder: Any = None) -> Any:
-    """CPU_MLA's shipped spec with one per-step rule made wrong: ``decode.seq_lens`` (a view of
-    the loop's ``seq_lens``, which vLLM's step kernel has already advanced) advanced again.
+def _one_short(num_reqs: int) -> int:
+    return num_reqs - 1
 
-    Replacing the alias with ``Unchanged`` would not do: on CPU_MLA every per-step tensor field
-    is a view of the loop's buffers, so a stale copy cannot arise and the update stays correct.
+
+def _wrong_spec(*, policy: str = "advance", dcp: bool = False, builder: Any = None) -> Any:
+    """CPU_MLA's shipped spec with one rule made wrong: ``num_actual_tokens`` derived as
+    ``num_reqs - 1`` (an off-by-one), so attention skips the last request's draft token.
+
+    It passes every check draftmeta can make (a host int, no tensor write). The usual
+    "replace a per-step rule with Unchanged" is no negative control on CPU_MLA: every per-step
+    tensor field there is a view of the loop's own buffers, so leaving it alone is correct, and
+    a wrong *write* to one (advancing ``decode.seq_lens`` again) is refused at run time by the
+    generated code's layout guard, after which the plugin rebuilds and the tokens stay equal.
     """
     from draftmeta.integrations.vllm.catalogue import builder_spec
-    from draftmeta.rules import Advance, Clamp
+    from draftmeta.rules import HostDerive
     from draftmeta.spec import DraftSpec
 
     real = builder_spec(BACKEND, policy=policy, dcp=dcp, builder=builder)  # type: ignore[arg-type]
     rules = dict(real.rules)
-    rules["decode.seq_lens"] = Advance(Clamp("max_model_len"))
+    rules["num_actual_tokens"] = HostDerive(_one_short, ["state.num_reqs"],
+                                            formula="state.num_reqs - 1")
     return DraftSpec(real.cls, rules, name="CPU_MLA.wrong", preconditions=real.preconditions,
                      nested=real.nested, dtypes=real.dtypes, attributes=real.attributes)
 
