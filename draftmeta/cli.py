@@ -1,4 +1,4 @@
-"""The ``draftmeta`` command: explain, verify, coverage, bench.
+"""The ``draftmeta`` command: explain, verify, coverage, bench, e2e.
 
 Exit codes: 0 success, 1 a check failed (``verify`` found a mismatch), 2 bad arguments.
 """
@@ -113,6 +113,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNG")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(run=_bench)
+
+    from draftmeta.e2e.cli import add_parser as add_e2e
+
+    add_e2e(sub)
     return p
 
 
