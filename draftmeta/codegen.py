@@ -480,8 +480,12 @@ class _Generator:
             self.emit(f"_path = {path!r}", 2)
             if isinstance(rule, Advance):
                 o = rule.overflow
-                if rule.rows:
-                    expr = f"{expr}[:state.{rule.rows}]"
+                if rule.rows:  # the leading rows' view, remade only when the tensor or count moves
+                    memo = self.ns.bind([None, None, None], f"rows_of_{path}")
+                    rows = f"state.{rule.rows}"
+                    self.emit(f"if {memo}[0] is not {expr} or {memo}[1] != {rows}:", 2)
+                    self.emit(f"{memo}[:] = ({expr}, {rows}, {expr}[:{rows}])", 3)
+                    expr = f"{memo}[2]"
                 if isinstance(o, Clamp):
                     limit = _plus(f"state.{o.bound}", o.offset)
                     self.emit(f"{expr}.add_({rule.by}).clamp_(max={limit})", 2)

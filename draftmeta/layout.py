@@ -18,6 +18,7 @@ a check costs one ``id`` per tensor and a list comparison.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -109,8 +110,13 @@ class LayoutGuard:
 
     def check(self, state: object, *args: object) -> tuple[str, str] | None:
         """``None`` if every write is safe, else ``(path, problem)``. Writes nothing."""
-        buffers = () if self._owns_state else tuple(getattr(state, n) for n in STATE_BUFFERS)
-        held = (*args, *buffers)
+        if self._owns_state:
+            buffers: tuple[object, ...] = ()
+        else:
+            s: Any = state  # the six buffers, in STATE_BUFFERS order, without a generator
+            buffers = (s.positions, s.seq_lens, s.slot_mapping, s.block_table, s.query_start_loc,
+                       s.dcp_local_seq_lens)
+        held = args + buffers
         ids = list(map(id, held))
         if ids == self._ids:
             return None
