@@ -150,7 +150,7 @@ def _cpu_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Samp
                             if path == "rebuild":
                                 cad.max_seq_len = state.max_seq_len
                                 t1 = time.perf_counter_ns()
-                                builder.build_for_drafting(cad, step)
+                                harness.build_metadata(builder, cad, draft_index=step)
                             else:
                                 spec.update(metadata, state)
                             t2 = time.perf_counter_ns()

@@ -325,9 +325,9 @@ def test_flashmla_fp8_tile_schedule_hook(seed: int) -> None:
 def test_recorded_class_lists_match_the_installed_vllm() -> None:
     import json
 
-    from draftmeta.backends.vllm_classes import RECORDED, ClassRef, record
+    from draftmeta.backends.vllm_classes import ClassRef, record, recorded_path
 
-    recorded = json.loads(RECORDED.read_text())
+    recorded = json.loads(recorded_path().read_text())
     refs = [ClassRef(*key.split(":")) for key in recorded["classes"]]
     assert record(refs)["classes"] == recorded["classes"]
 

