@@ -19,6 +19,7 @@ import torch
 from draftmeta.workspace import Workspace
 
 __all__ = [
+    "argument_problem",
     "CopyFrom",
     "DcpLocalSeqLens",
     "Derivation",
@@ -112,7 +113,7 @@ def _int(x: object) -> int:
     return x
 
 
-def _kinds(inputs: tuple[object, ...], kinds: tuple[Argument, ...]) -> str | None:
+def argument_problem(inputs: tuple[object, ...], kinds: tuple[Argument, ...]) -> str | None:
     """What is wrong with the number or kinds of ``inputs``, or ``None``."""
     if len(inputs) != len(kinds):
         return f"takes {len(kinds)} input(s), got {len(inputs)}"
@@ -164,7 +165,7 @@ class SlotMapping(Derivation):
     arguments: ClassVar[tuple[Argument, ...]] = ("tensor", "tensor", "tensor", "int", "int")
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
-        problem = _kinds(inputs, self.arguments)
+        problem = argument_problem(inputs, self.arguments)
         if problem is not None:
             return problem
         positions, block_table, seq_lens = map(_tensor, inputs[:3])
@@ -231,7 +232,7 @@ class DcpLocalSeqLens(Derivation):
     arguments: ClassVar[tuple[Argument, ...]] = ("tensor", "int", "int", "int")
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
-        problem = _kinds(inputs, self.arguments)
+        problem = argument_problem(inputs, self.arguments)
         if problem is not None:
             return problem
         seq_lens = _tensor(inputs[0])
@@ -272,7 +273,7 @@ class TokenToRequest(Derivation):
     arguments: ClassVar[tuple[Argument, ...]] = ("tensor", "int")
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
-        problem = _kinds(inputs, self.arguments)
+        problem = argument_problem(inputs, self.arguments)
         if problem is not None:
             return problem
         qsl = _tensor(inputs[0])
@@ -314,7 +315,7 @@ class Fill(Derivation):
         return f"every element = {self.value}"
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
-        return _kinds(inputs, self.arguments)
+        return argument_problem(inputs, self.arguments)
 
     def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
         out.fill_(self.value)
@@ -343,7 +344,7 @@ class CopyFrom(Derivation):
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
         if len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor):
-            return _kinds(inputs, self.arguments)
+            return argument_problem(inputs, self.arguments)
         src = inputs[0]
         if out.shape == src.shape:  # the common case, one cheap comparison
             return None if out.device == src.device else _same_device(out, src)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from mypy import api as mypy_api
 
 from draftmeta import (
     Alias,
@@ -93,6 +92,7 @@ def test_base_without_a_spec_says_so() -> None:
 @pytest.fixture(scope="module")
 def mypy_output() -> dict[str, str]:
     """One mypy --strict run over every typing case (torch's stubs make each run slow)."""
+    mypy_api = pytest.importorskip("mypy.api", reason="needs mypy (pip install mypy)")
     files = sorted(CASES.glob("*.py"))
     stdout, stderr, _ = mypy_api.run(
         ["--strict", "--no-incremental", "--cache-dir=/dev/null", *map(str, files)]

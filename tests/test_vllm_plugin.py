@@ -277,19 +277,20 @@ def test_a_removed_field_leaves_only_the_builders_that_need_it_untouched(
 def test_a_builder_class_that_is_gone_is_skipped_and_the_others_patched(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import vllm.v1.attention.backends.mla.triton_mla as triton_module
+    import vllm.v1.attention.backends.mla.tokenspeed_mla as tokenspeed_module
 
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
-    monkeypatch.delattr(triton_module, "TritonMLAMetadataBuilder")
+    monkeypatch.delattr(tokenspeed_module, "TokenspeedMLAMetadataBuilder")
     plugin.unregister()
     try:
         plugin.register()
         info = plugin.installed()
         assert info is not None
-        assert "TRITON_MLA" not in info.older_proposer + info.hook
+        assert "TOKENSPEED_MLA" not in info.older_proposer + info.hook
         assert "CPU_MLA" in info.older_proposer + info.hook
-        assert any("TritonMLAMetadataBuilder does not import here" in r
-                   for r in info.skipped.values())
+        for path in RELEASE.paths:
+            assert "TokenspeedMLAMetadataBuilder does not import here" in info.skipped[
+                f"TOKENSPEED_MLA ({path})"]
     finally:
         plugin.unregister()
 
@@ -366,3 +367,86 @@ def test_the_hook_refuses_metadata_carrying_an_uncovered_attribute(
             builder.update_draft_decode_metadata(fresh)
     finally:
         plugin.unregister()
+
+
+def _stale_cpu_mla(*, policy: Any, dcp: bool = False, builder: Any = None) -> Any:
+    """CPU_MLA's spec with its host ``max_seq_len`` frozen: deliberately stale."""
+    from draftmeta import DraftSpec, HostConstant
+
+    good = RELEASE.entry("CPU_MLA").make_spec(policy=policy, dcp=dcp, builder=builder)
+    return DraftSpec(good.cls, {**good.rules, "max_seq_len": HostConstant()}, name="stale",
+                     nested=good.nested, preconditions=good.preconditions)
+
+
+def _shadow_run(monkeypatch: pytest.MonkeyPatch, interval: str, loops: int) -> list[Any]:
+    """Register with the stale CPU_MLA spec, run ``loops`` older-proposer draft loops of 4
+    steps; return each loop's last metadata next to what the unpatched builder builds."""
+    from draftmeta.shadow import reset_sentinels
+
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setenv("DRAFTMETA_SHADOW", interval)
+    reset_sentinels()
+    plugin.unregister()
+    plugin.register(spec_overrides={"CPU_MLA": _stale_cpu_mla})
+    cls = _class(BUILDER_CLASSES["CPU_MLA"])
+    original = cls.build_for_drafting.__wrapped__  # type: ignore[attr-defined]
+    pairs = []
+    try:
+        for seed in range(loops):
+            state = random_state(torch.Generator().manual_seed(seed), batch_size=3,
+                                 block_size=16, max_model_len=1024, steps=4)
+            config = harness.cached_vllm_config(max_model_len=1024, block_size=16)
+            builder = harness.make_builder("CPU_MLA", config, block_size=16)
+            check = state.clone()
+            last = _v1_loop(builder, state, 4, "wrap")[-1]
+            for _ in range(3):
+                advance_state(check, "wrap")
+            reference = harness.make_builder("CPU_MLA", config, block_size=16)
+            pairs.append((last, original(reference, _cad(check), 4)))
+    finally:
+        plugin.unregister()
+        reset_sentinels()
+    return pairs
+
+
+@needs_older_proposer
+def test_shadow_mode_catches_a_stale_spec_and_switches_that_builder_back_to_rebuilding(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="draftmeta.shadow"):
+        pairs = _shadow_run(monkeypatch, "2", loops=4)
+    assert all(compare_metadata(last, want) == [] for last, want in pairs)
+    lines = [r.getMessage() for r in caplog.records if r.name == "draftmeta.shadow"]
+    assert len(lines) == 1 and "builder CPU_MLA: field max_seq_len is stale" in lines[0]
+
+
+@needs_older_proposer
+def test_without_shadow_mode_the_same_stale_spec_goes_unnoticed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The negative control of the test above: the spec really is stale."""
+    with caplog.at_level(logging.WARNING, logger="draftmeta.shadow"):
+        pairs = _shadow_run(monkeypatch, "0", loops=2)
+    assert all([m.path for m in compare_metadata(last, want)] == ["max_seq_len"]
+               for last, want in pairs)
+    assert not [r for r in caplog.records if r.name == "draftmeta.shadow"]
+
+
+@needs_older_proposer
+def test_shadow_mode_never_switches_off_a_correct_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    from draftmeta.shadow import reset_sentinels, sentinel_for
+
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setenv("DRAFTMETA_SHADOW", "1")
+    reset_sentinels()
+    plugin.unregister()
+    plugin.register()
+    try:
+        for seed in range(3):
+            _older_loop_counts("TRITON_MLA", seed)
+        sentinel = sentinel_for("TRITON_MLA")
+        assert sentinel.checks == 12 and sentinel.mismatches == 0 and not sentinel.switched_off
+        assert plugin.stats()["TRITON_MLA"] == {"in_place": 12, "rebuilt": 0}
+    finally:
+        plugin.unregister()
+        reset_sentinels()

@@ -25,7 +25,7 @@ from draftmeta.backends.common import HostBoundPolicy, decode_only, max_seq_len_
 from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule, PagedMqaCompute
 from draftmeta.backends.vllm_classes import ClassRef, load_metadata_class
 from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameValue
-from draftmeta.derivations import CopyFrom, Derivation, Fill
+from draftmeta.derivations import Argument, CopyFrom, Derivation, Fill, argument_problem
 from draftmeta.rules import Alias, Derive, HostConstant, Recompute, Rule, Unchanged
 from draftmeta.spec import DraftSpec
 from draftmeta.workspace import Workspace
@@ -69,7 +69,8 @@ class KpoolTailSlot(Derivation):
     """
 
     name: ClassVar[str] = "kpool_tail_slot"
-    kpool: int = 64
+    arguments: ClassVar[tuple[Argument, ...]] = ("tensor", "tensor", "tensor", "int")
+    kpool: int = attrs.field(default=64, validator=attrs.validators.ge(1))
 
     @property
     def formula(self) -> str:  # type: ignore[override]
@@ -77,14 +78,20 @@ class KpoolTailSlot(Derivation):
                 "0); rows past num_reqs: the main slot")
 
     def check(self, out: torch.Tensor, *inputs: object) -> str | None:
-        positions, table, main = inputs[0], inputs[1], inputs[2]
+        problem = argument_problem(inputs, self.arguments)
+        if problem is not None:
+            return problem
+        positions, table, main, num_reqs = inputs
         assert isinstance(positions, torch.Tensor) and isinstance(table, torch.Tensor)
-        assert isinstance(main, torch.Tensor)
+        assert isinstance(main, torch.Tensor) and isinstance(num_reqs, int)
         if out.shape != main.shape or positions.shape[0] < out.shape[0]:
             return (f"slot mapping {tuple(out.shape)} does not match the main one "
                     f"{tuple(main.shape)} and positions {tuple(positions.shape)}")
         if table.dim() != 2 or out.dtype != torch.int64:
             return f"needs an int64 slot mapping and a 2-D block table, got {out.dtype}"
+        if not 0 <= num_reqs <= min(out.shape[0], table.shape[0]):
+            return (f"num_reqs {num_reqs} exceeds the slot mapping ({out.shape[0]} rows) or "
+                    f"the block table ({table.shape[0]} rows)")
         return None
 
     def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:

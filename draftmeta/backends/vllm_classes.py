@@ -257,9 +257,11 @@ def _main() -> None:
     release = current_release()
     refs = {ref for entry in release.builders for ref in entry.classes}
     data = record(sorted(refs, key=str))
+    classes = data["classes"]
+    assert isinstance(classes, dict)
     path = recorded_path()
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    print(f"recorded {len(data['classes'])} classes of vLLM {data['vllm']} in {path}")
+    print(f"recorded {len(classes)} classes of vLLM {data['vllm']} in {path}")
 
 
 if __name__ == "__main__":

@@ -14,14 +14,16 @@ re-initialised so that attention matters.
 
 Modules, one job each:
 
+* :mod:`draftmeta.e2e.errors`: the errors a run raises;
 * :mod:`draftmeta.e2e.environment`: the vLLM build check, environment variables, AMX detection;
+* :mod:`draftmeta.e2e.patching`: class attributes replaced for a run and restored exactly;
 * :mod:`draftmeta.e2e.model`: the tiny model's config and the weight re-initialisation;
 * :mod:`draftmeta.e2e.capture`: what a run records (draft tokens, hidden-state digests,
   refresh timings and in-place / rebuild counts per backend);
-* :mod:`draftmeta.e2e.engine`: one engine, plugin off or on, over a set of prompt batches;
+* :mod:`draftmeta.e2e.engine`: fresh engines, plugin off and on, measured side by side;
 * :mod:`draftmeta.e2e.compare`: the matrix of backends, batch sizes and K, off against on;
 * :mod:`draftmeta.e2e.report`: JSON, Markdown and PNG;
-* :mod:`draftmeta.e2e.cli`: the ``draftmeta e2e`` command.
+* :mod:`draftmeta.e2e.cli`: the ``draftmeta e2e`` command (also ``python -m draftmeta.e2e``).
 
 Nothing here imports vLLM at import time.
 """

@@ -29,10 +29,18 @@ catalogue entry or keeps vLLM's behaviour.
 
 ``DRAFTMETA_VLLM_PLUGIN=0`` turns the plugin off; vLLM's ``VLLM_PLUGINS`` allow-list works as
 usual. :func:`unregister` restores every patched attribute exactly.
+
+**Shadow mode** (older proposer path): with ``DRAFTMETA_SHADOW=N`` every Nth draft loop of a
+builder also rebuilds its metadata at each later draft index and compares it field by field
+with the in-place update (:mod:`draftmeta.shadow`); on a mismatch it logs one line with the
+builder and the field, counts it, returns the rebuilt metadata and switches that builder back
+to rebuilding for the rest of the process. Unset, it costs nothing but one attribute test per
+draft loop. (The hook path runs inside a captured graph, where a rebuild cannot run.)
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -52,6 +60,7 @@ from draftmeta.integrations.vllm.plan import (
     make_plan,
     spec_for,
 )
+from draftmeta.shadow import sentinel_for
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
@@ -230,6 +239,7 @@ class _OlderCache:
     metadata: Any
     state: DraftState
     spec: DraftSpec[Any]
+    shadowed: bool = False  # this draft loop also rebuilds and compares (DRAFTMETA_SHADOW)
 
 
 def _state_from_cad(cad: Any, builder: Any) -> DraftState:
@@ -272,6 +282,8 @@ def _older_build_for_drafting(
                 logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
                 self._draftmeta_older = None
             else:
+                if cache.shadowed:
+                    return _shadow_step(self, original, cache, entry.name, draft_index)
                 counters.in_place += 1
                 return cache.metadata
         if draft_index > 1:
@@ -279,9 +291,9 @@ def _older_build_for_drafting(
         metadata = original(self, common_attn_metadata, draft_index)
         self._draftmeta_older = None
         if draft_index == 1 and not self.__dict__.get("_draftmeta_uncovered"):
-            dcp = getattr(self, "dcp_world_size", 1) > 1
-            if dcp:
-                return metadata  # vLLM's older proposer keeps DCP lengths in the builder
+            sentinel = sentinel_for(entry.name)
+            if getattr(self, "dcp_world_size", 1) > 1 or sentinel.switched_off:
+                return metadata  # DCP: the older proposer keeps DCP lengths in the builder
             spec = spec_for(entry, overrides, policy="advance", builder=self)
             uncovered = spec.uncovered(metadata)
             if uncovered:
@@ -292,7 +304,10 @@ def _older_build_for_drafting(
                 )
                 return metadata
             state = _state_from_cad(common_attn_metadata, self)
-            self._draftmeta_older = _OlderCache(common_attn_metadata, metadata, state, spec)
+            shadowed = sentinel.enabled and sentinel.should_check()
+            self._draftmeta_older = _OlderCache(
+                common_attn_metadata, metadata, state, spec, shadowed
+            )
         return metadata
 
     build_for_drafting.__qualname__ = f"{cls.__qualname__}.build_for_drafting"
@@ -301,6 +316,26 @@ def _older_build_for_drafting(
     )
     build_for_drafting.__wrapped__ = original  # type: ignore[attr-defined]
     return build_for_drafting
+
+
+def _shadow_step(
+    builder: Any, original: Callable[..., Any], cache: _OlderCache, name: str, draft_index: int
+) -> Any:
+    """A shadowed draft step: rebuild beside the in-place update and compare field by field.
+
+    The updated metadata is copied first (builders may rebuild into the buffers it views).
+    On a mismatch the sentinel logs once and switches the builder off; the rebuilt metadata is
+    returned and the builder rebuilds from then on.
+    """
+    counters = _stats[name]
+    updated = copy.deepcopy(cache.metadata)
+    rebuilt = original(builder, cache.cad, draft_index)
+    if sentinel_for(name).compare(updated, rebuilt) is not None:
+        builder._draftmeta_older = None
+        counters.rebuilt += 1
+        return rebuilt
+    counters.in_place += 1
+    return cache.metadata
 
 
 # -- the hook (new model runner) ------------------------------------------------------------
