@@ -183,7 +183,7 @@ class DraftLoop:
         elif fused and state.device.type != "cuda":
             raise ValueError(f"fused=True needs the state on CUDA, it is on {state.device}")
         self._fused_enabled = fused
-        self._fused: Any = None  # the FusedStep, built on the first refresh
+        self._fused: Any = None  # the StepGraph (fused kernel), built on the first refresh
         self._fused_groups: list[AttentionGroup] = []
         self._fused_names: set[str] = set()
         self.stats = LoopStats()
@@ -220,14 +220,16 @@ class DraftLoop:
     def _refresh_fused(self, draft_index: int) -> bool:
         """The fused path; False (having written nothing) if a check failed."""
         if self._fused is None:  # the groups fused and the kernel are decided once
-            from draftmeta.fused import FusedStep
+            from draftmeta.step_graph import StepGraph
 
             self._fused_groups = [
                 g for g in self.groups
                 if self.stats.groups[g.name].path == "update" and spec_of(g.builder) is not None
             ]
             self._fused_names = {g.name for g in self._fused_groups}
-            self._fused = FusedStep(
+            # the fused kernel, its launch cached in a per-step CUDA graph (host time per step
+            # below vLLM's own step on the H200; launched directly inside an enclosing capture)
+            self._fused = StepGraph(
                 self.state,
                 [(spec_of(g.builder), g.metadata) for g in self._fused_groups],  # type: ignore[misc]
                 policy=self.policy,
