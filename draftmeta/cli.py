@@ -110,7 +110,11 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-sizes", type=_positive, nargs="+", default=[1, 8, 64, 256])
     b.add_argument("--max-steps", type=_steps, default=8, help="K runs from 2 to this")
     b.add_argument("--repeats", type=_positive, default=12)
-    b.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNG")
+    b.add_argument(
+        "--out", default="draftmeta-results",
+        help="folder for JSON and PNG (default: draftmeta-results; --out benchmarks/results "
+             "rewrites the committed results of a checkout)",
+    )
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(run=_bench)
 
