@@ -51,22 +51,49 @@ def _bench(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             print("draftmeta bench: --device cuda needs a CUDA device", file=sys.stderr)
             return 2
+    out = Path(args.out)
+    for folder in (out, *out.parents):  # fail before the run, not after it
+        if folder.exists():
+            if not folder.is_dir():
+                raise UsageError(
+                    f"--out {out}: {folder} is a file, not a folder; name a folder for the results"
+                )
+            break
     config = BenchConfig(
         device=args.device,
         batch_sizes=tuple(args.batch_sizes),
         steps=tuple(range(2, args.max_steps + 1)),
         repeats=args.repeats,
     )
-    samples = run_bench(config, progress=not args.quiet)
+    try:
+        samples = run_bench(config, progress=not args.quiet)
+    except ValueError as exc:  # vLLM's config refuses a batch size, a block size, ...
+        raise UsageError(f"vLLM refused this configuration: {exc}") from exc
     print(table(summarize(samples)))
-    paths = write_results(samples, config, Path(args.out))
+    paths = write_results(samples, config, out)
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}")
     return 0
 
 
+_SEED_LIMIT = 2**63
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value < _SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1, got {text}")
+    return value
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
@@ -95,7 +122,7 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     v.add_argument("--batches", type=_positive, default=50, help="random batches per backend")
     v.add_argument("--steps", type=_steps, default=8, help="largest number of draft steps K")
-    v.add_argument("--seed", type=int, default=0, help="first seed")
+    v.add_argument("--seed", type=_seed, default=0, help="first seed (default: 0)")
     v.set_defaults(run=_verify)
 
     c = sub.add_parser(
@@ -125,11 +152,31 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code."""
+    """Run the command line; returns the exit code.
+
+    A user mistake the parser cannot see (an output folder that is a file, a batch size vLLM's
+    config refuses) ends with one line on stderr and exit 2; Ctrl-C with exit 130.
+    """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     args = parser().parse_args(argv)
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+    except KeyboardInterrupt:
+        print(f"draftmeta {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:  # an output path that cannot be written
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"draftmeta {args.command}: cannot write{where} ({exc.strerror or exc})",
+              file=sys.stderr)
+        return 2
+    except UsageError as exc:
+        print(f"draftmeta {args.command}: {exc}", file=sys.stderr)
+        return 2
     return code
+
+
+class UsageError(Exception):
+    """A command-line value the parser accepted but the run cannot use (exit 2, one line)."""
 
 
 if __name__ == "__main__":

@@ -118,3 +118,42 @@ def test_bench_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFixture
     assert ("INDEXER", "rebuild") in paths and ("CPU_MLA", "update") in paths
     assert all(r["host_median_us"] > 0 for r in data["summary"])
     assert (tmp_path / "bench-cpu.png").stat().st_size > 10_000
+
+
+def test_a_seed_beyond_63_bits_is_refused_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["verify", "--seed", str(2**64)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "must be between 0 and 2**63 - 1" in err and "Traceback" not in err
+
+
+def test_bench_output_under_a_regular_file_exits_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "results"
+    blocker.write_text("not a folder")
+    assert main(["bench", "--out", str(blocker), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"draftmeta bench: --out {blocker}: {blocker} is a file, not a folder; name a folder "
+        "for the results\n"
+    )
+    nested = blocker / "deeper"
+    assert main(["bench", "--out", str(nested), "--quiet"]) == 2
+    assert capsys.readouterr().err.endswith(f"{blocker} is a file, not a folder; name a "
+                                            "folder for the results\n")
+
+
+def test_ctrl_c_during_verify_exits_130_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import draftmeta.verify
+
+    def interrupted(**_: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(draftmeta.verify, "verify", interrupted)
+    assert main(["verify", "--batches", "1"]) == 130
+    assert capsys.readouterr().err == "draftmeta verify: interrupted\n"
