@@ -143,6 +143,9 @@ def _wrong_spec(*, policy: str = "advance", dcp: bool = False, builder: Any = No
 
 def _matrix(**overrides: Any) -> Any:
     from draftmeta.e2e.compare import MatrixConfig, run_matrix
+    from draftmeta.integrations.vllm import plugin
+
+    plugin.unregister()  # an earlier test may have left it installed; the run installs its own
 
     config = MatrixConfig(backends=(BACKEND,), batch_sizes=(4,), ks=(3,), max_tokens=32,
                           warmups=0, repeats=2, **overrides)
