@@ -11,13 +11,16 @@ Parts (each guarded: a failure is logged with its traceback and the next part ru
    sync) and wall time per step (synchronised rounds) for the same two groups over one state:
    vLLM's step (its ``eagle_step_update_slot_mapping_and_metadata`` kernel, the host fields it
    moves, then both builders' ``build_for_drafting``) next to draftmeta's eager advance +
-   update, the fused step, the step graph (:mod:`draftmeta.step_graph`) and the captured loop.
+   update, the fused step (``FusedStep`` called directly), the step graph
+   (:mod:`draftmeta.step_graph`, called directly and through ``DraftLoop(fused=True)``, whose
+   fused path it is) and the captured loop.
 3. ``draft_loop``: a draft layer whose attention is vLLM's Triton MLA decode kernel
    (``decode_attention_fwd(..., is_mla=True)``, paged KV cache, block size 64) fed by the
    metadata, for a DeepSeek-V2-Lite-sized and a GLM-5.1-sized layer, K = 1..5, batch 1..64:
    draft tokens/s for (a) eager + vLLM's rebuild per step, (b) eager + draftmeta's update
-   (unfused, fused, step graph), (c) the whole K-step loop in one CUDA graph with the fused
-   update; the draft tokens of every path are compared with (a)'s.
+   (unfused ``DraftLoop``, ``FusedStep`` directly, ``StepGraph`` directly, ``DraftLoop(fused=True)``
+   which runs a ``StepGraph``), (c) the whole K-step loop in one CUDA graph with the fused update;
+   the draft tokens of every path are compared with (a)'s.
 
 Writes ``draft-loop-h200.json`` to ``--out`` (``$OUT`` on the device machine).
 """
@@ -48,6 +51,7 @@ from vllm_cuda import use_cuda, vllm_version  # noqa: E402
 harness = use_cuda()
 
 from draftmeta.advance import advance_state  # noqa: E402
+from draftmeta.fused import FusedStep  # noqa: E402
 from draftmeta.integrations.vllm.equivalence import BUILDERS as SPECS  # noqa: E402
 from draftmeta.loop import AttentionGroup, DraftLoop  # noqa: E402
 from draftmeta.protocol import SpecBuilder  # noqa: E402
@@ -264,12 +268,14 @@ def _metadata_case(batch: int, k: int, rounds: int) -> list[dict[str, Any]]:
     fused = DraftLoop(fused_groups, state, policy=POLICY, host_bound="advance", fused=True)
     _, m, i = groups("advance")
     graph_step = StepGraph(state, [m, i], policy=POLICY, host_bound="advance")
+    _, fm, fi = groups("advance")
+    fused_step = FusedStep(state, [fm, fi], policy=POLICY, host_bound="advance")
     cap_groups, _, _ = groups("frozen")
     cap_loop = DraftLoop(cap_groups, state, policy=POLICY, host_bound="frozen", fused=True)
     snap.restore()
     captured = cap_loop.capture(lambda i, m: None, k)
 
-    host_meta = [g.metadata for g in eager_groups + fused_groups] + [m[1], i[1]]
+    host_meta = [g.metadata for g in eager_groups + fused_groups] + [m[1], i[1], fm[1], fi[1]]
     base_meta_max = [mm.max_seq_len for mm in host_meta]
 
     def reset() -> None:
@@ -283,8 +289,9 @@ def _metadata_case(batch: int, k: int, rounds: int) -> list[dict[str, Any]]:
         "vLLM step (advance kernel + MLA build + indexer build)": vstep,
         "vLLM step (advance kernel + MLA build)": vllm_mla,
         "draftmeta eager advance + update": eager.refresh,
-        "draftmeta fused step": fused.refresh,
-        "draftmeta step graph": lambda index: graph_step(),
+        "draftmeta fused step (FusedStep, one Triton launch)": lambda index: fused_step(),
+        "draftmeta step graph (StepGraph)": lambda index: graph_step(),
+        "draftmeta DraftLoop fused=True (runs a StepGraph)": fused.refresh,
     }
     for name, fn in paths.items():
         host: list[float] = []
@@ -325,7 +332,10 @@ def _metadata_case(batch: int, k: int, rounds: int) -> list[dict[str, Any]]:
                  "host_median_us": _median(host), "host_p90_us": _p90(host),
                  "wall_median_us": _median(wall), "n": len(host)})
     log(f"batch {batch}: step graph captures {graph_step.captures}, replays "
-        f"{graph_step.replays}, direct launches {graph_step.direct_launches}")
+        f"{graph_step.replays}, direct launches {graph_step.direct_launches}; DraftLoop's: "
+        f"{type(fused._fused).__name__} captures {getattr(fused._fused, 'captures', '-')}, "
+        f"replays {getattr(fused._fused, 'replays', '-')}, direct launches "
+        f"{getattr(fused._fused, 'direct_launches', '-')}")
     return rows
 
 
@@ -495,12 +505,16 @@ def _draft_loop_case(layer_name: str, layer: DraftLayer, state: DraftState, snap
                       state, policy=POLICY, host_bound="advance", fused=True)
     meta_g, spec_g = build_meta("advance")
     graph_step = StepGraph(state, [(spec_g, meta_g)], policy=POLICY, host_bound="advance")
+    meta_s, spec_s = build_meta("advance")
+    fused_step = FusedStep(state, [(spec_s, meta_s)], policy=POLICY, host_bound="advance")
 
-    def round_step_graph() -> None:
-        layer.forward(0, meta_g)
-        for index in range(1, k):
-            graph_step()
-            layer.forward(index, meta_g)
+    def round_direct(step: Callable[[], None], meta: Any) -> Callable[[], None]:
+        def run() -> None:
+            layer.forward(0, meta)
+            for index in range(1, k):
+                step()
+                layer.forward(index, meta)
+        return run
 
     # (c) the whole K-step loop in one CUDA graph, fused update
     meta_c, spec_c = build_meta("frozen")
@@ -521,7 +535,7 @@ def _draft_loop_case(layer_name: str, layer: DraftLayer, state: DraftState, snap
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         round_c_eager()
-    hosts = [meta_e, meta_f, meta_g]
+    hosts = [meta_e, meta_f, meta_g, meta_s]
     host_max = [m.max_seq_len for m in hosts]
 
     def reset() -> None:
@@ -534,8 +548,9 @@ def _draft_loop_case(layer_name: str, layer: DraftLayer, state: DraftState, snap
     paths: dict[str, Callable[[], None]] = {
         "(a) eager + vLLM rebuild": round_vllm,
         "(b) eager + draftmeta update": loop_round(eager),
-        "(b) eager + draftmeta fused step": loop_round(fused),
-        "(b) eager + draftmeta step graph": round_step_graph,
+        "(b) eager + draftmeta fused step (FusedStep)": round_direct(fused_step, meta_s),
+        "(b) eager + draftmeta step graph (StepGraph)": round_direct(graph_step, meta_g),
+        "(b) eager + DraftLoop fused=True (StepGraph)": loop_round(fused),
         "(c) captured K-step loop (fused update)": graph.replay,
     }
     # same draft tokens: one round of each path from the same start
@@ -561,11 +576,10 @@ def _draft_loop_case(layer_name: str, layer: DraftLayer, state: DraftState, snap
                      "tokens_per_s": batch * k / dt, "us_per_round": dt * 1e6,
                      "same_tokens_as_a": bool(torch.equal(tokens[name], ref))})
     base = rows[0]["tokens_per_s"]
+    tags = ["a", "b-upd", "b-fused", "b-graph", "b-loopF", "c"]
     log(f"{layer_name:<17} B={batch:<3} K={k}  " + "  ".join(
-        f"{r['path'][:3]}{'' if 'step graph' not in r['path'] else 'g'}"
-        f"{'' if 'fused step' not in r['path'] else 'f'}"
-        f"={r['tokens_per_s']:9.0f}{'' if r['same_tokens_as_a'] else ' DIFF'}"
-        for r in rows) + f"  c/a={rows[-1]['tokens_per_s'] / base:.2f}x")
+        f"{tag}={r['tokens_per_s']:8.0f}{'' if r['same_tokens_as_a'] else ' DIFF'}"
+        for tag, r in zip(tags, rows)) + f"  c/a={rows[-1]['tokens_per_s'] / base:.2f}x")
     return rows
 
 
