@@ -1,0 +1,68 @@
+"""The ``draftmeta infer`` command (wired into ``draftmeta.cli`` with :func:`add_parser`).
+
+Exit codes: 0 the inferred spec verified; 1 it did not (or fields are unsettled); 2 the builder
+cannot be resolved or constructed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``infer`` to a ``draftmeta`` subparsers object and return its parser."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "infer", help="infer a builder's spec from what it builds, print it, verify it")
+    p.add_argument("builder", help="a catalogue name (CPU_MLA, TRITON_MLA, INDEXER, KPOOL_TAIL, "
+                                   "AMX_MLA) or MODULE:BuilderClass")
+    p.add_argument("--batches", type=_positive, default=200,
+                   help="random batches to verify over (default 200)")
+    p.add_argument("--seed", type=int, default=0, help="first verification seed")
+    p.add_argument("--no-verify", action="store_true", help="print the spec without verifying")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Infer, print the source, verify; print ``verified`` only when every batch passed."""
+    from draftmeta.infer.verify import verify_vllm
+    from draftmeta.infer.vllm import infer_vllm, resolve
+
+    try:
+        name = resolve(args.builder)
+        inference = infer_vllm(name)
+    except (LookupError, ImportError, ValueError) as exc:
+        print(f"draftmeta infer: {exc}", file=sys.stderr)
+        return 2
+    print(inference.source(), end="")
+    if inference.unsettled:
+        print("not verified: fields infer could not settle:")
+        for v in inference.unsettled:
+            print(f"  {v.path}: {v.evidence}")
+        return 1
+    if args.no_verify:
+        print("not verified (--no-verify)")
+        return 1
+    result = verify_vllm(name, inference.spec(), batches=args.batches, seed=args.seed)
+    if result.ok:
+        print(f"verified: update equals rebuild over {result.batches} random batches "
+              f"({result.seconds:.1f} s)")
+        return 0
+    print(f"not verified: {len(result.failures)} of {result.batches} batches differ; first:")
+    for what, problem in result.failures[:5]:
+        print(f"  {what}: {problem}")
+    return 1
