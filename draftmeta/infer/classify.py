@@ -155,9 +155,11 @@ def _reproduces(candidate: Candidate, seen: Sequence[tuple[Observation, torch.Te
 
 
 def _host_candidates(units: int | None) -> list[tuple[str, Rule, Callable[[DraftState], object]]]:
+    def reader(name: str) -> Callable[[DraftState], object]:
+        return lambda s: getattr(s, name)
+
     found: list[tuple[str, Rule, Callable[[DraftState], object]]] = [
-        (f"equal to state.{name}", copy_of(f"state.{name}"),
-         lambda s, name=name: getattr(s, name))
+        (f"equal to state.{name}", copy_of(f"state.{name}"), reader(name))
         for name in HOST_INTS
     ]
     if units is not None:
@@ -201,7 +203,7 @@ def _constant_per_trajectory(per_traj: Sequence[Sequence[object]]) -> bool:
 
 def _annotation(values: Sequence[object]) -> object:
     sample = next((v for v in values if v is not None), None)
-    kind: object = type(sample) if sample is not None else object
+    kind: Any = type(sample) if sample is not None else object
     if isinstance(sample, torch.Tensor):
         kind = torch.Tensor
     return kind | None if any(v is None for v in values) and sample is not None else kind

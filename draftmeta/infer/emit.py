@@ -122,8 +122,13 @@ def source(
         imports.add(("draftmeta.derivations", "RecomputeHook"))
     lines = [f'"""{header or f"Spec of {name}, inferred by draftmeta infer."}"""', "",
              "from __future__ import annotations", ""]
+    grouped: dict[str, list[str]] = {}
     for module, item in sorted(imports):
-        lines.append(f"import {module}" if not item else f"from {module} import {item}")
+        grouped.setdefault(module, [])
+        if item:
+            grouped[module].append(item)
+    for module, items in grouped.items():
+        lines.append(f"from {module} import {', '.join(items)}" if items else f"import {module}")
     text = "\n".join(lines) + "\n" + "".join(stubs)
     text += f'''
 

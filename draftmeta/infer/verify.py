@@ -62,7 +62,10 @@ def verify_generic(
     failures: list[tuple[str, str]] = []
     for i in range(batches):
         g = torch.Generator().manual_seed(seed + i)
-        pick = lambda n: int(torch.randint(n, (1,), generator=g))  # noqa: E731
+
+        def pick(n: int, g: torch.Generator = g) -> int:
+            return int(torch.randint(n, (1,), generator=g))
+
         batch = (1, 2, 7, 16, 64)[pick(5)]
         padded = (0, 0, 3)[pick(3)]
         length = max_model_lens[pick(len(max_model_lens))]
