@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,7 +33,7 @@ from draftmeta.rules import Advance, Clamp, Derive, Wrap
 from draftmeta.spec import DraftSpec, is_state_ref
 from draftmeta.state import DraftState
 
-__all__ = ["FusedStep", "fusable_paths", "triton_available"]
+__all__ = ["FusedStep", "fusable_paths", "fused_source", "triton_available"]
 
 BLOCK = 128
 
@@ -80,40 +81,69 @@ def _resolve(obj: Any, state: DraftState, ref: str) -> Any:
     return obj
 
 
+def _identifier(text: str) -> str:
+    name = re.sub(r"\W+", "_", text).strip("_") or "arg"
+    return f"_{name}" if name[0].isdigit() else name
+
+
 class _Kernel:
-    """Builds the kernel's source: tensor arguments, scalar arguments and the body."""
+    """Builds the kernel's source: tensor arguments, scalar arguments and the body.
+
+    Arguments are named after what they hold: a tensor after the field it is first met as
+    (``seq_lens``, ``indexer_decode_decode_lens``), a state scalar after the state field
+    (``num_reqs``, ``max_model_len_minus_1``), a size or stride after its role (``rows``,
+    ``stride``); a second, different value of the same role gets a suffix (``rows_2``).
+    """
 
     def __init__(self) -> None:
         self.tensors: list[torch.Tensor] = []
         self.tensor_names: dict[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype], str] = {}
         self.scalars: list[tuple[str, Callable[[DraftState], int]]] = []
-        self.consts: dict[int, str] = {}
+        self.consts: dict[tuple[str, int], str] = {}
+        self.taken: set[str] = {"offs", "BLOCK", "c", "cs", "mm", "val", "tl", "triton"}
         self.body: list[str] = []
         self.registers: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
         self.rows = 1
         self.count = 0
 
+    def _name(self, hint: str) -> str:
+        base = _identifier(hint)
+        name, n = base, 1
+        while name in self.taken:
+            n += 1
+            name = f"{base}_{n}"
+        self.taken.add(name)
+        return name
+
     def _key(self, t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype]:
         return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
-    def ptr(self, t: torch.Tensor) -> str:
+    def ptr(self, t: torch.Tensor, hint: str) -> str:
         key = self._key(t)
         if key not in self.tensor_names:
-            self.tensor_names[key] = f"t{len(self.tensors)}"
+            self.tensor_names[key] = self._name(hint)
             self.tensors.append(t)
         return self.tensor_names[key]
 
-    def scalar(self, fn: Callable[[DraftState], int]) -> str:
-        name = f"s{len(self.scalars)}"
+    def scalar(self, hint: str, fn: Callable[[DraftState], int]) -> str:
+        """A per-launch value read from the state; one argument per distinct ``hint`` (the
+        hint names what ``fn`` reads, so equal hints read equal values)."""
+        for name, _ in self.scalars:
+            if name == _identifier(hint):
+                return name
+        name = self._name(hint)
         self.scalars.append((name, fn))
         return name
 
-    def const(self, value: int) -> str:
+    def const(self, role: str, value: int) -> str:
         """A size or stride, passed as an argument so one compiled kernel serves every batch
-        shape (Triton specialises only on divisibility); equal values share an argument."""
-        if value not in self.consts:
-            self.consts[value] = self.scalar(lambda _: value)
-        return self.consts[value]
+        shape (Triton specialises only on divisibility); equal values of one role share an
+        argument."""
+        if (role, value) not in self.consts:
+            name = self._name(role)
+            self.scalars.append((name, lambda _: value))
+            self.consts[(role, value)] = name
+        return self.consts[(role, value)]
 
     def var(self) -> str:
         self.count += 1
@@ -124,26 +154,27 @@ class _Kernel:
 
     def mask(self, n: int) -> str:
         self.rows = max(self.rows, n)
-        return f"offs < {self.const(n)}"
+        return f"offs < {self.const('rows', n)}"
 
-    def load1d(self, t: torch.Tensor) -> str:
+    def load1d(self, t: torch.Tensor, hint: str) -> str:
         """A register holding the row values of a 1-D (or flattened contiguous) tensor."""
         flat = t.view(-1) if t.is_contiguous() else t
         key = (flat.data_ptr(), tuple(flat.shape), flat.dtype)
         if key in self.registers:
             return self.registers[key]
         v = self.var()
-        self.emit(f"{v} = tl.load({self.ptr(flat)} + offs * {self.const(flat.stride(0))}, "
-                  f"mask={self.mask(flat.shape[0])}, other=0)")
+        self.emit(f"{v} = tl.load({self.ptr(flat, hint)} + offs * "
+                  f"{self.const('stride', flat.stride(0))}, mask={self.mask(flat.shape[0])}, "
+                  "other=0)")
         self.registers[key] = v
         return v
 
-    def store1d(self, t: torch.Tensor, value: str) -> None:
+    def store1d(self, t: torch.Tensor, value: str, hint: str) -> None:
         flat = t.view(-1) if t.is_contiguous() else t
         v = self.var()
         self.emit(f"{v} = {value}")
-        self.emit(f"tl.store({self.ptr(flat)} + offs * {self.const(flat.stride(0))}, {v}, "
-                  f"mask={self.mask(flat.shape[0])})")
+        self.emit(f"tl.store({self.ptr(flat, hint)} + offs * "
+                  f"{self.const('stride', flat.stride(0))}, {v}, mask={self.mask(flat.shape[0])})")
         self.registers[(flat.data_ptr(), tuple(flat.shape), flat.dtype)] = v
 
     def source(self, name: str) -> str:
@@ -167,29 +198,40 @@ def _same_flat(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _emit_rule(k: _Kernel, rule: Any, out: torch.Tensor, inputs: list[Any], path: str) -> None:
-    k.emit("# " + repr(f"{path}: {rule.describe()}")[1:-1])  # user text: one escaped line
+def _bound_name(bound: str, offset: int) -> str:
+    if offset == 0:
+        return bound
+    return f"{bound}_{'plus' if offset > 0 else 'minus'}_{abs(offset)}"
+
+
+def _emit_rule(
+    k: _Kernel, rule: Any, out: torch.Tensor, inputs: list[Any], label: str, names: list[str]
+) -> None:
+    """Emit ``rule``'s lines; ``names[0]`` names ``out``, ``names[1:]`` the inputs."""
+    k.emit("# " + repr(f"{label}: {rule.describe()}")[1:-1])  # user text: one escaped line
+    out_name = names[0]
     if isinstance(rule, Advance):
-        x = k.load1d(out)
+        x = k.load1d(out, out_name)
         o = rule.overflow
         if isinstance(o, Clamp):
             bound, offset = o.bound, o.offset
-            limit = k.scalar(lambda s: int(getattr(s, bound)) + offset)
+            limit = k.scalar(_bound_name(bound, offset), lambda s: int(getattr(s, bound)) + offset)
             value = f"tl.minimum({x} + {rule.by}, {limit})"
         else:
             assert isinstance(o, Wrap)
             bound, offset, restart = o.bound, o.offset, o.restart
-            span = k.scalar(lambda s: int(getattr(s, bound)) + offset - restart + 1)
+            span = k.scalar(f"{_bound_name(bound, offset)}_span_from_{restart}",
+                            lambda s: int(getattr(s, bound)) + offset - restart + 1)
             value = f"({x} + {rule.by - restart}) % {span} + {restart}"
         if rule.rows:  # padded rows keep their values
             rows_name = rule.rows
-            real = k.scalar(lambda s: int(getattr(s, rows_name)))
+            real = k.scalar(rows_name, lambda s: int(getattr(s, rows_name)))
             value = f"tl.where(offs < {real}, {value}, {x})"
-        k.store1d(out, value)
+        k.store1d(out, value, out_name)
         return
     d = rule.derivation
     if isinstance(d, Fill):
-        k.store1d(out, f"tl.full([BLOCK], {d.value}, tl.int32)")
+        k.store1d(out, f"tl.full([BLOCK], {d.value}, tl.int32)", out_name)
     elif isinstance(d, CopyFrom):
         src = inputs[0]
         assert isinstance(src, torch.Tensor)
@@ -197,7 +239,7 @@ def _emit_rule(k: _Kernel, rule: Any, out: torch.Tensor, inputs: list[Any], path
             if _same_flat(out, src):
                 k.emit("# (copy onto itself: nothing to do)")
                 return
-            k.store1d(out, k.load1d(src))
+            k.store1d(out, k.load1d(src, names[1]), out_name)
         else:
             if out.data_ptr() == src.data_ptr() and out.stride() == src.stride():
                 k.emit("# (copy onto itself: nothing to do)")
@@ -207,35 +249,91 @@ def _emit_rule(k: _Kernel, rule: Any, out: torch.Tensor, inputs: list[Any], path
             k.emit(f"for c in range(0, {cols}, 32):")
             k.emit("    cs = c + tl.arange(0, 32)")
             k.emit(f"    mm = ({m})[:, None] & (cs < {cols})[None, :]")
-            k.emit(f"    val = tl.load({k.ptr(src)} + offs[:, None] * {src.stride(0)} + "
+            k.emit(f"    val = tl.load({k.ptr(src, names[1])} + offs[:, None] * {src.stride(0)} + "
                    f"cs[None, :] * {src.stride(1)}, mask=mm)")
-            k.emit(f"    tl.store({k.ptr(out)} + offs[:, None] * {out.stride(0)} + "
+            k.emit(f"    tl.store({k.ptr(out, out_name)} + offs[:, None] * {out.stride(0)} + "
                    f"cs[None, :] * {out.stride(1)}, val, mask=mm)")
     elif isinstance(d, SlotMapping):
         positions, table, seq_lens = inputs[0], inputs[1], inputs[2]
-        pos, seq = k.load1d(positions), k.load1d(seq_lens)
-        bs = k.scalar(lambda s: s.block_size)
-        reqs = k.scalar(lambda s: s.num_reqs)
+        pos, seq = k.load1d(positions, names[1]), k.load1d(seq_lens, names[3])
+        bs = k.scalar("block_size", lambda s: s.block_size)
+        reqs = k.scalar("num_reqs", lambda s: s.num_reqs)
         blk, slot = k.var(), k.var()
-        last = k.const(table.shape[1] - 1)
-        row, col = k.const(table.stride(0)), k.const(table.stride(1))
-        k.emit(f"{blk} = tl.load({k.ptr(table)} + offs * {row} + "
+        last = k.const("last_block", table.shape[1] - 1)
+        row, col = k.const("row_stride", table.stride(0)), k.const("stride", table.stride(1))
+        k.emit(f"{blk} = tl.load({k.ptr(table, names[2])} + offs * {row} + "
                f"tl.minimum({pos} // {bs}, {last}) * {col}, "
                f"mask={k.mask(out.shape[0])}, other=0)")
         k.emit(f"{slot} = {blk}.to(tl.int64) * {bs} + {pos} % {bs}")
-        k.store1d(out, f"tl.where((offs < {reqs}) & ({seq} > 1), {slot}, -1)")
+        k.store1d(out, f"tl.where((offs < {reqs}) & ({seq} > 1), {slot}, -1)", out_name)
     elif isinstance(d, DcpLocalSeqLens):
-        seq = k.load1d(inputs[0])
-        world = k.scalar(lambda s: s.dcp_world_size)
-        rank = k.scalar(lambda s: s.dcp_rank)
-        inter = k.scalar(lambda s: s.dcp_interleave)
+        seq = k.load1d(inputs[0], names[1])
+        world = k.scalar("dcp_world_size", lambda s: s.dcp_world_size)
+        rank = k.scalar("dcp_rank", lambda s: s.dcp_rank)
+        inter = k.scalar("dcp_interleave", lambda s: s.dcp_interleave)
         base, rest = k.var(), k.var()
         k.emit(f"{base} = {seq} // ({inter} * {world}) * {inter}")
         k.emit(f"{rest} = tl.minimum(tl.maximum({seq} - {base} * {world} - {rank} * {inter}, 0), "
                f"{inter})")
-        k.store1d(out, f"{base} + {rest}")
+        k.store1d(out, f"{base} + {rest}", out_name)
     else:  # pragma: no cover - fusable_paths admits only the kinds above
         raise TypeError(f"cannot fuse {d!r}")
+
+
+def _arg_name(spec: DraftSpec[Any], state_part: bool, ref: str) -> str:
+    """The kernel argument name of a field: the state's fields by their own name, a group's
+    fields prefixed with the spec's first name part (``indexer_decode_seq_lens``)."""
+    if is_state_ref(ref):
+        return ref[len("state."):]
+    if state_part:
+        return ref
+    return f"{spec.name.split('.')[0].lower()}_{ref}"
+
+
+def _parts(
+    state: DraftState,
+    groups: Sequence[tuple[DraftSpec[Any], Any]],
+    policy: OverflowPolicy,
+    host_bound: HostBound,
+) -> list[tuple[DraftSpec[Any], Any]]:
+    advance = advance_spec(policy, host_bound, state.dcp_world_size > 1)
+    return [(advance, state), *groups]
+
+
+def _build_kernel(state: DraftState, parts: Sequence[tuple[DraftSpec[Any], Any]]) -> _Kernel:
+    kernel = _Kernel()
+    for spec, metadata in parts:
+        fused = fusable_paths(spec)
+        state_part = metadata is state
+        for path, rule in spec.rules.items():
+            if path not in fused:
+                continue
+            out = _resolve(metadata, state, path)
+            inputs = [_resolve(metadata, state, r) for r in rule.reads()]
+            names = [_arg_name(spec, state_part, r) for r in (path, *rule.reads())]
+            _emit_rule(kernel, rule, out, inputs, f"{spec.name}: {path}", names)
+    return kernel
+
+
+def _kernel_name(kernel: _Kernel) -> str:
+    digest = hashlib.sha1("\n".join(kernel.body).encode()).hexdigest()[:12]
+    return f"draftmeta_fused_step_{digest}"
+
+
+def fused_source(
+    state: DraftState,
+    groups: Sequence[tuple[DraftSpec[Any], Any]],
+    *,
+    policy: OverflowPolicy = "clamp",
+    host_bound: HostBound = "advance",
+) -> str:
+    """The Triton source :class:`FusedStep` would compile for these arguments, generated
+    without compiling or launching it: the buffers may live on the CPU and Triton need not be
+    installed. The text depends only on the specs and on which buffers alias which, not on
+    addresses or batch sizes (sizes are kernel arguments), so it can be checked in.
+    """
+    kernel = _build_kernel(state, _parts(state, groups, policy, host_bound))
+    return kernel.source(_kernel_name(kernel))
 
 
 class FusedStep:
@@ -260,23 +358,14 @@ class FusedStep:
         host_bound: HostBound = "advance",
     ) -> None:
         self.state = state
-        advance = advance_spec(policy, host_bound, state.dcp_world_size > 1)
-        self._parts: list[tuple[DraftSpec[Any], Any]] = [(advance, state), *groups]
-        kernel = _Kernel()
+        self._parts = _parts(state, groups, policy, host_bound)
         self.checks: list[UpdateFunction[Any]] = []
         self.finishes: list[UpdateFunction[Any]] = []
-        for spec, metadata in self._parts:
-            fused = fusable_paths(spec)
+        for spec, _ in self._parts:
             self.checks.append(compile_spec(spec, "check"))
-            self.finishes.append(compile_spec(spec, "finish", fused))
-            for path, rule in spec.rules.items():
-                if path not in fused:
-                    continue
-                out = _resolve(metadata, state, path)
-                inputs = [_resolve(metadata, state, r) for r in rule.reads()]
-                _emit_rule(kernel, rule, out, inputs, f"{spec.name}: {path}")
-        digest = hashlib.sha1("\n".join(kernel.body).encode()).hexdigest()[:12]
-        self.name = f"draftmeta_fused_step_{digest}"
+            self.finishes.append(compile_spec(spec, "finish", fusable_paths(spec)))
+        kernel = _build_kernel(state, self._parts)
+        self.name = _kernel_name(kernel)
         self.source: str = kernel.source(self.name)
         self._kernel = _load(self.name, self.source)
         self._tensors = kernel.tensors
