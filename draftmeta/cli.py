@@ -1,4 +1,4 @@
-"""The ``draftmeta`` command: explain, verify, coverage, bench, e2e.
+"""The ``draftmeta`` command: explain, verify, coverage, bench, e2e, infer.
 
 Exit codes: 0 success, 1 a check failed (``verify`` found a mismatch), 2 bad arguments.
 """
@@ -15,14 +15,23 @@ __all__ = ["main"]
 
 
 def _explain(args: argparse.Namespace) -> int:
+    """Print a spec's generated source from the recorded class lists: vLLM is never imported."""
     from draftmeta.codegen import explain
-    from draftmeta.registry import SPECS, get_spec
+    from draftmeta.registry import SPECS, closest_names, get_spec, recorded_classes
 
+    if args.list:
+        print("\n".join(SPECS))
+        return 0
+    if args.backend is None:
+        raise UsageError("name a spec (draftmeta explain TRITON_MLA) or list them with --list")
     if args.backend not in SPECS:
-        print(f"draftmeta explain: unknown backend {args.backend!r}; choose one of:\n  "
-              + "\n  ".join(SPECS), file=sys.stderr)
-        return 2
-    print(explain(get_spec(args.backend)), end="")
+        close = closest_names(args.backend)
+        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+        raise UsageError(f"unknown backend {args.backend!r}; {hint}"
+                         "draftmeta explain --list prints every name")
+    with recorded_classes():
+        text = explain(get_spec(args.backend))
+    print(text, end="")
     return 0
 
 
@@ -114,8 +123,12 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    e = sub.add_parser("explain", help="print the generated update source for a backend's spec")
-    e.add_argument("backend", help="a spec name, e.g. TRITON_MLA, INDEXER.dcp, state.wrap")
+    e = sub.add_parser(
+        "explain", help="print the generated update source for a backend's spec (no vLLM import)"
+    )
+    e.add_argument("backend", nargs="?",
+                   help="a spec name, e.g. TRITON_MLA, INDEXER.dcp, state.wrap (see --list)")
+    e.add_argument("--list", action="store_true", help="print every spec name, one per line")
     e.set_defaults(run=_explain)
 
     v = sub.add_parser("verify", help="update-versus-rebuild check for every registered backend")
@@ -146,8 +159,10 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(run=_bench)
 
     from draftmeta.e2e.cli import add_parser as add_e2e
+    from draftmeta.infer.cli import add_parser as add_infer
 
     add_e2e(sub)
+    add_infer(sub)
     return p
 
 
