@@ -7,13 +7,17 @@ installed); ``NAME.dcp`` is its DCP > 1 variant. The source advance is ``state.*
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import difflib
+import os
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from draftmeta.advance import advance_spec
 from draftmeta.spec import DraftSpec
 
-__all__ = ["SPECS", "get_spec"]
+__all__ = ["SPECS", "closest_names", "get_spec", "recorded_classes"]
 
 
 def _flashmla_fp8() -> DraftSpec[Any]:
@@ -56,3 +60,45 @@ def get_spec(name: str) -> DraftSpec[Any]:
     except KeyError:
         raise KeyError(f"no spec {name!r}; choose one of: {', '.join(SPECS)}") from None
     return factory()
+
+
+def closest_names(name: str, limit: int = 3) -> list[str]:
+    """The spec names closest to a mistyped ``name`` (for a did-you-mean), best first."""
+    by_folded = {n.casefold(): n for n in SPECS}
+    found = difflib.get_close_matches(name.casefold(), list(by_folded), n=limit, cutoff=0.6)
+    return [by_folded[n] for n in found]
+
+
+def _clear_spec_caches() -> None:
+    from draftmeta.backends.indexer import indexer_spec, kpool_tail_spec
+    from draftmeta.backends.mla import mla_spec
+    from draftmeta.backends.vllm_classes import load_metadata_class
+
+    for cached in (load_metadata_class, mla_spec, indexer_spec, kpool_tail_spec):
+        cached.cache_clear()
+
+
+@contextlib.contextmanager
+def recorded_classes() -> Iterator[bool]:
+    """Declare specs inside against the recorded class lists of the installed release
+    (``DRAFTMETA_VLLM_CLASSES=recorded``), so that nothing imports vLLM; yields whether it did.
+
+    Where vLLM is already imported in this process nothing changes (the real classes have the
+    same fields, so the specs are the same) and it yields False. Otherwise the cached specs and
+    classes are cleared on entry and on exit, so stand-ins declared inside never reach a caller
+    outside that later imports vLLM.
+    """
+    if "vllm" in sys.modules:
+        yield False
+        return
+    previous = os.environ.get("DRAFTMETA_VLLM_CLASSES")
+    os.environ["DRAFTMETA_VLLM_CLASSES"] = "recorded"
+    _clear_spec_caches()
+    try:
+        yield True
+    finally:
+        if previous is None:
+            del os.environ["DRAFTMETA_VLLM_CLASSES"]
+        else:
+            os.environ["DRAFTMETA_VLLM_CLASSES"] = previous
+        _clear_spec_caches()

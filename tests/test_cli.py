@@ -20,10 +20,85 @@ def test_explain_prints_the_generated_source(capsys: pytest.CaptureFixture[str])
     assert "metadata.max_seq_len = _new_max_seq_len" in out
 
 
-def test_explain_unknown_backend_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_explain_unknown_backend_exits_2_with_a_did_you_mean(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["explain", "TRITON_MLAX"]) == 2
     err = capsys.readouterr().err
-    assert "unknown backend 'TRITON_MLAX'" in err and "TRITON_MLA" in err
+    assert "unknown backend 'TRITON_MLAX'; did you mean 'TRITON_MLA'" in err
+    assert "draftmeta explain --list" in err and err.count("\n") == 1
+
+
+def test_a_backend_nothing_resembles_gets_no_suggestion(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["explain", "zzz"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown backend 'zzz'" in err and "did you mean" not in err
+
+
+def test_explain_list_prints_every_spec_name_one_per_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from draftmeta.registry import SPECS
+
+    assert main(["explain", "--list"]) == 0
+    assert capsys.readouterr().out.splitlines() == list(SPECS)
+
+
+def test_explain_without_a_name_or_list_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain"]) == 2
+    assert "--list" in capsys.readouterr().err
+
+
+_FRESH_EXPLAIN = """
+import io, contextlib, sys, time
+start = time.perf_counter()
+import draftmeta.cli
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    code = draftmeta.cli.main(["explain", "TRITON_MLA"])
+wall = time.perf_counter() - start
+assert code == 0 and out.getvalue().startswith("def draft_update_TRITON_MLA_advance")
+print(sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm.")), f"{wall:.2f}")
+"""
+
+
+def test_explain_in_a_fresh_process_never_imports_vllm() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DRAFTMETA_VLLM_CLASSES"}
+    done = subprocess.run([sys.executable, "-c", _FRESH_EXPLAIN], capture_output=True,
+                          text=True, env=env, check=True)
+    modules, wall = done.stdout.strip().rsplit(" ", 1)
+    print(f"explain TRITON_MLA in a fresh process: {wall} s (torch import included)")
+    assert modules == "[]", done.stdout
+
+
+_EXPLAIN_THEN_VLLM = """
+import io, contextlib
+import draftmeta.cli
+from draftmeta.registry import get_spec
+with contextlib.redirect_stdout(io.StringIO()):
+    assert draftmeta.cli.main(["explain", "TRITON_MLA"]) == 0
+spec = get_spec("TRITON_MLA")
+print(spec.cls.__module__, hasattr(spec.cls, "__dataclass_fields__"), spec.cls.__init__.__module__)
+"""
+
+
+def test_specs_declared_after_explain_use_vllms_own_classes_again() -> None:
+    # explain declares against recorded stand-ins; a later caller that imports vLLM must not
+    # be handed those cached stand-ins (whose __init__ is made by dataclasses.make_dataclass)
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DRAFTMETA_VLLM_CLASSES"}
+    done = subprocess.run([sys.executable, "-c", _EXPLAIN_THEN_VLLM], capture_output=True,
+                          text=True, env=env, check=True)
+    module, _, init_module = done.stdout.split()
+    assert module.startswith("vllm.") and init_module.startswith("vllm."), done.stdout
 
 
 @pytest.mark.parametrize(
