@@ -16,7 +16,7 @@ from draftmeta.integrations.vllm import equivalence
 def test_explain_prints_the_generated_source(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "TRITON_MLA"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("def draft_update_TRITON_MLA_advance(metadata, state):")
+    assert "\ndef draft_update_TRITON_MLA_advance(metadata, state):\n" in out
     assert "metadata.max_seq_len = _new_max_seq_len" in out
 
 
@@ -58,7 +58,7 @@ import draftmeta.cli
 with contextlib.redirect_stdout(io.StringIO()) as out:
     code = draftmeta.cli.main(["explain", "TRITON_MLA"])
 wall = time.perf_counter() - start
-assert code == 0 and out.getvalue().startswith("def draft_update_TRITON_MLA_advance")
+assert code == 0 and "def draft_update_TRITON_MLA_advance" in out.getvalue()
 print(sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm.")), f"{wall:.2f}")
 """
 
