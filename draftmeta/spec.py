@@ -36,6 +36,7 @@ from draftmeta.rules import (
     Derive,
     HostAdvance,
     HostDerive,
+    HostSet,
     HostUpperBound,
     Invalidate,
     Recompute,
@@ -128,6 +129,10 @@ class DraftSpec(Generic[M]):
         self._fields: dict[str, FieldInfo] = {}
         self._records: dict[str, type] = {}
         self._compiled: UpdateFunction[M] | None = None
+        self._uncovered_memo: dict[
+            tuple[tuple[type, tuple[str, ...]] | None, ...], tuple[str, ...]
+        ] = {}
+        self._records_walk: list[tuple[tuple[str, ...], str, str, type]] | None = None
         self._validate()
 
     # -- public views -------------------------------------------------------------------------
@@ -298,25 +303,44 @@ class DraftSpec(Generic[M]):
         subclass may add fields). An empty tuple means the spec covers the object completely.
         Cost: one pass over the object's attributes; call it once per built object, not per step.
         """
-        problems: list[str] = []
-        for path, cls in self._records.items():
+        key: list[tuple[type, tuple[str, ...]] | None] = []
+        records = self._record_walk()
+        for parts, _, _, _ in records:
             obj: object = metadata
-            for part in path.split(".") if path else ():
+            for part in parts:
                 obj = getattr(obj, part, None)
-            if obj is None:
+            key.append(None if obj is None else (type(obj), tuple(getattr(obj, "__dict__", ()))))
+        # the verdict depends only on the classes and attribute names: cache it by them
+        verdict = self._uncovered_memo.get(tuple(key))
+        if verdict is not None:
+            return verdict
+        problems: list[str] = []
+        for (_, where, prefix, cls), shape in zip(records, key):
+            if shape is None:
                 continue
-            where = path or "the metadata object"
-            if type(obj) is not cls:
+            kind, names = shape
+            if kind is not cls:
                 problems.append(
-                    f"{where} is a {type(obj).__qualname__}, not the declared "
-                    f"{cls.__qualname__}"
+                    f"{where} is a {kind.__qualname__}, not the declared {cls.__qualname__}"
                 )
                 continue
-            prefix = f"{path}." if path else ""
-            for name in getattr(obj, "__dict__", {}):
+            for name in names:
                 if f"{prefix}{name}" not in self._fields:
                     problems.append(f"{prefix}{name} (an attribute outside the class's fields)")
-        return tuple(problems)
+        verdict = tuple(problems)
+        if len(self._uncovered_memo) < 64:
+            self._uncovered_memo[tuple(key)] = verdict
+        return verdict
+
+    def _record_walk(self) -> list[tuple[tuple[str, ...], str, str, type]]:
+        """``(attribute chain, name for messages, field prefix, class)`` of every record."""
+        if self._records_walk is None:
+            self._records_walk = [
+                (tuple(path.split(".")) if path else (), path or "the metadata object",
+                 f"{path}." if path else "", cls)
+                for path, cls in self._records.items()
+            ]
+        return self._records_walk
 
     def _check_overrides_known(self) -> None:
         for path in self.nested:
@@ -418,8 +442,8 @@ class DraftSpec(Generic[M]):
                 raise self._fail(
                     path,
                     f"rule {rule.kind} needs a tensor field, but the field is {what}",
-                    "use a host rule (HostConstant, HostAdvance, HostUpperBound, HostDerive) "
-                    "for host values, Reset for host objects",
+                    "use a host rule (HostConstant, HostAdvance, HostUpperBound, HostDerive, "
+                    "HostSet) for host values, Reset for host objects",
                 )
             if target == "int tensor":
                 if kind is not FieldKind.TENSOR:
@@ -647,7 +671,8 @@ class DraftSpec(Generic[M]):
     def _check_frozen(self) -> None:
         """Host rules store new values with setattr: a frozen record cannot take them."""
         for path, rule in self.rules.items():
-            if not isinstance(rule, (HostAdvance, HostUpperBound, HostDerive, Reset, Invalidate)):
+            if not isinstance(rule, (HostAdvance, HostUpperBound, HostDerive, HostSet, Reset,
+                                     Invalidate)):
                 continue
             parent = path.rsplit(".", 1)[0] if "." in path else ""
             cls = self._records.get(parent)

@@ -60,7 +60,7 @@ from draftmeta.integrations.vllm.plan import (
     make_plan,
     spec_for,
 )
-from draftmeta.shadow import sentinel_for
+from draftmeta.shadow import Sentinel, sentinel_for
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
@@ -235,11 +235,34 @@ def unregister() -> None:
 
 @attrs.define
 class _OlderCache:
+    """One draft loop of one builder: the metadata built at draft index 1 and what updating it
+    needs (set up at the first later index, so a loop of K = 2 costs nothing extra)."""
+
     cad: Any
     metadata: Any
-    state: DraftState
-    spec: DraftSpec[Any]
+    state: DraftState | None = None
     shadowed: bool = False  # this draft loop also rebuilds and compares (DRAFTMETA_SHADOW)
+
+
+@attrs.define
+class _OlderBuilder:
+    """What the plugin keeps per builder instance on the older proposer path."""
+
+    spec: DraftSpec[Any]
+    state: DraftState
+    sentinel: Sentinel
+    checked: bool = False  # the first built object was checked for uncovered attributes
+    refused: bool = False  # it carried something the spec does not cover: always rebuild
+
+
+def _rebind(state: DraftState, cad: Any) -> DraftState:
+    """Point ``state`` at this draft loop's common metadata (vLLM makes new views per loop)."""
+    state.seq_lens, state.slot_mapping = cad.seq_lens, cad.slot_mapping
+    state.block_table, state.query_start_loc = cad.block_table_tensor, cad.query_start_loc
+    state.max_seq_len, state.num_reqs = cad.max_seq_len, cad.num_reqs
+    if cad.positions is not None:
+        state.positions = cad.positions
+    return state
 
 
 def _state_from_cad(cad: Any, builder: Any) -> DraftState:
@@ -265,49 +288,59 @@ def _older_build_for_drafting(
     original = cls.build_for_drafting  # type: ignore[attr-defined]
     counters = _stats.setdefault(entry.name, BuilderStats())
 
+    def setup(builder: Any, cache: _OlderCache) -> _OlderBuilder | None:
+        """The first later index of a draft loop: bind the builder's spec and state, check the
+        builder's first built object once; ``None`` if this builder must rebuild."""
+        kept: _OlderBuilder | None = builder.__dict__.get("_draftmeta_older_builder")
+        if kept is None:
+            spec = spec_for(entry, overrides, policy="advance", builder=builder)
+            kept = _OlderBuilder(spec, _state_from_cad(cache.cad, builder),
+                                 sentinel_for(entry.name))
+            builder._draftmeta_older_builder = kept
+        if not kept.checked:
+            kept.checked = True
+            uncovered = kept.spec.uncovered(cache.metadata)
+            if uncovered:
+                kept.refused = True
+                logger.warning(
+                    "draftmeta: %s keeps rebuilding: its built metadata carries %s, which "
+                    "spec %s has no rule for", entry.name, uncovered[0], kept.spec.name,
+                )
+        if kept.refused or kept.sentinel.switched_off:
+            return None
+        cache.state = _rebind(kept.state, cache.cad)
+        cache.shadowed = kept.sentinel.enabled and kept.sentinel.should_check()
+        return kept
+
     def build_for_drafting(self: Any, common_attn_metadata: Any, draft_index: int) -> Any:
         if not _exactly(self, cls):  # a subclass: its own entry, or vLLM's behaviour
             return original(self, common_attn_metadata, draft_index)
         cache: _OlderCache | None = self.__dict__.get("_draftmeta_older")
         if draft_index > 1 and cache is not None and cache.cad is common_attn_metadata:
-            cad, state = common_attn_metadata, cache.state
-            state.seq_lens, state.slot_mapping = cad.seq_lens, cad.slot_mapping
-            state.block_table, state.query_start_loc = cad.block_table_tensor, cad.query_start_loc
-            state.max_seq_len, state.num_reqs = cad.max_seq_len, cad.num_reqs
-            if cad.positions is not None:
-                state.positions = cad.positions
-            try:
-                cache.spec.update(cache.metadata, state)
-            except DraftMetaError as exc:
-                logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
-                self._draftmeta_older = None
-            else:
-                if cache.shadowed:
-                    return _shadow_step(self, original, cache, entry.name, draft_index)
-                counters.in_place += 1
-                return cache.metadata
+            kept = setup(self, cache) if cache.state is None else \
+                self._draftmeta_older_builder
+            if kept is not None:
+                assert cache.state is not None
+                _rebind(cache.state, common_attn_metadata)
+                try:
+                    kept.spec.update(cache.metadata, cache.state)
+                except DraftMetaError as exc:
+                    logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
+                else:
+                    if cache.shadowed:
+                        return _shadow_step(self, original, cache, entry.name, draft_index)
+                    counters.in_place += 1
+                    return cache.metadata
+            self._draftmeta_older = None
         if draft_index > 1:
             counters.rebuilt += 1
         metadata = original(self, common_attn_metadata, draft_index)
-        self._draftmeta_older = None
-        if draft_index == 1 and not self.__dict__.get("_draftmeta_uncovered"):
-            sentinel = sentinel_for(entry.name)
-            if getattr(self, "dcp_world_size", 1) > 1 or sentinel.switched_off:
-                return metadata  # DCP: the older proposer keeps DCP lengths in the builder
-            spec = spec_for(entry, overrides, policy="advance", builder=self)
-            uncovered = spec.uncovered(metadata)
-            if uncovered:
-                self._draftmeta_uncovered = True
-                logger.warning(
-                    "draftmeta: %s keeps rebuilding: its built metadata carries %s, which "
-                    "spec %s has no rule for", entry.name, uncovered[0], spec.name,
-                )
-                return metadata
-            state = _state_from_cad(common_attn_metadata, self)
-            shadowed = sentinel.enabled and sentinel.should_check()
-            self._draftmeta_older = _OlderCache(
-                common_attn_metadata, metadata, state, spec, shadowed
-            )
+        # index 1 starts a draft loop (DCP > 1: the older proposer keeps DCP-local lengths in
+        # the builder, so those loops rebuild)
+        self._draftmeta_older = (
+            _OlderCache(common_attn_metadata, metadata)
+            if draft_index == 1 and getattr(self, "dcp_world_size", 1) == 1 else None
+        )
         return metadata
 
     build_for_drafting.__qualname__ = f"{cls.__qualname__}.build_for_drafting"
@@ -328,9 +361,10 @@ def _shadow_step(
     returned and the builder rebuilds from then on.
     """
     counters = _stats[name]
+    kept: _OlderBuilder = builder._draftmeta_older_builder
     updated = copy.deepcopy(cache.metadata)
     rebuilt = original(builder, cache.cad, draft_index)
-    if sentinel_for(name).compare(updated, rebuilt) is not None:
+    if kept.sentinel.compare(updated, rebuilt) is not None:
         builder._draftmeta_older = None
         counters.rebuilt += 1
         return rebuilt
