@@ -36,6 +36,7 @@ from draftmeta.rules import (
     Derive,
     HostAdvance,
     HostDerive,
+    HostSet,
     HostUpperBound,
     Invalidate,
     Recompute,
@@ -136,7 +137,7 @@ Part = Literal["full", "check", "finish"]
 """Which phases a generated function runs: all of them; only the checks (phases 0-3); or
 everything after the checks (phases 3-5) minus the tensor writes done elsewhere (fused)."""
 
-_HOST_RULES = (HostAdvance, HostUpperBound, HostDerive, Reset, Invalidate)
+_HOST_RULES = (HostAdvance, HostUpperBound, HostDerive, HostSet, Reset, Invalidate)
 
 
 class _Generator:
@@ -463,6 +464,8 @@ class _Generator:
                 value = f"state.{rule.bound}"
             elif isinstance(rule, Invalidate):
                 value = "None"
+            elif isinstance(rule, HostSet):
+                value = rule.literal()
             elif isinstance(rule, HostDerive) and rule.fn is same_value:
                 value = self.ref(rule.inputs[0])  # a plain copy: no call
             elif isinstance(rule, HostDerive):
@@ -477,7 +480,8 @@ class _Generator:
             kind = self.spec.fields[path].kind
             if self.part == "finish":
                 continue
-            if kind is FieldKind.INT and not isinstance(rule, Invalidate):
+            known_int = isinstance(rule, HostSet) and type(rule.value) is int
+            if kind is FieldKind.INT and not isinstance(rule, Invalidate) and not known_int:
                 self.emit(f"if type({local}) is not _int:")
                 self.error(path, f"f'would become {{{local}!r}}, not an int'")
             elif kind is FieldKind.FLOAT and isinstance(rule, HostDerive):
@@ -501,11 +505,17 @@ class _Generator:
             if isinstance(rule, Advance):
                 o = rule.overflow
                 if rule.rows:  # the leading rows' view, remade only when the tensor or count moves
-                    memo = self.ns.bind([None, None, None], f"rows_of_{path}")
+                    # (one immutable tuple, read once: a thread updating another object with
+                    # the same spec can replace it, never mix its parts with ours)
+                    memo = self.ns.bind([None], f"rows_of_{path}")
                     rows = f"state.{rule.rows}"
-                    self.emit(f"if {memo}[0] is not {expr} or {memo}[1] != {rows}:", 2)
-                    self.emit(f"{memo}[:] = ({expr}, {rows}, {expr}[:{rows}])", 3)
-                    expr = f"{memo}[2]"
+                    local = self.ns.fresh(f"rows_of_{path}_now")
+                    self.emit(f"{local} = {memo}[0]", 2)
+                    self.emit(f"if {local} is None or {local}[0] is not {expr} or "
+                              f"{local}[1] != {rows}:", 2)
+                    self.emit(f"{local} = ({expr}, {rows}, {expr}[:{rows}])", 3)
+                    self.emit(f"{memo}[0] = {local}", 3)
+                    expr = f"{local}[2]"
                 if isinstance(o, Clamp):
                     limit = _plus(f"state.{o.bound}", o.offset)
                     self.emit(f"{expr}.add_({rule.by}).clamp_(max={limit})", 2)

@@ -16,6 +16,7 @@ Bounds of overflow policies and host rules name host scalars of the draft state
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal
 
@@ -31,6 +32,7 @@ __all__ = [
     "HostAdvance",
     "HostConstant",
     "HostDerive",
+    "HostSet",
     "HostUpperBound",
     "Invalidate",
     "Overflow",
@@ -453,6 +455,39 @@ class HostDerive(Rule):
             return f"host derive: = {self.formula}"
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         return f"host derive: {name}({', '.join(self.inputs)})"
+
+
+def _literal(_: object, attribute: attrs.Attribute[object], value: object) -> None:
+    ok = value is None or type(value) in (bool, int, str) or (
+        isinstance(value, float) and type(value) is float and math.isfinite(value))
+    if not ok:
+        raise TypeError(
+            f"{attribute.name} must be None, a bool, an int, a finite float or a str (written "
+            f"into the generated source as a literal), got {value!r}; use HostDerive or Reset "
+            "for other values"
+        )
+
+
+@attrs.frozen
+class HostSet(Rule):
+    """A host field set to the same constant every step (FlashMLA's scheduler flag
+    ``have_initialized = False``), written into the generated source as a literal.
+
+    Attributes:
+        value: the constant: None, a bool, an int, a finite float or a str.
+    """
+
+    kind: ClassVar[str] = "host set"
+    target: ClassVar[Target] = "host"
+    writes: ClassVar[bool] = True
+    value: object = attrs.field(validator=_literal)
+
+    def literal(self) -> str:
+        """The value as Python source."""
+        return repr(self.value)
+
+    def describe(self) -> str:
+        return f"host set: = {self.literal()}"
 
 
 @attrs.frozen

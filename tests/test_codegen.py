@@ -80,7 +80,7 @@ def test_explain_is_deterministic_and_readable() -> None:
         "_decode.seq_lens.untyped_storage().data_ptr() != "
         "state.seq_lens.untyped_storage().data_ptr():",
         "_new_max_seq_len = min(metadata.max_seq_len + 1, state.max_model_len)",
-        "_rows_of_positions[2].add_(1).clamp_(max=state.max_model_len - 1)",
+        "_rows_of_positions_now[2].add_(1).clamp_(max=state.max_model_len - 1)",
         "# decode.lens_copy: derive: copy of the input's leading rows",
         "metadata.max_seq_len = _new_max_seq_len",
         "#   weights: unchanged",

@@ -35,7 +35,7 @@ from draftmeta.rules import (
     Alias,
     Derive,
     HostConstant,
-    HostDerive,
+    HostSet,
     Invalidate,
     Recompute,
     Reset,
@@ -140,14 +140,6 @@ def _fresh_flashmla_sched_meta() -> object:
     from vllm.v1.attention.ops.flashmla import get_mla_metadata
 
     return get_mla_metadata()[0]
-
-
-def _false() -> bool:
-    return False
-
-
-def _none() -> None:
-    return None
 
 
 def _common_rules(policy: HostBoundPolicy, dcp: bool) -> dict[str, Rule]:
@@ -288,8 +280,8 @@ def _decode_extras(
         tiles = "decode.scheduler_metadata.tile_scheduler_metadata"
         splits = "decode.scheduler_metadata.num_splits"
         return {
-            "decode.scheduler_metadata.have_initialized": HostDerive(_false, (), formula="False"),
-            "decode.scheduler_metadata.config": HostDerive(_none, (), formula="None"),
+            "decode.scheduler_metadata.have_initialized": HostSet(False),
+            "decode.scheduler_metadata.config": HostSet(None),
             tiles: Recompute(
                 FlashMLAFp8TileSchedule(q_tokens, tile_compute), ("decode.seq_lens",),
                 also=(splits,),
