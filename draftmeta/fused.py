@@ -329,8 +329,10 @@ def fused_source(
 ) -> str:
     """The Triton source :class:`FusedStep` would compile for these arguments, generated
     without compiling or launching it: the buffers may live on the CPU and Triton need not be
-    installed. The text depends only on the specs and on which buffers alias which, not on
-    addresses or batch sizes (sizes are kernel arguments), so it can be checked in.
+    installed. The text holds no addresses: sizes and strides are kernel arguments named after
+    their role, one per distinct value (``rows``, ``rows_2``), so shapes change the text only
+    where they make such values coincide or differ, and through a 2-D copy's width and strides
+    (literals); for fixed shapes it can be checked in.
     """
     kernel = _build_kernel(state, _parts(state, groups, policy, host_bound))
     return kernel.source(_kernel_name(kernel))
