@@ -630,8 +630,8 @@ def describe_bound(obj: object) -> str:
         written = [e.path for e in obj._entries if not e.unchanged]
         kept = [e.path for e in obj._entries if e.unchanged]
         return (f"the memory check (once per tensor set): {', '.join(written) or 'nothing'} "
-                "own their memory" + (f"; {', '.join(kept)} overlap no moved buffer"
-                                      if kept else ""))
+                "own their memory" + (f"; unchanged {', '.join(kept)} must not overlap a "
+                                      "moved buffer" if kept else ""))
     if isinstance(obj, type):
         return f"class {obj.__module__}.{obj.__qualname__}"
     describe = getattr(obj, "describe", None)
