@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from draftmeta.arguments import integer_in, positive, seed
+
 __all__ = ["main"]
 
 
@@ -85,34 +87,7 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-_SEED_LIMIT = 2**63
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if not 0 <= value < _SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1, got {text}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _steps(text: str) -> int:
-    value = int(text)
-    if not 2 <= value <= 16:
-        raise argparse.ArgumentTypeError(f"must be between 2 and 16, got {text}")
-    return value
+_steps = integer_in(2, 16)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -133,9 +108,9 @@ def parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="update-versus-rebuild check for every registered backend")
     v.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    v.add_argument("--batches", type=_positive, default=50, help="random batches per backend")
+    v.add_argument("--batches", type=positive, default=50, help="random batches per backend")
     v.add_argument("--steps", type=_steps, default=8, help="largest number of draft steps K")
-    v.add_argument("--seed", type=_seed, default=0, help="first seed (default: 0)")
+    v.add_argument("--seed", type=seed, default=0, help="first seed (default: 0)")
     v.set_defaults(run=_verify)
 
     c = sub.add_parser(
@@ -147,9 +122,9 @@ def parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="time per draft step: vLLM rebuild vs draftmeta update")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    b.add_argument("--batch-sizes", type=_positive, nargs="+", default=[1, 8, 64, 256])
+    b.add_argument("--batch-sizes", type=positive, nargs="+", default=[1, 8, 64, 256])
     b.add_argument("--max-steps", type=_steps, default=8, help="K runs from 2 to this")
-    b.add_argument("--repeats", type=_positive, default=12)
+    b.add_argument("--repeats", type=positive, default=12)
     b.add_argument(
         "--out", default="draftmeta-results",
         help="folder for JSON and PNG (default: draftmeta-results; --out benchmarks/results "

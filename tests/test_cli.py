@@ -105,7 +105,7 @@ def test_specs_declared_after_explain_use_vllms_own_classes_again() -> None:
     ("argv", "message"),
     [
         (["verify", "--batches", "0"], "must be a positive integer, got 0"),
-        (["verify", "--steps", "1"], "must be between 2 and 16, got 1"),
+        (["verify", "--steps", "1"], "must be an integer from 2 to 16, got 1"),
         (["verify", "--device", "tpu"], "invalid choice: 'tpu'"),
         (["bench", "--batch-sizes", "-4"], "must be a positive integer, got -4"),
         ([], "the following arguments are required: command"),
@@ -202,7 +202,7 @@ def test_a_seed_beyond_63_bits_is_refused_with_one_line(
         main(["verify", "--seed", str(2**64)])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert "must be between 0 and 2**63 - 1" in err and "Traceback" not in err
+    assert "a seed must be an integer from 0 to 2**63 - 1" in err and "Traceback" not in err
 
 
 def test_bench_output_under_a_regular_file_exits_2_with_one_line(
@@ -232,3 +232,19 @@ def test_ctrl_c_during_verify_exits_130_with_one_line(
     monkeypatch.setattr(draftmeta.verify, "verify", interrupted)
     assert main(["verify", "--batches", "1"]) == 130
     assert capsys.readouterr().err == "draftmeta verify: interrupted\n"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["e2e", "--ks", "9"], "K (draft tokens per step) must be an integer from 1 to 8, got 9"),
+    (["e2e", "--warmups", "-1"], "must be an integer >= 0, got -1"),
+    (["infer", "TRITON_MLA", "--batches", "x"], "must be a positive integer, got 'x'"),
+    (["infer", "TRITON_MLA", "--seed", "-3"], "a seed must be an integer from 0 to 2**63 - 1"),
+])
+def test_every_sub_command_refuses_an_out_of_range_integer_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

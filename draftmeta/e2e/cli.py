@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from draftmeta.arguments import integer_in, non_negative, positive, seed
 from draftmeta.e2e.environment import BACKENDS
 
 __all__ = ["DEFAULT_OUT", "add_parser", "run"]
@@ -26,31 +27,7 @@ DEFAULT_OUT = Path(tempfile.gettempdir()) / "draftmeta-results"
 ``--out benchmarks/results`` writes the committed ones)."""
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _k(text: str) -> int:
-    value = _positive(text)
-    if value > 8:
-        raise argparse.ArgumentTypeError(f"K (draft tokens per step) must be 1 to 8, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
+_k = integer_in(1, 8, what="K (draft tokens per step)")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -71,16 +48,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS),
                    help="attention backends (AMX_MLA is skipped on CPUs without AMX)")
-    p.add_argument("--batch-sizes", type=_positive, nargs="+", default=[1, 4],
+    p.add_argument("--batch-sizes", type=positive, nargs="+", default=[1, 4],
                    help="prompts per generate")
     p.add_argument("--ks", type=_k, nargs="+", default=[1, 2, 3, 4],
                    help="draft tokens per step (num_speculative_tokens)")
-    p.add_argument("--max-tokens", type=_positive, default=64, help="tokens per prompt")
-    p.add_argument("--repeats", type=_positive, default=5,
+    p.add_argument("--max-tokens", type=positive, default=64, help="tokens per prompt")
+    p.add_argument("--repeats", type=positive, default=5,
                    help="measured generates per configuration (medians are reported)")
-    p.add_argument("--warmups", type=_non_negative, default=1,
+    p.add_argument("--warmups", type=non_negative, default=1,
                    help="unmeasured generates first")
-    p.add_argument("--seed", type=int, default=0, help="engine, weight and prompt seed")
+    p.add_argument("--seed", type=seed, default=0, help="engine, weight and prompt seed")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help=f"folder for e2e-cpu.json/.md/.png (default {DEFAULT_OUT}; "
                         "benchmarks/results writes the committed results)")

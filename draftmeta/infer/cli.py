@@ -10,17 +10,9 @@ import argparse
 import sys
 from typing import Any
 
+from draftmeta.arguments import positive, seed
+
 __all__ = ["add_parser", "run"]
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -29,9 +21,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "infer", help="infer a builder's spec from what it builds, print it, verify it")
     p.add_argument("builder", help="a catalogue name (CPU_MLA, TRITON_MLA, INDEXER, KPOOL_TAIL, "
                                    "AMX_MLA) or MODULE:BuilderClass")
-    p.add_argument("--batches", type=_positive, default=200,
+    p.add_argument("--batches", type=positive, default=200,
                    help="random batches to verify over (default 200)")
-    p.add_argument("--seed", type=int, default=0, help="first verification seed")
+    p.add_argument("--seed", type=seed, default=0, help="first verification seed")
     p.add_argument("--no-verify", action="store_true", help="print the spec without verifying")
     p.set_defaults(run=run)
     return p
