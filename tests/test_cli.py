@@ -3,6 +3,7 @@ coverage and a small bench run."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -11,6 +12,11 @@ import pytest
 from draftmeta import DraftSpec, HostConstant
 from draftmeta.cli import main
 from draftmeta.integrations.vllm import equivalence
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="builds metadata with vLLM's real builders (pip install 'draftmeta[vllm]')",
+)
 
 
 def test_explain_prints_the_generated_source(capsys: pytest.CaptureFixture[str]) -> None:
@@ -120,6 +126,7 @@ def test_argument_errors_exit_2_with_a_message(
     assert message in capsys.readouterr().err
 
 
+@needs_vllm
 def test_verify_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", "--batches", "3", "--steps", "4", "--seed", "7"]) == 0
     out = capsys.readouterr().out
@@ -128,6 +135,7 @@ def test_verify_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "all updated metadata equals the rebuilt metadata" in out
 
 
+@needs_vllm
 def test_verify_fails_on_a_broken_spec(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -141,6 +149,7 @@ def test_verify_fails_on_a_broken_spec(
     assert "FAIL TRITON_MLA seed=11" in out and "field=max_seq_len" in out
 
 
+@needs_vllm
 def test_coverage_says_which_vllm_it_found_and_who_covers_each_builder(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,6 +164,7 @@ def test_coverage_says_which_vllm_it_found_and_who_covers_each_builder(
     assert max(len(line) for line in lines) <= 100
 
 
+@needs_vllm
 def test_coverage_json_is_one_object_with_the_documented_fields(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -170,6 +180,7 @@ def test_coverage_json_is_one_object_with_the_documented_fields(
     assert "FLASHMLA" in report["blocking_full_capture"]
 
 
+@needs_vllm
 def test_coverage_says_when_the_plugin_is_turned_off(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -180,6 +191,7 @@ def test_coverage_says_when_the_plugin_is_turned_off(
     assert plugin["reason"] == "turned off by DRAFTMETA_VLLM_PLUGIN"
 
 
+@needs_vllm
 def test_bench_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["bench", "--batch-sizes", "1", "4", "--max-steps", "3", "--repeats", "2",
                  "--out", str(tmp_path), "--quiet"])

@@ -4,7 +4,8 @@ Each ```python block is one test, named by its file and block index
 (``docs/guide.md::block-3``). The blocks of one file run in order in one shared namespace, so a
 block may use what earlier ones defined; running a single block runs the earlier blocks of its
 file first. A block preceded by the HTML comment ``<!-- needs-cuda -->`` runs only where CUDA
-is available (the CUDA-graph examples).
+is available (the CUDA-graph examples), one preceded by ``<!-- needs-vllm -->`` only where vLLM
+is installed (examples that build metadata with vLLM's real builders).
 """
 
 from __future__ import annotations
@@ -20,6 +21,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_MARKER = "<!-- needs-cuda -->"
+VLLM_MARKER = "<!-- needs-vllm -->"
+
+
+def _missing(marker: str) -> str | None:
+    """Why a block behind ``marker`` cannot run here, or ``None`` if it can."""
+    if marker == CUDA_MARKER:
+        return None if torch.cuda.is_available() else "needs CUDA"
+    import importlib.util
+
+    return None if importlib.util.find_spec("vllm") is not None else "needs vLLM"
 FENCE = re.compile(
     r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)\n"
     r"(?P<body>.*?)"
@@ -29,13 +40,13 @@ FENCE = re.compile(
 
 
 class Block(NamedTuple):
-    """One ```python block: its index in the file, first code line, source, and whether it
-    needs CUDA."""
+    """One ```python block: its index in the file, first code line, source, and the marker in
+    front of it (what it needs), if any."""
 
     index: int
     line: int
     source: str
-    skipped: bool
+    needs: str | None
 
 
 def python_blocks(text: str) -> list[Block]:
@@ -45,14 +56,15 @@ def python_blocks(text: str) -> list[Block]:
         words = match.group("info").strip().split()
         if not words or words[0].lstrip(".{").rstrip("}") not in ("python", "py"):
             continue
-        skipped = text[: match.start()].rstrip().endswith(CUDA_MARKER)
+        before = text[: match.start()].rstrip()
+        needs = next((m for m in (CUDA_MARKER, VLLM_MARKER) if before.endswith(m)), None)
         indent = match.group("indent")
         source = "".join(
             line[len(indent):] if line.startswith(indent) else line
             for line in match.group("body").splitlines(keepends=True)
         )
         line = text.count("\n", 0, match.start()) + 2
-        blocks.append(Block(len(blocks), line, source, skipped))
+        blocks.append(Block(len(blocks), line, source, needs))
     return blocks
 
 
@@ -87,7 +99,7 @@ class _FileRun:
         while self.done <= index:
             block = self.blocks[self.done]
             self.done += 1
-            if block.skipped and not torch.cuda.is_available():
+            if block.needs is not None and _missing(block.needs):
                 continue
             if self.failed is not None:
                 raise AssertionError(
@@ -113,8 +125,10 @@ _runs: dict[str, _FileRun] = {}
 @pytest.mark.parametrize(("name", "index"), _cases())
 def test_example_runs(name: str, index: int) -> None:
     run = _runs.setdefault(name, _FileRun(name))
-    if run.blocks[index].skipped and not torch.cuda.is_available():
-        pytest.skip(f"{name} block {index} needs CUDA")
+    needs = run.blocks[index].needs
+    why = _missing(needs) if needs is not None else None
+    if why is not None:
+        pytest.skip(f"{name} block {index} {why}")
     run.run_through(index)
 
 
@@ -123,11 +137,13 @@ def test_blocks_are_extracted() -> None:
     text = (
         "text\n\n```python\nx = 1\n```\n\n<!-- needs-cuda -->\n```python\nraise SystemExit\n```\n\n"
         "```bash\nls\n```\n\n- item\n\n    ```python\n    y = x + 1\n    ```\n"
+        "\n<!-- needs-vllm -->\n```python\nimport vllm\n```\n"
     )
     blocks = python_blocks(text)
-    assert [(b.index, b.source, b.skipped) for b in blocks] == [
-        (0, "x = 1\n", False),
-        (1, "raise SystemExit\n", True),
-        (2, "y = x + 1\n", False),
+    assert [(b.index, b.source, b.needs) for b in blocks] == [
+        (0, "x = 1\n", None),
+        (1, "raise SystemExit\n", CUDA_MARKER),
+        (2, "y = x + 1\n", None),
+        (3, "import vllm\n", VLLM_MARKER),
     ]
     assert blocks[0].line == 4  # the line of `x = 1`
