@@ -28,6 +28,7 @@ __all__ = [
     "RECORDED_DIR",
     "ClassRef",
     "ensure_platform_environment",
+    "import_class",
     "installed_vllm_version",
     "load_metadata_class",
     "recorded_path",
@@ -63,13 +64,21 @@ def ensure_platform_environment() -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _import(ref: ClassRef) -> type:
+def import_class(ref: ClassRef) -> type:
+    """The class ``ref`` names (vLLM's platform environment set first on a CPU-only machine).
+
+    Raises:
+        ImportError: its module does not import here.
+        AttributeError: the module has no such name.
+        TypeError: the name is not a class.
+    """
     if ref.module.startswith("vllm"):
         ensure_platform_environment()
     obj: object = importlib.import_module(ref.module)
     for part in ref.qualname.split("."):
         obj = getattr(obj, part)
-    assert isinstance(obj, type)
+    if not isinstance(obj, type):
+        raise TypeError(f"{ref} is a {type(obj).__qualname__}, not a class")
     return obj
 
 
@@ -140,7 +149,7 @@ def source_fields(module: str, qualname: str) -> tuple[tuple[str, object], ...]:
 
 def _fields_of(ref: ClassRef) -> tuple[tuple[str, object], ...]:
     try:
-        cls = _import(ref)
+        cls = import_class(ref)
     except Exception:
         return source_fields(ref.module, ref.qualname)
     if not dataclasses.is_dataclass(cls):
@@ -219,7 +228,7 @@ def load_metadata_class(module: str, qualname: str) -> tuple[type, bool]:
     try:
         if forced:
             raise ImportError("DRAFTMETA_VLLM_CLASSES=recorded")
-        return _import(ref), True
+        return import_class(ref), True
     except Exception:
         try:
             if forced:

@@ -16,7 +16,6 @@ Modules, one job each:
 
 * :mod:`draftmeta.e2e.errors`: the errors a run raises;
 * :mod:`draftmeta.e2e.environment`: the vLLM build check, environment variables, AMX detection;
-* :mod:`draftmeta.e2e.patching`: class attributes replaced for a run and restored exactly;
 * :mod:`draftmeta.e2e.model`: the tiny model's config and the weight re-initialisation;
 * :mod:`draftmeta.e2e.capture`: what a run records (draft tokens, hidden-state digests,
   refresh timings and in-place / rebuild counts per backend);

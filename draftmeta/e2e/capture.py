@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import torch
 
-from draftmeta.e2e.patching import Patches
+from draftmeta.integrations.patching import Patches
 
 __all__ = ["GenerateRecord", "IndexTiming", "Recorder"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from draftmeta.e2e.patching import Patches
+from draftmeta.integrations.patching import Patches
 
 __all__ = [
     "MODEL_CONFIG",

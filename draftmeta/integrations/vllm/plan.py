@@ -8,7 +8,6 @@ reason. The plugin installs exactly this plan; ``draftmeta coverage`` prints it.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -16,6 +15,7 @@ from typing import Any, Literal
 import attrs
 
 from draftmeta.backends.common import HostBoundPolicy
+from draftmeta.backends.vllm_classes import import_class
 from draftmeta.errors import SpecError
 from draftmeta.integrations.vllm.catalogue import (
     BuilderEntry,
@@ -104,11 +104,9 @@ def _override_upstream() -> bool:
 
 def _import_class(entry: BuilderEntry) -> type | None:
     try:
-        module = importlib.import_module(entry.builder.module)
-    except Exception:
+        return import_class(entry.builder)
+    except Exception:  # any failure to import means "not on this machine", said in the plan
         return None
-    cls = getattr(module, entry.builder.qualname, None)
-    return cls if isinstance(cls, type) else None
 
 
 def capture_unsafe_reason(spec: DraftSpec[Any]) -> str | None:

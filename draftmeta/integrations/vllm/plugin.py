@@ -51,6 +51,7 @@ from typing import Any
 import attrs
 
 from draftmeta.errors import DraftMetaError, UpdateError
+from draftmeta.integrations.patching import Patches
 from draftmeta.integrations.vllm.plan import (
     OVERRIDE_ENV,
     Decision,
@@ -80,16 +81,6 @@ logger = logging.getLogger("draftmeta.vllm")
 
 DISABLE_ENV = "DRAFTMETA_VLLM_PLUGIN"
 """Set to ``0`` (or ``off``, ``false``, ``no``) to turn the plugin off."""
-
-_MISSING = object()
-
-
-@attrs.define
-class _Patch:
-    cls: type
-    name: str
-    original: object  # the class's own attribute, or _MISSING if it was inherited
-
 
 @attrs.frozen
 class Installed:
@@ -127,7 +118,7 @@ class BuilderStats:
 
 
 _lock = threading.Lock()
-_patches: list[_Patch] = []
+_patches = Patches()
 _installed: Installed | None = None
 _stats: dict[str, BuilderStats] = {}
 
@@ -189,12 +180,13 @@ def register(*, spec_overrides: Mapping[str, SpecOverride] | None = None) -> Non
                 continue
             assert decision.cls is not None
             if decision.path == "older_proposer":
-                _patch(decision.cls, "build_for_drafting",
+                _patches.replace(decision.cls, "build_for_drafting",
                        _older_build_for_drafting(decision, spec_overrides))
                 older.append(decision.entry.name)
             else:
-                _patch(decision.cls, "__init__", _hook_init(decision, spec_overrides))
-                _patch(decision.cls, "update_draft_decode_metadata", _hook_update(decision))
+                _patches.replace(decision.cls, "__init__", _hook_init(decision, spec_overrides))
+                _patches.replace(decision.cls, "update_draft_decode_metadata",
+                                 _hook_update(decision))
                 hook.append(decision.entry.name)
             _stats.setdefault(decision.entry.name, BuilderStats())
         _installed = Installed(version, plan.release.version, tuple(older), tuple(hook),
@@ -211,21 +203,11 @@ def _exactly(obj: Any, cls: type) -> bool:
     return type(obj) is cls
 
 
-def _patch(cls: type, name: str, value: object) -> None:
-    _patches.append(_Patch(cls, name, cls.__dict__.get(name, _MISSING)))
-    setattr(cls, name, value)
-
-
 def unregister() -> None:
     """Restore every attribute the plugin patched, in reverse order, and forget its state."""
     global _installed
     with _lock:
-        while _patches:
-            patch = _patches.pop()
-            if patch.original is _MISSING:
-                delattr(patch.cls, patch.name)
-            else:
-                setattr(patch.cls, patch.name, patch.original)
+        _patches.restore()
         _installed = None
         _stats.clear()
 
@@ -308,7 +290,7 @@ def _older_build_for_drafting(
                 )
         if kept.refused or kept.sentinel.switched_off:
             return None
-        cache.state = _rebind(kept.state, cache.cad)
+        cache.state = kept.state  # rebound to this loop's metadata by the caller
         cache.shadowed = kept.sentinel.enabled and kept.sentinel.should_check()
         return kept
 

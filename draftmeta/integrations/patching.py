@@ -1,4 +1,8 @@
-"""Class attributes replaced for the length of a run and restored exactly afterwards."""
+"""Class attributes of an engine replaced and later restored exactly.
+
+The vLLM plugin patches builder classes for the life of a process (until ``unregister``);
+``draftmeta e2e`` patches vLLM's proposer for the length of one run. Both use :class:`Patches`.
+"""
 
 from __future__ import annotations
 
@@ -32,13 +36,13 @@ class Patches:
         """Set ``owner.name`` to ``value`` until :meth:`restore`.
 
         Raises:
-            AttributeError: ``owner`` has no attribute ``name`` (own or inherited): the vLLM
-                release is not the one this run was written against.
+            AttributeError: ``owner`` has no attribute ``name`` (own or inherited): the
+                installed engine release is not the one the caller was written against.
         """
         if not hasattr(owner, name):
             raise AttributeError(
                 f"{owner.__module__}.{owner.__qualname__} has no attribute {name!r}; the "
-                "installed vLLM is not the release draftmeta e2e was written against"
+                "installed engine is not the release draftmeta was written against"
             )
         self._saved.append(_Saved(owner, name, owner.__dict__.get(name, _MISSING)))
         setattr(owner, name, value)
