@@ -13,8 +13,9 @@ are exact for overlapping byte ranges and conservative for interleaved strided v
 whose ranges interleave without sharing an element are refused too). A set of tensor objects
 that passed is remembered (the guard holds strong references to them), so in the steady state
 a check costs one ``id`` per tensor and a list comparison; new tensor objects with a layout
-verified before (new views of the same buffers, as vLLM makes every draft loop) cost one
-signature per tensor and a dictionary lookup.
+verified before (new views of the same buffers, or new tensors laid out the same way, as vLLM
+makes every draft loop) cost one address-independent signature per tensor and a dictionary
+lookup.
 """
 
 from __future__ import annotations
@@ -80,13 +81,25 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _meet(_extent(a), _extent(b))
 
 
-def _signature(x: object) -> object:
-    """Everything the layout verdict depends on for one argument: for a tensor its address,
-    storage base, shape, strides, element size and device; for anything else its type."""
-    if isinstance(x, torch.Tensor):
-        return (x.data_ptr(), x.storage_offset(), x.shape, x.stride(), x.element_size(),
-                x.device)
-    return type(x)
+def _layout_signature(held: Sequence[object]) -> tuple[object, ...]:
+    """Everything the layout verdict depends on, independent of where the memory lies.
+
+    For each tensor: which storage it views (numbered in order of first appearance, so new
+    allocations laid out like verified ones match), its offset, shape, strides, dtype and device;
+    for anything else its type. Two argument sets with one signature get one verdict: overlap
+    is decided per storage, from offsets, shapes, strides and element sizes alone.
+    """
+    storages: dict[int, int] = {}
+    signature: list[object] = []
+    for x in held:
+        if isinstance(x, torch.Tensor):
+            offset = int(x.storage_offset())
+            base = x.data_ptr() - offset * x.element_size()
+            storage = storages.setdefault(base, len(storages))
+            signature.append((storage, offset, x.shape, x.stride(), x.dtype, x.device))
+        else:
+            signature.append(type(x))
+    return tuple(signature)
 
 
 _SIGNATURES_KEPT = 64
@@ -144,9 +157,10 @@ class LayoutGuard:
         ids = list(map(id, held))
         if ids == self._ids:
             return None
-        # New tensor objects (vLLM makes new views of its persistent buffers every draft
-        # loop): the verdict depends only on their layouts, so a layout verified before passes.
-        signature = tuple(map(_signature, held))
+        # New tensor objects (vLLM makes new views of its persistent buffers, and CPU builders
+        # new tensors, every draft loop): the verdict depends only on their relative layout, so
+        # a layout verified before passes.
+        signature = _layout_signature(held)
         if signature in self._verified:
             self._ids, self._held = ids, held
             return None

@@ -1,0 +1,88 @@
+"""The memory-layout guard: exact verdicts, remembered by layout rather than by address."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from draftmeta.derivations import CopyFrom
+from draftmeta.layout import LayoutGuard, Written
+
+
+def _state(n: int = 4) -> types.SimpleNamespace:
+    """A draft state's six buffers, each in its own fresh allocation."""
+    return types.SimpleNamespace(
+        positions=torch.zeros(n, dtype=torch.int64),
+        seq_lens=torch.zeros(n, dtype=torch.int32),
+        slot_mapping=torch.zeros(n, dtype=torch.int64),
+        block_table=torch.zeros(n, 8, dtype=torch.int32),
+        query_start_loc=torch.arange(n + 1, dtype=torch.int32),
+        dcp_local_seq_lens=None,
+    )
+
+
+@pytest.fixture
+def verifications(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the guard's full verifications (the slow path)."""
+    calls: list[int] = []
+    original = LayoutGuard._verify
+
+    def counting(self: LayoutGuard, *args: object) -> object:
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(LayoutGuard, "_verify", counting)
+    return calls
+
+
+def test_new_tensors_laid_out_like_verified_ones_pass_without_a_second_verification(
+    verifications: list[int],
+) -> None:
+    guard = LayoutGuard([Written("seq_lens_copy")])
+    for _ in range(5):  # every draft loop: fresh allocations at new addresses, same layout
+        assert guard.check(_state(), torch.zeros(4, dtype=torch.int32)) is None
+    assert len(verifications) == 1
+
+
+def test_a_written_field_sharing_a_state_buffer_is_refused_after_a_clean_layout_was_verified(
+    verifications: list[int],
+) -> None:
+    guard = LayoutGuard([Written("seq_lens_copy")])
+    assert guard.check(_state(), torch.zeros(4, dtype=torch.int32)) is None
+    state = _state()
+    # same shapes, dtypes and offsets as before; only now the field views state.seq_lens
+    problem = guard.check(state, state.seq_lens[:])
+    assert problem is not None
+    assert problem[0] == "seq_lens_copy"
+    assert "shares memory with state.seq_lens" in problem[1]
+    assert len(verifications) == 2
+
+
+def test_two_written_fields_in_one_buffer_are_refused_even_when_each_layout_alone_passed() -> None:
+    guard = LayoutGuard([Written("a"), Written("b")])
+    assert guard.check(_state(), torch.zeros(4, dtype=torch.int32),
+                       torch.zeros(4, dtype=torch.int32)) is None
+    shared = torch.zeros(6, dtype=torch.int32)
+    problem = guard.check(_state(), shared[:4], shared[2:6])
+    assert problem is not None and problem[0] == "b"
+    assert "shares memory with 'a'" in problem[1]
+
+
+def test_a_different_offset_in_one_storage_is_a_different_layout() -> None:
+    guard = LayoutGuard([Written("a"), Written("b")])
+    shared = torch.zeros(8, dtype=torch.int32)
+    assert guard.check(_state(), shared[:4], shared[4:8]) is None  # adjacent, disjoint
+    shared = torch.zeros(8, dtype=torch.int32)
+    assert guard.check(_state(), shared[:4], shared[3:7]) is not None  # one element shared
+
+
+def test_a_dtype_change_with_the_same_element_size_is_a_different_layout() -> None:
+    # a copy onto itself writes nothing only when the dtypes agree
+    guard = LayoutGuard([Written("a", inputs=1, fn=CopyFrom())])
+    src = torch.zeros(4, dtype=torch.int32)
+    assert guard.check(_state(), src, src) is None
+    src = torch.zeros(4, dtype=torch.float32)
+    problem = guard.check(_state(), src.view(torch.int32), src)
+    assert problem is not None and "overlaps the memory of its input 0" in problem[1]
