@@ -147,6 +147,8 @@ class LayoutGuard:
 
     def check(self, state: object, *args: object) -> tuple[str, str] | None:
         """``None`` if every write is safe, else ``(path, problem)``. Writes nothing."""
+        if all(a is None for a in args):  # no tensor written or declared unchanged here
+            return None
         if self._owns_state:
             buffers: tuple[object, ...] = ()
         else:

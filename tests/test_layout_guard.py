@@ -86,3 +86,30 @@ def test_a_dtype_change_with_the_same_element_size_is_a_different_layout() -> No
     src = torch.zeros(4, dtype=torch.float32)
     problem = guard.check(_state(), src.view(torch.int32), src)
     assert problem is not None and "overlaps the memory of its input 0" in problem[1]
+
+
+def test_an_update_whose_guarded_fields_are_all_absent_skips_the_layout_work(
+    monkeypatch: pytest.MonkeyPatch, verifications: list[int]
+) -> None:
+    import draftmeta.layout as layout
+
+    signatures: list[int] = []
+    original = layout._layout_signature
+
+    def counting(held: object) -> object:
+        signatures.append(1)
+        return original(held)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(layout, "_layout_signature", counting)
+    guard = LayoutGuard([Written("dcp_tot_seq_lens", unchanged=True)])
+    for _ in range(3):  # a new state every loop, the optional field None (no DCP)
+        assert guard.check(_state(), None) is None
+    assert signatures == [] and verifications == []
+    assert guard.check(_state(), torch.zeros(4, dtype=torch.int32)) is None
+    assert signatures == [1] and verifications == [1]
+
+
+def test_a_written_field_that_is_not_a_tensor_is_still_refused() -> None:
+    guard = LayoutGuard([Written("seq_lens_copy")])
+    problem = guard.check(_state(), 5)
+    assert problem == ("seq_lens_copy", "is a int, expected a tensor")
