@@ -21,9 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
+import torch
 
 from draftmeta.advance import HostBound, OverflowPolicy, advance_state, check_policy
 from draftmeta.errors import SpecError
+from draftmeta.fields import record_items
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 from draftmeta.testing.compare import Mismatch, compare_metadata
@@ -59,6 +61,7 @@ class CheckFailure:
         error: what raised (the build, the update, a valid-prefix reference) or why the draft
             loop refuses the spec; ``None`` for a mismatch.
         hint: a likely cause, where one is known (the loop's policy check).
+        cause: the exception behind ``error``, if one was raised (chained to the failure).
     """
 
     spec_name: str
@@ -68,6 +71,7 @@ class CheckFailure:
     also: tuple[str, ...] = ()
     error: str | None = None
     hint: str | None = None
+    cause: BaseException | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def seed(self) -> int | None:
@@ -143,6 +147,7 @@ class SpecCheckFailed(AssertionError):
     def __init__(self, failure: CheckFailure) -> None:
         super().__init__(str(failure))
         self.failure = failure
+        self.__cause__ = failure.cause
 
 
 @attrs.frozen
@@ -248,6 +253,16 @@ class _Run(Generic[M]):
             rebuilt = self.rebuild(fresh)
         except Exception as exc:
             return self._raised(case, step, "rebuild(state)", exc)
+        shared = _shared_storage(metadata, rebuilt, "")
+        if shared is not None:
+            return CheckFailure(
+                self.spec.name, case, step,
+                error=f"the rebuilt metadata's {shared} shares storage with the updated "
+                      "metadata's, so the comparison would be vacuous (the rebuild overwrote "
+                      "the buffer being checked)",
+                hint="pass rebuild= the build of a second builder instance, with buffers of "
+                     "its own",
+            )
         try:
             prefixes = resolve_valid_prefixes(self.valid, rebuilt, fresh)
         except (ValueError, AttributeError) as exc:
@@ -263,7 +278,23 @@ class _Run(Generic[M]):
 
     def _raised(self, case: BatchCase, step: int, what: str, exc: Exception) -> CheckFailure:
         return CheckFailure(self.spec.name, case, step,
-                            error=f"{what} raised {type(exc).__name__}: {exc}")
+                            error=f"{what} raised {type(exc).__name__}: {exc}", cause=exc)
+
+
+def _shared_storage(updated: object, rebuilt: object, path: str) -> str | None:
+    """The first field path where both objects hold tensors over the same memory, or ``None``."""
+    if isinstance(updated, torch.Tensor) and isinstance(rebuilt, torch.Tensor):
+        if updated.numel() and rebuilt.numel() and updated.data_ptr() == rebuilt.data_ptr():
+            return path or "<root>"
+        return None
+    items_a, items_b = record_items(updated), record_items(rebuilt)
+    if items_a is None or items_b is None:
+        return None
+    for (key, a), (_, b) in zip(items_a, items_b):
+        found = _shared_storage(a, b, f"{path}.{key}" if path else key)
+        if found is not None:
+            return found
+    return None
 
 
 def _policy_problem(spec: DraftSpec[Any], policy: OverflowPolicy) -> str | None:
