@@ -3,7 +3,9 @@ coverage and a small bench run."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import io
 import json
 from pathlib import Path
 
@@ -114,7 +116,7 @@ def test_specs_declared_after_explain_use_vllms_own_classes_again() -> None:
         (["verify", "--steps", "1"], "must be an integer from 2 to 16, got 1"),
         (["verify", "--device", "tpu"], "invalid choice: 'tpu'"),
         (["bench", "--batch-sizes", "-4"], "must be a positive integer, got -4"),
-        ([], "the following arguments are required: command"),
+        ([], "the following arguments are required: COMMAND"),
     ],
 )
 def test_argument_errors_exit_2_with_a_message(
@@ -127,12 +129,27 @@ def test_argument_errors_exit_2_with_a_message(
 
 
 @needs_vllm
-def test_verify_passes(capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_passes_shows_progress_and_names_the_backends_it_skips(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from draftmeta.integrations.vllm.equivalence import BUILDERS
+
     assert main(["verify", "--batches", "3", "--steps", "4", "--seed", "7"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     for builder in ("CPU_MLA", "TRITON_MLA", "INDEXER"):
         assert builder in out
     assert "all updated metadata equals the rebuilt metadata" in out
+    # every checked backend is announced on stderr, in order, with its count
+    stages = [line for line in err.splitlines() if line.startswith("draftmeta verify: checking")]
+    assert [line.split()[3] for line in stages] == list(BUILDERS)
+    assert stages[-1].startswith(f"draftmeta verify: checking KPOOL_TAIL ({len(BUILDERS)}/")
+    # the catalogued builders that do not construct on a CPU are named, with the reason
+    skipped = out.split("backend ")[0]
+    assert "skipped (they construct only on a CUDA GPU" in skipped
+    for name in ("FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA_SPARSE_SM120"):
+        assert name in skipped
+    assert all(name not in skipped.split("):", 1)[1].split() for name in BUILDERS)
+    assert max(len(line) for line in out.splitlines()) <= 100
 
 
 @needs_vllm
@@ -242,7 +259,8 @@ def test_ctrl_c_during_verify_exits_130_with_one_line(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(draftmeta.verify, "verify", interrupted)
-    assert main(["verify", "--batches", "1"]) == 130
+    # --device cuda: nothing is imported before the (interrupted) check, vLLM or not
+    assert main(["verify", "--device", "cuda", "--batches", "1", "--quiet"]) == 130
     assert capsys.readouterr().err == "draftmeta verify: interrupted\n"
 
 
@@ -260,3 +278,208 @@ def test_every_sub_command_refuses_an_out_of_range_integer_with_one_line(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_version_is_the_installed_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"draftmeta {version('draftmeta')}\n"
+
+
+def _sub_parsers() -> dict[str, argparse.ArgumentParser]:
+    from draftmeta.cli import parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_command_has_a_description_and_every_option_says_its_default() -> None:
+    commands = _sub_parsers()
+    assert set(commands) == {"explain", "verify", "coverage", "bench", "e2e", "infer"}
+    for name, p in commands.items():
+        assert p.description and len(p.description) > 40, name
+        text = p.format_help()
+        for action in p._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            assert action.help, (name, action.option_strings)
+            shown = p._get_formatter()._expand_help(action)
+            assert "(default: " in shown, (name, action.option_strings, shown)
+            assert action.option_strings[-1] in text
+
+
+def test_every_command_takes_verbose_and_the_long_ones_quiet() -> None:
+    for name, p in _sub_parsers().items():
+        options = {o for a in p._actions for o in a.option_strings}
+        assert {"-v", "--verbose"} <= options, name
+        if name != "explain":  # explain takes about 2 s
+            assert "--quiet" in options, name
+
+
+def test_a_mistyped_command_exits_2_with_one_line_and_a_did_you_mean(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["verfy"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did you mean 'verify'?" in err
+    assert err.startswith("draftmeta: argument COMMAND: invalid choice: 'verfy'")
+
+
+def test_an_argument_error_is_one_line_naming_the_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "--repeats", "0"])
+    err = capsys.readouterr().err
+    assert err == ("draftmeta bench: argument --repeats: must be a positive integer, got 0 "
+                   "(see draftmeta bench --help)\n")
+
+
+def test_explain_host_bound_frozen_prints_the_frozen_update(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["explain", "TRITON_MLA", "--host-bound", "frozen"]) == 0
+    out = capsys.readouterr().out
+    assert "def draft_update_TRITON_MLA_frozen(metadata, state):" in out
+    assert "# max_seq_len: host upper bound: frozen at state.max_model_len" in out
+    assert main(["explain", "TRITON_MLA.dcp", "--host-bound", "frozen"]) == 0
+    out = capsys.readouterr().out
+    assert "def draft_update_TRITON_MLA_dcp_frozen(metadata, state):" in out
+    assert "_dcp_max_seq_len(state.max_model_len, " in out
+    assert main(["explain", "state.wrap", "--host-bound", "frozen"]) == 0
+    assert "_SPEC = 'draft_state.wrap.frozen'" in capsys.readouterr().out
+    assert main(["explain", "FLASHMLA.fp8", "--host-bound", "frozen"]) == 0
+    assert "def draft_update_FLASHMLA_fp8_frozen(" in capsys.readouterr().out
+
+
+def test_explain_without_host_bound_prints_the_registered_spec(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["explain", "state.clamp.frozen"]) == 0
+    frozen = capsys.readouterr().out
+    assert main(["explain", "state.clamp", "--host-bound", "frozen"]) == 0
+    assert capsys.readouterr().out == frozen
+
+
+def test_explain_a_frozen_name_with_the_advancing_bound_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["explain", "state.clamp.frozen", "--host-bound", "advance"]) == 2
+    assert capsys.readouterr().err == (
+        "draftmeta explain: state.clamp.frozen is the frozen host bound; for --host-bound "
+        "advance name state.clamp\n")
+
+
+def test_results_go_outside_the_committed_folder_unless_out_says_so() -> None:
+    committed = (Path(__file__).resolve().parent.parent / "benchmarks" / "results").resolve()
+    for name in ("bench", "e2e"):
+        out = Path(_sub_parsers()[name].get_default("out")).resolve()
+        assert out != committed and committed not in out.parents, (name, out)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_redraws_one_line_and_clears_it_before_results() -> None:
+    from draftmeta.cli import Progress
+
+    err, out = _Terminal(), io.StringIO()
+    with Progress("verify", stream=err, out=out) as progress:
+        progress.update("checking CPU_MLA (1/5)")
+        progress.write("CPU_MLA 3 10 0")
+        with progress.stdout():
+            print("printed by the command itself")
+    assert out.getvalue() == "CPU_MLA 3 10 0\nprinted by the command itself\n"
+    shown = err.getvalue()
+    assert "\r\x1b[Kdraftmeta verify: checking CPU_MLA (1/5) [0 s]" in shown
+    assert shown.endswith("\r\x1b[K") and "\n" not in shown  # one line, cleared at the end
+
+
+def test_progress_in_a_log_is_one_plain_line_per_stage_and_nothing_when_quiet() -> None:
+    from draftmeta.cli import Progress
+
+    err, out = io.StringIO(), io.StringIO()
+    with Progress("coverage", stream=err, out=out) as progress:
+        progress.update("importing vLLM")
+        progress.write("a result")
+    assert err.getvalue() == "draftmeta coverage: importing vLLM\n"
+    quiet = _Terminal()
+    with Progress("coverage", enabled=False, stream=quiet, out=out) as progress:
+        progress.update("importing vLLM")
+    assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_torch_and_vllm_warnings_and_logs_show_only_with_verbose(
+    verbose: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+    import warnings
+
+    from draftmeta.cli import _quiet_imports
+
+    before = logging.getLogger("torch").level
+    handler = logging.StreamHandler(__import__("sys").stderr)
+    noisy = logging.getLogger("torch.utils.cpp_extension")
+    noisy.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            with _quiet_imports(verbose):
+                warnings.warn_explicit("vLLM deprecation", FutureWarning, "x.py", 1,
+                                       module="vllm.config")
+                warnings.warn_explicit("ours", UserWarning, "y.py", 1, module="draftmeta.loop")
+                noisy.warning("No CUDA runtime is found")
+    finally:
+        noisy.removeHandler(handler)
+    shown = [str(w.message) for w in caught]
+    err = capsys.readouterr().err
+    if verbose:
+        assert shown == ["vLLM deprecation", "ours"] and "No CUDA runtime" in err
+    else:
+        assert shown == ["ours"] and "No CUDA runtime" not in err
+    assert logging.getLogger("torch").level == before  # restored
+
+
+_NOISE = """
+import sys
+from draftmeta.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@needs_vllm
+def test_verify_in_a_fresh_process_prints_nothing_on_stderr_but_its_own_lines() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", _NOISE, "verify", "--batches", "1"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    foreign = [line for line in done.stderr.splitlines()
+               if not line.startswith("draftmeta verify: ")]
+    assert foreign == [], done.stderr
+
+
+def test_the_command_line_reference_lists_every_command_option_and_default() -> None:
+    from draftmeta.cli import markdown_reference
+
+    page = markdown_reference()
+    for name, p in _sub_parsers().items():
+        assert f"## draftmeta {name}\n" in page
+        assert p.description is not None and p.description in page
+        for action in p._actions:
+            for option in action.option_strings:
+                assert f"`{option}" in page or f", {option}" in page, (name, option)
+    assert "(default: 1 8 64 256)" in page and "(default: 50)" in page
+    docs = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+    assert "markdown_reference()" in docs.read_text(encoding="utf-8")

@@ -59,8 +59,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="unmeasured generates first")
     p.add_argument("--seed", type=seed, default=0, help="engine, weight and prompt seed")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help=f"folder for e2e-cpu.json/.md/.png (default {DEFAULT_OUT}; "
-                        "benchmarks/results writes the committed results)")
+                   help="folder for e2e-cpu.json/.md/.png, in the system's temporary folder; "
+                        "only --out benchmarks/results writes the committed results")
     p.add_argument("--json", action="store_true",
                    help="print only the result's JSON object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
