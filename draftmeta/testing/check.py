@@ -112,9 +112,10 @@ class CheckFailure:
             head = f"spec {self.spec_name!r} failed the update-versus-rebuild check"
         lines = [head]
         if self.case is not None:
-            lines.append(f"  batch:    {self.case}")
+            lines.append(f"  batch:    {self.case.shape()}")
+            lines.append(f"            {self.case.schedule()}")
             what = ("the build, before any update" if self.step == 0 else
-                    f"after advance and update number {self.step} of {self.case.steps - 1}")
+                    f"of {self.case.steps - 1}: after advance and update number {self.step}")
             lines.append(f"  step:     {self.step} ({what})")
         m = self.mismatch
         if m is not None:
@@ -175,17 +176,20 @@ class SpecCheckReport:
     seconds: float
 
     def __str__(self) -> str:
-        seen = ", ".join(f"{COVERAGE[k]} {self.coverage.get(k, 0)}" for k in COVERAGE)
         lines = [
             f"spec {self.spec_name!r}: updated metadata equals the rebuilt metadata",
             f"  {self.batches * len(self.policies)} batches ({self.batches} per policy: "
             f"{', '.join(self.policies)}; host bound {self.host_bound}), "
             f"{self.steps} draft steps compared",
-            f"  edge cases (batches): {seen}",
+            "  edge cases exercised (batches):",
         ]
+        width = max(len(label) for label in COVERAGE.values())
+        for kind, label in COVERAGE.items():
+            lines.append(f"    {label:<{width}} {self.coverage.get(kind, 0):>5}")
         if self.valid:
-            prefixes = ", ".join(f"{p} {d}" for p, d in self.valid.items())
-            lines.append(f"  compared over valid prefixes: {prefixes}")
+            lines.append("  compared over valid prefixes only:")
+            width = max(len(path) for path in self.valid)
+            lines += [f"    {p:<{width}}  {d}" for p, d in self.valid.items()]
         return "\n".join(lines)
 
 

@@ -209,11 +209,19 @@ class BatchCase:
                             max_model_len=length, num_padded=padded)
 
     def __str__(self) -> str:
+        return f"{self.shape()}\n{self.schedule()}"
+
+    def shape(self) -> str:
+        """The seed, kind and batch shape: ``seed 3 (padded rows): 7 requests + 2 padded rows``."""
+        reqs = f"{self.batch_size} request{'s' if self.batch_size != 1 else ''}"
+        pads = f"{self.num_padded} padded row{'s' if self.num_padded != 1 else ''}"
+        return f"seed {self.seed} ({self.kind.replace('_', ' ')}): {reqs} + {pads}"
+
+    def schedule(self) -> str:
+        """Block size, context limit, K and the policies of the batch."""
         return (
-            f"seed {self.seed} ({self.kind.replace('_', ' ')}): {self.batch_size} request(s) + "
-            f"{self.num_padded} padded row(s), block_size {self.block_size}, max_model_len "
-            f"{self.max_model_len}, K {self.steps}, policy {self.policy}, host bound "
-            f"{self.host_bound}"
+            f"block_size {self.block_size}, max_model_len {self.max_model_len}, "
+            f"K={self.steps} draft steps, policy {self.policy}, host bound {self.host_bound}"
         )
 
 
