@@ -6,13 +6,18 @@ registers it with :mod:`linecache` so tracebacks and debuggers show the generate
 
 The generated function runs in phases, so that a failed update leaves the metadata untouched:
 
+0. the object: exactly the spec's class, nothing outside the spec (once per object);
 1. preconditions (raise :class:`~draftmeta.errors.PreconditionFailed`);
 2. structure checks: nested records present, aliases still sharing storage with their source,
-   derivation inputs of the right shape, dtype and device (raise
-   :class:`~draftmeta.errors.UpdateError`);
-3. new host values computed into locals;
+   host ints of the state in range (raise :class:`~draftmeta.errors.UpdateError`);
+3. new host values computed into locals; formula inputs of the right shape, dtype and device;
+   the memory check;
 4. tensor writes, in declaration order, in place;
 5. host values stored.
+
+This module only drives the phases: every line that depends on a rule comes from the rule
+itself (its ``lower_*`` methods, :class:`~draftmeta.rules.Rule`), written through a
+:class:`~draftmeta.rules.Emitter` that this module implements.
 """
 
 from __future__ import annotations
@@ -27,26 +32,9 @@ from typing import Any, Literal, Protocol, TypeVar, cast
 import torch
 
 from draftmeta.errors import PreconditionFailed, UpdateError, WriteFailed
-from draftmeta.fields import FieldKind, class_fields
+from draftmeta.fields import FieldInfo
 from draftmeta.layout import LayoutGuard, Written
-from draftmeta.rules import (
-    Advance,
-    Alias,
-    Clamp,
-    Derive,
-    HostAdvance,
-    HostDerive,
-    HostSet,
-    HostUpperBound,
-    Invalidate,
-    Recompute,
-    Reset,
-    Rule,
-    Unchanged,
-    Wrap,
-    WrittenBy,
-    same_value,
-)
+from draftmeta.rules import Rule
 from draftmeta.spec import DraftSpec, identifier, is_state_ref
 from draftmeta.state import DraftState
 
@@ -54,8 +42,6 @@ __all__ = ["Part", "UpdateFunction", "compile_spec", "explain"]
 
 M_contra = TypeVar("M_contra", contravariant=True)
 M = TypeVar("M")
-
-_STATE_INFO = {f.name: f for f in class_fields(DraftState)}
 
 
 class UpdateFunction(Protocol[M_contra]):
@@ -137,7 +123,41 @@ Part = Literal["full", "check", "finish"]
 """Which phases a generated function runs: all of them; only the checks (phases 0-3); or
 everything after the checks (phases 3-5) minus the tensor writes done elsewhere (fused)."""
 
-_HOST_RULES = (HostAdvance, HostUpperBound, HostDerive, HostSet, Reset, Invalidate)
+
+class _RuleEmitter:
+    """The :class:`~draftmeta.rules.Emitter` a rule writes its lines through: the generator's
+    output, indented at the level of the phase being lowered."""
+
+    def __init__(self, gen: _Generator, depth: int) -> None:
+        self._gen = gen
+        self._depth = depth
+
+    def emit(self, line: str = "", depth: int = 0) -> None:
+        self._gen.emit(line, self._depth + depth)
+
+    def comment(self, text: str, depth: int = 0) -> None:
+        self._gen.comment(text, self._depth + depth)
+
+    def error(self, path: str, detail: str, depth: int = 0) -> None:
+        self._gen.error(path, detail, self._depth + depth)
+
+    def ref(self, ref: str) -> str:
+        return self._gen.ref(ref)
+
+    def bind(self, obj: object, hint: str) -> str:
+        return self._gen.ns.bind(obj, hint)
+
+    def fresh(self, hint: str) -> str:
+        return self._gen.ns.fresh(hint)
+
+    def field(self, path: str) -> FieldInfo:
+        return self._gen.spec.fields[path]
+
+    def optional(self, path: str) -> bool:
+        return self._gen.spec.optional(path)
+
+    def readable(self, path: str) -> bool:
+        return "." not in path or path.rsplit(".", 1)[0] in self._gen.locals
 
 
 class _Generator:
@@ -151,11 +171,31 @@ class _Generator:
         self.lines: list[str] = []
         self.locals: dict[str, str] = {}  # container path -> local name
         self.host_values: dict[str, str] = {}  # host path -> local holding its new value
+        # lines written only if a line follows them (a phase's header, a rule's preamble)
+        self.pending: list[str] = []
 
     # -- rendering ----------------------------------------------------------------------------
 
     def emit(self, line: str = "", depth: int = 1) -> None:
+        if self.pending:
+            self.lines.extend(self.pending)
+            self.pending.clear()
         self.lines.append(("    " * depth + line) if line else "")
+
+    def defer(self, line: str, depth: int = 1) -> None:
+        """Write ``line`` only if another line is written after it (before :meth:`drop`)."""
+        self.pending.append("    " * depth + line)
+
+    def drop(self, keep: int = 0) -> bool:
+        """Forget deferred lines past the first ``keep``; whether none were pending (all that
+        were deferred got written)."""
+        written = not self.pending
+        del self.pending[keep:]
+        return written
+
+    def lower(self, depth: int = 1) -> _RuleEmitter:
+        """The emitter a rule writes through, at ``depth``."""
+        return _RuleEmitter(self, depth)
 
     def comment(self, text: str, depth: int = 1) -> None:
         self.emit(f"# {_one_line(text)}", depth)
@@ -283,9 +323,7 @@ class _Generator:
             self.emit(f"raise _PreconditionFailed(_SPEC, {cond.name!r}, {observed})", depth + 1)
 
     def _active(self) -> list[tuple[str, Rule]]:
-        return [
-            (p, r) for p, r in self.spec.rules.items() if r.writes or isinstance(r, Alias)
-        ]
+        return [(p, r) for p, r in self.spec.rules.items() if r.touches_field]
 
     def containers(self) -> None:
         used: set[str] = set()
@@ -317,64 +355,21 @@ class _Generator:
             )
 
     def checks(self) -> None:
-        first = not self.locals
+        if not self.locals:
+            self.defer("# 2. structure: aliases and derivation inputs")
+        em = self.lower()
         for path, rule in self._active():
-            expr = self.ref(path)
-            if isinstance(rule, (Alias, Advance, Derive, Recompute)):
-                if first:
-                    self.emit("# 2. structure: aliases and derivation inputs")
-                    first = False
-                if self.spec.optional(path):
-                    self.emit(f"if {expr} is None:")
-                    self.error(path, repr("is None, expected a tensor"))
-            if isinstance(rule, Alias):
-                src = f"state.{rule.source}"
-                if _STATE_INFO[rule.source].optional:
-                    self.emit(f"if {src} is None:")
-                    self.error(path, repr(f"is an alias of {src}, which is None"))
-                # a pair of tensor objects verified once stays verified (a tensor's storage is
-                # fixed unless set_() swaps it): the steady state costs two identity tests
-                memo = self.ns.bind([None], f"verified_{path}")
-                self.emit(f"_pair = {memo}[0]")
-                self.emit(f"if _pair is None or _pair[0] is not {expr} or _pair[1] is not {src}:")
-                self.emit(
-                    f"if {expr}.data_ptr() != {src}.data_ptr() and "
-                    f"{expr}.untyped_storage().data_ptr() != {src}.untyped_storage().data_ptr():",
-                    2,
-                )
-                self.error(
-                    path,
-                    repr(f"no longer shares storage with {src} (a copy would go stale)"),
-                    3,
-                )
-                self.emit(f"{memo}[0] = ({expr}, {src})", 2)
-            elif isinstance(rule, Advance):
-                self.emit(f"if not isinstance({expr}, _Tensor):")
-                self.error(path, f"f'is a {{type({expr}).__qualname__}}; advance needs an "
-                                 "integer tensor'")
-                self.emit(f"if {expr}.is_floating_point() or {expr}.is_complex() or "
-                          f"{expr}.dtype is _bool:")
-                self.error(path, f"f'is a {{{expr}.dtype}} tensor; advance needs integers'")
+            rule.lower_structure(em, path)
+        self.drop()
 
     def host_operands(self) -> None:
         """Host ints of the state that bound advances: exact ints in range, or nothing runs."""
         minimum: dict[str, int] = {}
         users: dict[str, str] = {}
         for path, rule in self.spec.rules.items():
-            if isinstance(rule, Advance) and rule.rows:
-                minimum.setdefault(rule.rows, 0)
-                users.setdefault(rule.rows, path)
-            bounds = (rule.overflow.bound,) if isinstance(rule, Advance) else (
-                rule.bounds() if isinstance(rule, (HostAdvance, HostUpperBound)) else ())
-            for bound in bounds:
-                least = 1
-                if isinstance(rule, Advance) and isinstance(rule.overflow, Wrap):
-                    o = rule.overflow  # the span state.bound + offset - restart + 1 must be >= 1
-                    least = max(least, o.restart - o.offset)
-                elif isinstance(rule, Advance):
-                    least = max(least, -rule.overflow.offset)  # the limit must be >= 0
-                minimum[bound] = max(minimum.get(bound, 0), least)
-                users.setdefault(bound, path)
+            for name, least in rule.state_operands():
+                minimum[name] = max(minimum.get(name, 0), least)
+                users.setdefault(name, path)
         if not minimum:
             return
         self.emit("# 2. structure: host ints of the state that bound the advances")
@@ -387,43 +382,21 @@ class _Generator:
             )
 
     def formula_checks(self) -> None:
-        first = True
+        self.defer("# 3b. formulas: inputs of the right number, kind, shape, dtype, device "
+                   "(new host values)")
+        em = self.lower()
         for path, rule in self._active():
-            if not isinstance(rule, (Derive, Recompute)):
-                continue
-            if first:
-                self.emit("# 3b. formulas: inputs of the right number, kind, shape, dtype, "
-                          "device (new host values)")
-                first = False
-            name, args = self._call(path, rule)
-            self.emit("try:")
-            self.emit(f"_problem = {name}.check({args})", 2)
-            self.emit("except Exception as _exc:")
-            self.emit(f"raise _UpdateError(_SPEC, {path!r}, _raised(_exc)) from _exc", 2)
-            self.emit("if _problem is not None:")
-            self.error(path, "_problem")
+            rule.lower_formula_check(em, path)
+        self.drop()
 
     def layout(self) -> None:
         entries: list[Written] = []
         args: list[str] = []
+        em = self.lower()
         for path, rule in self.spec.rules.items():
-            if isinstance(rule, (Advance, Derive, Recompute)):
-                fn = rule.derivation if isinstance(rule, Derive) else (
-                    rule.hook if isinstance(rule, Recompute) else None)
-                inputs = rule.reads() if isinstance(rule, (Derive, Recompute)) else ()
-                entries.append(Written(path, len(inputs), fn))
-                args += [self.ref(path), *(self.ref(r) for r in inputs)]
-                if isinstance(rule, Recompute):
-                    for extra in rule.also:
-                        entries.append(Written(extra, len(inputs)))
-                        args += [self.ref(extra), *(self.ref(r) for r in inputs)]
-            elif (
-                isinstance(rule, Unchanged)
-                and self.spec.fields[path].kind is FieldKind.TENSOR
-                and ("." not in path or path.rsplit(".", 1)[0] in self.locals)
-            ):  # a field said to stay must not be a view of a buffer the advance moves
-                entries.append(Written(path, 0, None, unchanged=True))
-                args.append(self.ref(path))
+            for written, refs in rule.memory(em, path):
+                entries.append(written)
+                args += refs
         if not any(not e.unchanged for e in entries) and self.spec.cls is DraftState:
             return
         if not entries:
@@ -436,101 +409,38 @@ class _Generator:
         self.emit("if _problem is not None:")
         self.emit("raise _UpdateError(_SPEC, *_problem)", 2)
 
-    def _call(self, path: str, rule: Derive | Recompute) -> tuple[str, str]:
-        fn = rule.derivation if isinstance(rule, Derive) else rule.hook
-        # a generic derivation (copy, fill) is named after its field too, so that its name does
-        # not depend on which other field's derivation was bound first
-        hint = f"{fn.name}_{path.rsplit('.', 1)[-1]}" if isinstance(rule, Derive) else fn.name
-        name = self.ns.bind(fn, hint)
-        args = ", ".join([self.ref(path), *(self.ref(r) for r in rule.inputs)])
-        if isinstance(rule, Recompute) and rule.also:
-            args += f", also=({''.join(self.ref(p) + ', ' for p in rule.also)})"
-        return name, args
-
     def host_phase(self) -> None:
         first = True
+        em = self.lower()
         for path, rule in self.spec.rules.items():
-            if not isinstance(rule, _HOST_RULES):
+            if not rule.stores_host_value:
                 continue
             if first:
                 self.emit("# 3. new host values, computed before any write")
                 first = False
-            current = self.ref(path)
-            if isinstance(rule, HostAdvance):
-                value = f"{current} + {rule.by}"
-                if rule.clamp:
-                    value = f"min({value}, state.{rule.clamp})"
-            elif isinstance(rule, HostUpperBound):
-                value = f"state.{rule.bound}"
-            elif isinstance(rule, Invalidate):
-                value = "None"
-            elif isinstance(rule, HostSet):
-                value = rule.literal()
-            elif isinstance(rule, HostDerive) and rule.fn is same_value:
-                value = self.ref(rule.inputs[0])  # a plain copy: no call
-            elif isinstance(rule, HostDerive):
-                fn = self.ns.bind(rule.fn, getattr(rule.fn, "__name__", "fn"))
-                value = f"{fn}({', '.join(self.ref(r) for r in rule.inputs)})"
-            else:
-                value = f"{self.ns.bind(rule.factory, 'new')}()"
+            value = rule.lower_host(em, path)
             local = self.ns.fresh("new_" + path.replace(".", "__"))
             self.comment(f"{path}: {rule.describe()}")
             self.emit(f"{local} = {value}")
             self.host_values[path] = local
-            kind = self.spec.fields[path].kind
-            if self.part == "finish":
-                continue
-            known_int = isinstance(rule, HostSet) and type(rule.value) is int
-            if kind is FieldKind.INT and not isinstance(rule, Invalidate) and not known_int:
-                self.emit(f"if type({local}) is not _int:")
-                self.error(path, f"f'would become {{{local}!r}}, not an int'")
-            elif kind is FieldKind.FLOAT and isinstance(rule, HostDerive):
-                self.emit(f"if {local} != {local}:")
-                self.error(path, repr("would become NaN"))
+            if self.part != "finish":
+                rule.lower_host_check(em, path, local)
 
     def tensor_phase(self) -> None:
-        first = True
+        self.defer("# 4. tensor writes, in place, in declaration order (an exception here is a "
+                   "bug in a formula or hook: WriteFailed)")
+        self.defer("_path = None")
+        self.defer("try:")
+        em = self.lower(2)
         for path, rule in self.spec.rules.items():
-            if not isinstance(rule, (Advance, Derive, Recompute)) or path in self.skip:
+            if path in self.skip:
                 continue
-            if first:
-                self.emit("# 4. tensor writes, in place, in declaration order (an exception here "
-                          "is a bug in a formula or hook: WriteFailed)")
-                self.emit("_path = None")
-                self.emit("try:")
-                first = False
-            expr = self.ref(path)
-            self.comment(f"{path}: {rule.describe()}", 2)
-            self.emit(f"_path = {path!r}", 2)
-            if isinstance(rule, Advance):
-                o = rule.overflow
-                if rule.rows:  # the leading rows' view, remade only when the tensor or count moves
-                    # (one immutable tuple, read once: a thread updating another object with
-                    # the same spec can replace it, never mix its parts with ours)
-                    memo = self.ns.bind([None], f"rows_of_{path}")
-                    rows = f"state.{rule.rows}"
-                    local = self.ns.fresh(f"rows_of_{path}_now")
-                    self.emit(f"{local} = {memo}[0]", 2)
-                    self.emit(f"if {local} is None or {local}[0] is not {expr} or "
-                              f"{local}[1] != {rows}:", 2)
-                    self.emit(f"{local} = ({expr}, {rows}, {expr}[:{rows}])", 3)
-                    self.emit(f"{memo}[0] = {local}", 3)
-                    expr = f"{local}[2]"
-                if isinstance(o, Clamp):
-                    limit = _plus(f"state.{o.bound}", o.offset)
-                    self.emit(f"{expr}.add_({rule.by}).clamp_(max={limit})", 2)
-                else:
-                    assert isinstance(o, Wrap)
-                    # values live in [restart, limit]; x' = (x + by - restart) % span + restart
-                    span = _plus(f"state.{o.bound}", o.offset - o.restart + 1)
-                    shift = rule.by - o.restart
-                    head = f"{expr}.add_({shift})" if shift else expr
-                    tail = f".add_({o.restart})" if o.restart else ""
-                    self.emit(f"{head}.remainder_({span}){tail}", 2)
-            else:
-                name, args = self._call(path, rule)
-                self.emit(f"{name}.apply({args}, workspace=state.workspace)", 2)
-        if not first:
+            keep = len(self.pending)  # the phase's header, while nothing is written yet
+            self.defer(f"# {_one_line(f'{path}: {rule.describe()}')}", 2)
+            self.defer(f"_path = {path!r}", 2)
+            rule.lower_write(em, path)
+            self.drop(keep)
+        if self.drop():
             self.emit("except Exception as _exc:")
             self.emit("raise _WriteFailed(_SPEC, _path, _raised(_exc)) from _exc", 2)
 
@@ -548,8 +458,8 @@ class _Generator:
 
     def untouched(self) -> None:
         rest = [(p, r) for p, r in self.spec.rules.items()
-                if not r.writes and not isinstance(r, WrittenBy)]
-        also = [(p, r) for p, r in self.spec.rules.items() if isinstance(r, WrittenBy)]
+                if not r.writes and r.written_by is None]
+        also = [(p, r) for p, r in self.spec.rules.items() if r.written_by is not None]
         if also:
             self.emit("# fields written by another field's rule above:")
             for path, written_by in also:
@@ -588,14 +498,6 @@ def _coverage(spec: DraftSpec[Any]) -> Callable[[object], str | None]:
         f"the once-per-object check: exactly a {cls.__qualname__}, nothing outside the spec"
     )
     return covered
-
-
-def _plus(expr: str, offset: int) -> str:
-    if offset > 0:
-        return f"{expr} + {offset}"
-    if offset < 0:
-        return f"{expr} - {-offset}"
-    return expr
 
 
 def _generate(

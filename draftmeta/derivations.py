@@ -6,17 +6,25 @@ request map, ...). A :class:`RecomputeHook` refills a persistent buffer with a b
 (a scheduler's metadata). Both work strictly in place: ``check`` validates shapes, dtypes and
 devices before the update writes anything, and ``apply`` writes with ``out=`` ops and workspace
 buffers only, so the steady state allocates nothing and never waits on the device.
+
+A derivation opts into the fused Triton kernel (:mod:`draftmeta.fused`) by overriding
+:meth:`Derivation.emit_triton`: it then writes its own lines of the kernel through a
+:class:`TritonKernel`, and :attr:`Derivation.fusable` becomes true. No other module lists it.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 import attrs
 import torch
 
 from draftmeta.workspace import Workspace
+
+if TYPE_CHECKING:
+    from draftmeta.state import DraftState
 
 __all__ = [
     "argument_problem",
@@ -28,6 +36,7 @@ __all__ = [
     "RecomputeHook",
     "SlotMapping",
     "TokenToRequest",
+    "TritonKernel",
 ]
 
 Argument = Literal["tensor", "int", "any"]
@@ -67,8 +76,67 @@ class InPlaceFunction(abc.ABC):
         """Write the result into ``out`` in place (allocation-free in steady state)."""
 
 
+class TritonKernel(Protocol):
+    """The fused Triton kernel being generated, as a rule or derivation writing into it sees it.
+
+    The kernel runs one program per ``BLOCK`` rows; ``offs`` (the row indices) and ``BLOCK``
+    are in scope. Arguments are made on demand and named after what they hold: a tensor by
+    :meth:`ptr`, a per-launch value read from the draft state by :meth:`scalar`, a size or
+    stride by :meth:`const`.
+    """
+
+    def emit(self, line: str) -> None:
+        """Write one line of the kernel body (``"    "`` nests it in a loop written before)."""
+
+    def var(self) -> str:
+        """A fresh register name."""
+
+    def ptr(self, t: torch.Tensor, hint: str) -> str:
+        """The argument holding ``t``'s address, named after ``hint`` on first use."""
+
+    def scalar(self, hint: str, fn: Callable[[DraftState], int]) -> str:
+        """A per-launch int argument computed by ``fn`` from the draft state; equal hints
+        name equal values and share one argument."""
+
+    def const(self, role: str, value: int) -> str:
+        """A size or stride argument of the given role; equal values share one argument."""
+
+    def mask(self, n: int) -> str:
+        """The mask of the first ``n`` rows (the launch covers at least ``n`` rows)."""
+
+    def load1d(self, t: torch.Tensor, hint: str) -> str:
+        """A register holding the row values of a 1-D (or flattened contiguous) tensor;
+        a value stored earlier in the kernel is reused, not reloaded."""
+
+    def store1d(self, t: torch.Tensor, value: str, hint: str) -> None:
+        """Store the expression ``value`` into the rows of a 1-D (or flattened) tensor."""
+
+
 class Derivation(InPlaceFunction):
-    """An elementwise formula computing a tensor field from other fields."""
+    """An elementwise formula computing a tensor field from other fields.
+
+    A formula that overrides :meth:`emit_triton` is :attr:`fusable`: the fused kernel applies
+    it instead of :meth:`~InPlaceFunction.apply`, and must compute the same values.
+    """
+
+    @property
+    def fusable(self) -> bool:
+        """Whether the fused Triton kernel can apply the formula (it overrides
+        :meth:`emit_triton`)."""
+        return type(self).emit_triton is not Derivation.emit_triton
+
+    def emit_triton(
+        self,
+        kernel: TritonKernel,
+        out: torch.Tensor,
+        inputs: Sequence[object],
+        names: Sequence[str],
+    ) -> None:
+        """Write the formula into the fused kernel: compute the rows of ``out`` from
+        ``inputs`` (the values of the rule's inputs, tensors and host ints); ``names[0]``
+        names ``out``'s argument, ``names[1:]`` the inputs'. Most formulas end with
+        ``kernel.store1d(out, expression, names[0])``. Not overridden: not fusable."""
+        raise NotImplementedError(f"{type(self).__qualname__} has no Triton form")
 
 
 class RecomputeHook(InPlaceFunction):
@@ -211,6 +279,27 @@ class SlotMapping(Derivation):
             valid[num_reqs:].fill_(False)
         out.add_(1).mul_(valid).sub_(1)
 
+    def emit_triton(
+        self,
+        kernel: TritonKernel,
+        out: torch.Tensor,
+        inputs: Sequence[object],
+        names: Sequence[str],
+    ) -> None:
+        k = kernel
+        positions, table, seq_lens = map(_tensor, inputs[:3])
+        pos, seq = k.load1d(positions, names[1]), k.load1d(seq_lens, names[3])
+        bs = k.scalar("block_size", lambda s: s.block_size)
+        reqs = k.scalar("num_reqs", lambda s: s.num_reqs)
+        blk, slot = k.var(), k.var()
+        last = k.const("last_block", table.shape[1] - 1)
+        row, col = k.const("row_stride", table.stride(0)), k.const("stride", table.stride(1))
+        k.emit(f"{blk} = tl.load({k.ptr(table, names[2])} + offs * {row} + "
+               f"tl.minimum({pos} // {bs}, {last}) * {col}, "
+               f"mask={k.mask(out.shape[0])}, other=0)")
+        k.emit(f"{slot} = {blk}.to(tl.int64) * {bs} + {pos} % {bs}")
+        k.store1d(out, f"tl.where((offs < {reqs}) & ({seq} > 1), {slot}, -1)", names[0])
+
 
 @attrs.frozen
 class DcpLocalSeqLens(Derivation):
@@ -255,6 +344,24 @@ class DcpLocalSeqLens(Derivation):
         torch.mul(out, -world, out=rest)
         rest.add_(seq_lens).sub_(rank * interleave).clamp_(0, interleave)
         out.add_(rest)
+
+    def emit_triton(
+        self,
+        kernel: TritonKernel,
+        out: torch.Tensor,
+        inputs: Sequence[object],
+        names: Sequence[str],
+    ) -> None:
+        k = kernel
+        seq = k.load1d(_tensor(inputs[0]), names[1])
+        world = k.scalar("dcp_world_size", lambda s: s.dcp_world_size)
+        rank = k.scalar("dcp_rank", lambda s: s.dcp_rank)
+        inter = k.scalar("dcp_interleave", lambda s: s.dcp_interleave)
+        base, rest = k.var(), k.var()
+        k.emit(f"{base} = {seq} // ({inter} * {world}) * {inter}")
+        k.emit(f"{rest} = tl.minimum(tl.maximum({seq} - {base} * {world} - {rank} * {inter}, 0), "
+               f"{inter})")
+        k.store1d(out, f"{base} + {rest}", names[0])
 
 
 @attrs.frozen
@@ -320,6 +427,15 @@ class Fill(Derivation):
     def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
         out.fill_(self.value)
 
+    def emit_triton(
+        self,
+        kernel: TritonKernel,
+        out: torch.Tensor,
+        inputs: Sequence[object],
+        names: Sequence[str],
+    ) -> None:
+        kernel.store1d(out, f"tl.full([BLOCK], {self.value}, tl.int32)", names[0])
+
 
 @attrs.frozen
 class CopyFrom(Derivation):
@@ -382,3 +498,39 @@ class CopyFrom(Derivation):
             out.view(-1).copy_(src.view(-1)[: out.numel()])
         else:
             out.copy_(src[: out.shape[0]])
+
+    def emit_triton(
+        self,
+        kernel: TritonKernel,
+        out: torch.Tensor,
+        inputs: Sequence[object],
+        names: Sequence[str],
+    ) -> None:
+        k = kernel
+        src = _tensor(inputs[0])
+        if self.flat or out.dim() == 1:
+            if _same_flat(out, src):
+                k.emit("# (copy onto itself: nothing to do)")
+                return
+            k.store1d(out, k.load1d(src, names[1]), names[0])
+            return
+        if out.data_ptr() == src.data_ptr() and out.stride() == src.stride():
+            k.emit("# (copy onto itself: nothing to do)")
+            return
+        rows, cols = out.shape[0], out.shape[1]
+        m = k.mask(rows)
+        k.emit(f"for c in range(0, {cols}, 32):")
+        k.emit("    cs = c + tl.arange(0, 32)")
+        k.emit(f"    mm = ({m})[:, None] & (cs < {cols})[None, :]")
+        k.emit(f"    val = tl.load({k.ptr(src, names[1])} + offs[:, None] * {src.stride(0)} + "
+               f"cs[None, :] * {src.stride(1)}, mask=mm)")
+        k.emit(f"    tl.store({k.ptr(out, names[0])} + offs[:, None] * {out.stride(0)} + "
+               f"cs[None, :] * {out.stride(1)}, val, mask=mm)")
+
+
+def _same_flat(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` flattened is the leading part of ``b`` flattened (a copy onto itself)."""
+    return (
+        a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.is_contiguous()
+        and b.is_contiguous() and a.numel() <= b.numel()
+    )

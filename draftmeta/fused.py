@@ -28,8 +28,7 @@ import torch
 
 from draftmeta.advance import HostBound, OverflowPolicy, advance_spec
 from draftmeta.codegen import UpdateFunction, compile_spec
-from draftmeta.derivations import CopyFrom, DcpLocalSeqLens, Fill, SlotMapping
-from draftmeta.rules import Advance, Clamp, Derive, Wrap
+from draftmeta.rules import Rule
 from draftmeta.spec import DraftSpec, is_state_ref
 from draftmeta.state import DraftState
 
@@ -48,25 +47,22 @@ def triton_available() -> bool:
 def fusable_paths(spec: DraftSpec[Any]) -> frozenset[str]:
     """The paths of ``spec`` whose rules the fused kernel can apply.
 
-    Advances and elementwise derivations (slot mapping, DCP-local lengths, fills, copies),
-    except a rule that reads a field written this step by a rule that is not fused (a
-    recompute hook, a host value): the kernel runs before those, so it would read a stale
-    value; such a rule stays in the group's generated finish function.
+    Every rule that says it is :attr:`~draftmeta.rules.Rule.fusable` (advances; derivations
+    whose formula has a Triton form: slot mapping, DCP-local lengths, fills, copies), except a
+    rule that reads a field written this step by a rule that is not fused (a recompute hook, a
+    host value): the kernel runs before those, so it would read a stale value; such a rule
+    stays in the group's generated finish function.
     """
     out: set[str] = set()
     unfused_writes: set[str] = set()
     for path, rule in spec.rules.items():
-        elementwise = isinstance(rule, Advance) or (
-            isinstance(rule, Derive)
-            and isinstance(rule.derivation, (SlotMapping, DcpLocalSeqLens, Fill, CopyFrom))
-        )
         reads_unfused = any(
             r == w or r.startswith(w + ".") or w.startswith(r + ".")
             for r in rule.reads()
             for w in unfused_writes
             if not is_state_ref(r)
         )
-        if elementwise and not reads_unfused:
+        if rule.fusable and not reads_unfused:
             out.add(path)
         elif rule.writes:
             unfused_writes.add(path)
@@ -191,93 +187,13 @@ class _Kernel:
         return "\n".join(head + self.body) + "\n"
 
 
-def _same_flat(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (
-        a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.is_contiguous()
-        and b.is_contiguous() and a.numel() <= b.numel()
-    )
-
-
-def _bound_name(bound: str, offset: int) -> str:
-    if offset == 0:
-        return bound
-    return f"{bound}_{'plus' if offset > 0 else 'minus'}_{abs(offset)}"
-
-
 def _emit_rule(
-    k: _Kernel, rule: Any, out: torch.Tensor, inputs: list[Any], label: str, names: list[str]
+    k: _Kernel, rule: Rule, out: torch.Tensor, inputs: list[Any], label: str, names: list[str]
 ) -> None:
-    """Emit ``rule``'s lines; ``names[0]`` names ``out``, ``names[1:]`` the inputs."""
+    """Emit ``rule``'s lines, after a comment naming it; ``names[0]`` names ``out``,
+    ``names[1:]`` the inputs."""
     k.emit("# " + repr(f"{label}: {rule.describe()}")[1:-1])  # user text: one escaped line
-    out_name = names[0]
-    if isinstance(rule, Advance):
-        x = k.load1d(out, out_name)
-        o = rule.overflow
-        if isinstance(o, Clamp):
-            bound, offset = o.bound, o.offset
-            limit = k.scalar(_bound_name(bound, offset), lambda s: int(getattr(s, bound)) + offset)
-            value = f"tl.minimum({x} + {rule.by}, {limit})"
-        else:
-            assert isinstance(o, Wrap)
-            bound, offset, restart = o.bound, o.offset, o.restart
-            span = k.scalar(f"{_bound_name(bound, offset)}_span_from_{restart}",
-                            lambda s: int(getattr(s, bound)) + offset - restart + 1)
-            value = f"({x} + {rule.by - restart}) % {span} + {restart}"
-        if rule.rows:  # padded rows keep their values
-            rows_name = rule.rows
-            real = k.scalar(rows_name, lambda s: int(getattr(s, rows_name)))
-            value = f"tl.where(offs < {real}, {value}, {x})"
-        k.store1d(out, value, out_name)
-        return
-    d = rule.derivation
-    if isinstance(d, Fill):
-        k.store1d(out, f"tl.full([BLOCK], {d.value}, tl.int32)", out_name)
-    elif isinstance(d, CopyFrom):
-        src = inputs[0]
-        assert isinstance(src, torch.Tensor)
-        if d.flat or out.dim() == 1:
-            if _same_flat(out, src):
-                k.emit("# (copy onto itself: nothing to do)")
-                return
-            k.store1d(out, k.load1d(src, names[1]), out_name)
-        else:
-            if out.data_ptr() == src.data_ptr() and out.stride() == src.stride():
-                k.emit("# (copy onto itself: nothing to do)")
-                return
-            rows, cols = out.shape[0], out.shape[1]
-            m = k.mask(rows)
-            k.emit(f"for c in range(0, {cols}, 32):")
-            k.emit("    cs = c + tl.arange(0, 32)")
-            k.emit(f"    mm = ({m})[:, None] & (cs < {cols})[None, :]")
-            k.emit(f"    val = tl.load({k.ptr(src, names[1])} + offs[:, None] * {src.stride(0)} + "
-                   f"cs[None, :] * {src.stride(1)}, mask=mm)")
-            k.emit(f"    tl.store({k.ptr(out, out_name)} + offs[:, None] * {out.stride(0)} + "
-                   f"cs[None, :] * {out.stride(1)}, val, mask=mm)")
-    elif isinstance(d, SlotMapping):
-        positions, table, seq_lens = inputs[0], inputs[1], inputs[2]
-        pos, seq = k.load1d(positions, names[1]), k.load1d(seq_lens, names[3])
-        bs = k.scalar("block_size", lambda s: s.block_size)
-        reqs = k.scalar("num_reqs", lambda s: s.num_reqs)
-        blk, slot = k.var(), k.var()
-        last = k.const("last_block", table.shape[1] - 1)
-        row, col = k.const("row_stride", table.stride(0)), k.const("stride", table.stride(1))
-        k.emit(f"{blk} = tl.load({k.ptr(table, names[2])} + offs * {row} + "
-               f"tl.minimum({pos} // {bs}, {last}) * {col}, "
-               f"mask={k.mask(out.shape[0])}, other=0)")
-        k.emit(f"{slot} = {blk}.to(tl.int64) * {bs} + {pos} % {bs}")
-        k.store1d(out, f"tl.where((offs < {reqs}) & ({seq} > 1), {slot}, -1)", out_name)
-    elif isinstance(d, DcpLocalSeqLens):
-        seq = k.load1d(inputs[0], names[1])
-        world = k.scalar("dcp_world_size", lambda s: s.dcp_world_size)
-        rank = k.scalar("dcp_rank", lambda s: s.dcp_rank)
-        inter = k.scalar("dcp_interleave", lambda s: s.dcp_interleave)
-        base, rest = k.var(), k.var()
-        k.emit(f"{base} = {seq} // ({inter} * {world}) * {inter}")
-        k.emit(f"{rest} = tl.minimum(tl.maximum({seq} - {base} * {world} - {rank} * {inter}, 0), "
-               f"{inter})")
-        k.store1d(out, f"{base} + {rest}", out_name)
-    else:  # pragma: no cover - fusable_paths admits only the kinds above
-        raise TypeError(f"cannot fuse {d!r}")
+    rule.lower_triton(k, out, inputs, names)
 
 
 def _arg_name(spec: DraftSpec[Any], state_part: bool, ref: str) -> str:

@@ -40,7 +40,6 @@ from draftmeta.advance import HostBound, OverflowPolicy, advance_spec, check_pol
 from draftmeta.errors import DraftMetaError, PreconditionFailed, UpdateError, WriteFailed
 from draftmeta.fields import record_items
 from draftmeta.protocol import SupportsDraftUpdate, spec_of
-from draftmeta.rules import Invalidate, Reset
 from draftmeta.shadow import Sentinel, sentinel_for
 from draftmeta.state import DraftState
 
@@ -346,22 +345,8 @@ class DraftLoop:
             raise CaptureError(f"groups that rebuild cannot be captured: {rebuilding}")
         for group in self.groups:
             spec = spec_of(group.builder)
-            if spec is not None:
-                replaced = [p for p, r in spec.rules.items() if isinstance(r, (Reset, Invalidate))]
-                if replaced:
-                    raise CaptureError(
-                        f"group {group.name}: {replaced[0]!r} is replaced by a host object every "
-                        "step, which a captured graph cannot replay; capture only specs without "
-                        "Reset or Invalidate rules"
-                    )
-                unsafe = [
-                    p for p, r in spec.rules.items()
-                    if getattr(getattr(r, "hook", None), "capture_safe", True) is False
-                ]
-                if unsafe:
-                    raise CaptureError(
-                        f"group {group.name}: recompute hook of {unsafe[0]!r} is not capture-safe"
-                    )
+            if spec is not None and not spec.capture_safe:
+                raise CaptureError(f"group {group.name}: {spec.capture_unsafe_reason}")
         before = self._addresses()
         host_before: dict[str, object] | None = None
         stream = getattr(torch.cuda, "Stream")()  # noqa: B009 - typed loosely across releases

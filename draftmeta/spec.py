@@ -31,21 +31,7 @@ import torch
 from draftmeta.conditions import Equals, Precondition, SameValue, Satisfies
 from draftmeta.errors import SpecError
 from draftmeta.fields import FieldInfo, FieldKind, class_fields, classify, is_record_class
-from draftmeta.rules import (
-    Alias,
-    Derive,
-    HostAdvance,
-    HostDerive,
-    HostSet,
-    HostUpperBound,
-    Invalidate,
-    Recompute,
-    Reset,
-    Rule,
-    Unchanged,
-    Unsupported,
-    WrittenBy,
-)
+from draftmeta.rules import Rule
 from draftmeta.state import DraftState
 
 if TYPE_CHECKING:
@@ -59,7 +45,6 @@ STATE_PREFIX = "state."
 """References starting with this prefix read the draft state, not the metadata."""
 
 _STATE_FIELDS: dict[str, FieldInfo] = {f.name: f for f in class_fields(DraftState)}
-_COVERING_RULES = (Unchanged, Unsupported, Reset)
 
 
 def is_state_ref(ref: str) -> bool:
@@ -90,8 +75,9 @@ class DraftSpec(Generic[M]):
     Args:
         cls: the metadata class (a dataclass or attrs class).
         rules: a rule per field path, in the order the update applies them. Nested fields are
-            addressed by dotted paths (``"decode.seq_lens"``); a covering rule (``Unchanged``,
-            ``Reset``, ``Unsupported``) on a nested record covers all its fields.
+            addressed by dotted paths (``"decode.seq_lens"``); a covering rule (one whose
+            :attr:`~draftmeta.rules.Rule.covers_record` is set: ``Unchanged``, ``Reset``,
+            ``Unsupported``) on a nested record covers all its fields.
         name: the spec's name in messages and generated code (default: the class's name).
         preconditions: checked, in order, before the update writes anything.
         nested: concrete classes for nested fields typed by a ``TypeVar`` (or a subclass to use
@@ -134,6 +120,10 @@ class DraftSpec(Generic[M]):
         ] = {}
         self._records_walk: list[tuple[tuple[str, ...], str, str, type]] | None = None
         self._validate()
+        self._capture_problems: tuple[tuple[str, str], ...] = tuple(
+            (p, problem) for p, r in self.rules.items()
+            if (problem := r.capture_problem()) is not None
+        )
 
     # -- public views -------------------------------------------------------------------------
 
@@ -148,13 +138,34 @@ class DraftSpec(Generic[M]):
 
     @property
     def unsupported_reasons(self) -> tuple[tuple[str, str], ...]:
-        """``(path, reason)`` for every field bound to :class:`~draftmeta.rules.Unsupported`."""
-        return tuple((p, r.reason) for p, r in self.rules.items() if isinstance(r, Unsupported))
+        """``(path, reason)`` for every field whose rule cannot update in place
+        (:class:`~draftmeta.rules.Unsupported`)."""
+        return tuple(
+            (p, reason) for p, r in self.rules.items()
+            if (reason := r.unsupported_reason) is not None
+        )
 
     @property
     def supported(self) -> bool:
         """Whether the spec can update in place at all (no field is unsupported)."""
         return not self.unsupported_reasons
+
+    @property
+    def capture_safe(self) -> bool:
+        """Whether a captured CUDA graph can replay the spec's update: no rule replaces a host
+        object (``Reset``, ``Invalidate``) and no recompute hook declares itself unsafe.
+        Decided at declaration, from each rule's :meth:`~draftmeta.rules.Rule.capture_problem`;
+        the draft loop's capture still checks at run time that nothing syncs or moves."""
+        return not self._capture_problems
+
+    @property
+    def capture_unsafe_reason(self) -> str | None:
+        """Why a captured CUDA graph cannot replay the spec's update (the first field in
+        declaration order that prevents it), or ``None`` when :attr:`capture_safe`."""
+        if not self._capture_problems:
+            return None
+        path, problem = self._capture_problems[0]
+        return f"{path} {problem}"
 
     def rule_for(self, path: str) -> Rule:
         """The rule that governs ``path`` (its own, or a covering rule of an enclosing record)."""
@@ -431,13 +442,9 @@ class DraftSpec(Generic[M]):
                     f"pass nested={{{path!r}: TheConcreteClass}} if it holds a record, or "
                     f"dtypes={{{path!r}: torch.int32}} (its dtype) if it holds a tensor",
                 )
-            if isinstance(rule, Invalidate) and not info.optional:
-                raise self._fail(
-                    path,
-                    f"rule invalidate sets it to None, but its annotation ({info.annotation}) "
-                    "does not allow None",
-                    "invalidate only optional, lazily filled fields",
-                )
+            misfit = rule.field_problem(info)
+            if misfit is not None:
+                raise self._fail(path, *misfit)
             if target == "tensor" and kind is not FieldKind.TENSOR:
                 raise self._fail(
                     path,
@@ -521,13 +528,16 @@ class DraftSpec(Generic[M]):
             probe = probe.rsplit(".", 1)[0]
             rule = self.rules.get(probe)
             if rule is not None:
-                return isinstance(rule, _COVERING_RULES)
+                return rule.covers_record
         return False
 
-    def _is_tensor_ref(self, ref: str) -> bool:
+    def _ref_info(self, ref: str) -> FieldInfo:
         if is_state_ref(ref):
-            return _STATE_FIELDS[ref[len(STATE_PREFIX):]].kind is FieldKind.TENSOR
-        return self._fields[ref].kind is FieldKind.TENSOR
+            return _STATE_FIELDS[ref[len(STATE_PREFIX):]]
+        return self._fields[ref]
+
+    def _is_tensor_ref(self, ref: str) -> bool:
+        return self._ref_info(ref).kind is FieldKind.TENSOR
 
     def _check_ref(self, owner: str, ref: str) -> None:
         if is_state_ref(ref):
@@ -548,27 +558,16 @@ class DraftSpec(Generic[M]):
         for path, rule in self.rules.items():
             for ref in rule.reads():
                 self._check_ref(path, ref)
-                if isinstance(rule, Alias) and not self._is_tensor_ref(ref):
-                    kind = _describe_kind(_STATE_FIELDS[rule.source], None)
-                    raise self._fail(
-                        path,
-                        f"is an alias of {ref}, which is {kind}, not a tensor buffer",
-                        f"alias a tensor of the draft state; for a host value use "
-                        f"copy_of({ref!r})",
-                    )
+                read = self._ref_info(ref)
+                misfit = rule.reference_problem(ref, read.kind, _describe_kind(read, None))
+                if misfit is not None:
+                    raise self._fail(path, *misfit)
                 if ref == path:
                     raise self._fail(
                         path,
                         f"rule {rule.kind} reads the field it writes",
                         "derive the field from other fields or the draft state; use Advance "
                         "for a field that grows from its own value",
-                    )
-                if isinstance(rule, HostDerive) and self._is_tensor_ref(ref):
-                    raise self._fail(
-                        path,
-                        f"host rule reads the tensor {ref!r}, which would wait for the device",
-                        "read host scalars only (state.max_seq_len, ...), or make the field a "
-                        "tensor rule",
                     )
             for bound in rule.bounds():
                 info = _STATE_FIELDS.get(bound)
@@ -597,62 +596,65 @@ class DraftSpec(Generic[M]):
 
     def _check_written_by(self) -> None:
         for path, rule in self.rules.items():
-            if isinstance(rule, WrittenBy):
-                owner = self.rules.get(rule.owner)
-                if rule.owner == path:
+            owner_path = rule.written_by
+            if owner_path is not None:
+                owner = self.rules.get(owner_path)
+                if owner_path == path:
                     raise self._fail(
                         path,
                         "is declared written by itself",
                         "give the field its own Recompute(hook, inputs) rule",
                     )
-                info = self._fields.get(rule.owner)
+                info = self._fields.get(owner_path)
                 if info is None:
-                    raise self._unknown(rule.owner, f"WrittenBy of {path!r}")
+                    raise self._unknown(owner_path, f"WrittenBy of {path!r}")
                 if info.kind is not FieldKind.TENSOR:
                     raise self._fail(
                         path,
-                        f"is written by {rule.owner!r}, which is "
-                        f"{_describe_kind(info, self.dtype_of(rule.owner))}; only a tensor "
+                        f"is written by {owner_path!r}, which is "
+                        f"{_describe_kind(info, self.dtype_of(owner_path))}; only a tensor "
                         "field's Recompute hook writes other fields",
                         "name the tensor field whose Recompute rule lists this one in also=",
                     )
-                if not isinstance(owner, Recompute) or path not in owner.also:
+                if owner is None or path not in owner.also_writes():
                     raise self._fail(
                         path,
-                        f"is written by {rule.owner!r}, but that field's rule is not a Recompute "
+                        f"is written by {owner_path!r}, but that field's rule is not a Recompute "
                         "listing it in also=",
-                        f"give {rule.owner!r} Recompute(hook, inputs, also=({path!r},))",
+                        f"give {owner_path!r} Recompute(hook, inputs, also=({path!r},))",
                     )
-            if isinstance(rule, Recompute):
-                for extra in rule.also:
-                    if extra not in self._fields:
-                        raise self._unknown(extra, f"also= of {path!r}")
-                    if self.rules.get(extra) != WrittenBy(path):
-                        raise self._fail(
-                            extra,
-                            f"is refilled by the recompute hook of {path!r} but its rule is not "
-                            f"WrittenBy({path!r})",
-                            f"bind {extra!r}: WrittenBy({path!r})",
-                        )
+            for extra in rule.also_writes():
+                if extra not in self._fields:
+                    raise self._unknown(extra, f"also= of {path!r}")
+                other = self.rules.get(extra)
+                if other is None or other.written_by != path:
+                    raise self._fail(
+                        extra,
+                        f"is refilled by the recompute hook of {path!r} but its rule is not "
+                        f"WrittenBy({path!r})",
+                        f"bind {extra!r}: WrittenBy({path!r})",
+                    )
 
     def _check_formulas(self) -> None:
-        """Derive and Recompute inputs: as many as the formula takes, of the kinds it takes."""
+        """A formula's or hook's inputs (``Derive``, ``Recompute``): as many as it takes, of the
+        kinds it takes."""
         for path, rule in self.rules.items():
-            if not isinstance(rule, (Derive, Recompute)):
+            fn = rule.in_place_function
+            if fn is None:
                 continue
-            fn = rule.derivation if isinstance(rule, Derive) else rule.hook
             kinds = fn.arguments
             if kinds is None:
                 continue
-            if len(rule.inputs) != len(kinds):
+            inputs = rule.reads()
+            if len(inputs) != len(kinds):
                 raise self._fail(
                     path,
                     f"{fn.name} takes {len(kinds)} input(s) ({', '.join(kinds) or 'none'}), "
-                    f"but the rule gives {len(rule.inputs)}: {list(rule.inputs)}",
+                    f"but the rule gives {len(inputs)}: {list(inputs)}",
                     f"give {fn.name} exactly {len(kinds)} input(s), in the order "
                     f"{type(fn).__qualname__}'s docstring lists",
                 )
-            for i, (ref, kind) in enumerate(zip(rule.inputs, kinds)):
+            for i, (ref, kind) in enumerate(zip(inputs, kinds)):
                 info = (_STATE_FIELDS[ref[len(STATE_PREFIX):]] if is_state_ref(ref)
                         else self._fields[ref])
                 actual = info.kind
@@ -671,8 +673,7 @@ class DraftSpec(Generic[M]):
     def _check_frozen(self) -> None:
         """Host rules store new values with setattr: a frozen record cannot take them."""
         for path, rule in self.rules.items():
-            if not isinstance(rule, (HostAdvance, HostUpperBound, HostDerive, HostSet, Reset,
-                                     Invalidate)):
+            if not rule.stores_host_value:
                 continue
             parent = path.rsplit(".", 1)[0] if "." in path else ""
             cls = self._records.get(parent)
@@ -688,8 +689,8 @@ class DraftSpec(Generic[M]):
 
     def _writer(self, path: str) -> str | None:
         rule = self.rules.get(path)
-        if isinstance(rule, WrittenBy):
-            return rule.owner
+        if rule is not None and rule.written_by is not None:
+            return rule.written_by
         return path if rule is not None and rule.writes else None
 
     def _check_order(self) -> None:

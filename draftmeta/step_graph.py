@@ -15,7 +15,9 @@ changed, it launches the kernel directly for that step and captures a new graph 
 capturing after :data:`MAX_RECAPTURES` changes in a row and stays on direct launches). Inside a
 CUDA-graph capture (a whole loop being recorded) or under ``torch.cuda`` sync-debug mode it
 never captures or replays: it launches the kernel directly, so an enclosing graph records the
-kernel itself.
+kernel itself. An enclosing graph replays device work only, so a step whose groups' specs are
+not capture-safe (:attr:`~draftmeta.spec.DraftSpec.capture_safe`: a host object replaced every
+step, an unsafe recompute hook) refuses to run inside one (:attr:`StepGraph.capture_unsafe_reason`).
 
 Usage mirrors :class:`~draftmeta.fused.FusedStep` (``check()``, ``launch()``, ``finish()``,
 or call it for all three)::
@@ -61,6 +63,8 @@ class StepGraph:
 
     Raises:
         ValueError: the state is not on CUDA.
+        RuntimeError: a step runs inside an enclosing CUDA-graph capture although a group's
+            spec is not capture-safe (:attr:`capture_unsafe_reason`).
     """
 
     def __init__(
@@ -77,6 +81,11 @@ class StepGraph:
                 "use the eager update (DraftLoop with fused=False) elsewhere"
             )
         self.state = state
+        self._capture_unsafe = next(
+            (f"spec {spec.name!r}: {spec.capture_unsafe_reason}"
+             for spec, _ in groups if not spec.capture_safe),
+            None,
+        )
         self._fused = FusedStep(state, groups, policy=policy, host_bound=host_bound)
         # the kernel's arguments, as FusedStep binds them (see draftmeta.fused)
         self._tensors: list[torch.Tensor] = list(self._fused._tensors)
@@ -92,6 +101,20 @@ class StepGraph:
     def source(self) -> str:
         """The fused kernel's generated Triton source."""
         return self._fused.source
+
+    @property
+    def capture_unsafe_reason(self) -> str | None:
+        """Why an enclosing CUDA graph (:meth:`~draftmeta.loop.DraftLoop.capture`) cannot record
+        this step (the first group whose spec is not capture-safe), or ``None``. The step's own
+        graph holds the elementwise kernel only and is unaffected."""
+        return self._capture_unsafe
+
+    def _refuse_enclosing_capture(self) -> None:
+        if self._capture_unsafe is not None and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"a draft step is being recorded into a CUDA graph, but {self._capture_unsafe}; "
+                "a replay would skip that host work: run the step eagerly"
+            )
 
     @property
     def graphing(self) -> bool:
@@ -148,10 +171,12 @@ class StepGraph:
 
     def finish(self) -> None:
         """Host values, recompute hooks and other non-fused writes, part by part."""
+        self._refuse_enclosing_capture()
         self._fused.finish()
 
     def __call__(self) -> None:
         """One whole step: checks, the kernel (replayed), then the rest."""
+        self._refuse_enclosing_capture()
         self._fused.check()
         self.launch()
         self._fused.finish()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from draftmeta import advance_state
+from draftmeta.rules import Unchanged
 from draftmeta.state import DraftState
 from draftmeta.step_graph import StepGraph
 from draftmeta.testing import compare_metadata, random_state
@@ -117,12 +118,32 @@ def test_a_replayed_step_runs_one_kernel() -> None:
     assert len(kernels) == 1 and names[0].startswith("draftmeta_fused_step_"), names
 
 
+def _capture_safe_toy() -> Any:
+    """The toy spec without its Reset scheduler, which a captured graph cannot replay."""
+    return toy_spec(rules={**toy_rules(), "scheduler": Unchanged()}, name="toy_graphable")
+
+
 @cuda
 def test_inside_an_enclosing_capture_the_kernel_is_launched_not_replayed() -> None:
     state, _ = _case(2)
-    step = StepGraph(state, [(toy_spec(), toy_metadata(state))])
+    step = StepGraph(state, [(_capture_safe_toy(), toy_metadata(state))])
+    assert step.capture_unsafe_reason is None
     step()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
     assert step.replays == 0 and step.direct_launches == 2
+
+
+@cuda
+def test_a_step_whose_spec_is_not_capture_safe_refuses_an_enclosing_capture() -> None:
+    state, _ = _case(2)
+    step = StepGraph(state, [(toy_spec(), toy_metadata(state))])  # scheduler: Reset
+    assert step.capture_unsafe_reason == (
+        "spec 'toy': scheduler is replaced by a host object every step (Reset), which a "
+        "captured graph cannot replay")
+    step()  # eagerly it runs: its own graph holds the elementwise kernel only
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="a replay would skip that host work"), \
+            torch.cuda.graph(graph):
+        step()
