@@ -48,7 +48,9 @@ def test_a_correct_paged_spec_passes_200_batches_under_both_policies_with_every_
     assert report.steps >= 2 * 200  # at least one compared step per batch
     assert set(report.coverage) == set(COVERAGE)
     assert all(count >= 40 for count in report.coverage.values()), report.coverage
-    assert "kv_indices up to kv_indptr[-1]" in str(report)
+    assert report.valid == {"kv_indices": "up to kv_indptr[-1]",
+                            "kv_last_page_len": "first state.num_reqs rows"}
+    assert "kv_indices        up to kv_indptr[-1]" in str(report)
 
 
 def test_a_spec_per_policy_with_its_own_advances_passes() -> None:
@@ -290,11 +292,11 @@ def test_a_batch_case_is_drawn_from_its_seed_alone_and_meets_its_edge_case(
     valid=st.integers(0, 12),
     tail_a=st.integers(0, 6),
     tail_b=st.integers(0, 6),
-    bad=st.one_of(st.none(), st.integers(0, 11)),
+    bad=st.sets(st.integers(0, 17), max_size=3),
     data=st.data(),
 )
 def test_a_valid_prefix_ignores_the_tail_and_finds_the_first_bad_element_inside(
-    valid: int, tail_a: int, tail_b: int, bad: int | None, data: st.DataObject
+    valid: int, tail_a: int, tail_b: int, bad: set[int], data: st.DataObject
 ) -> None:
     values = data.draw(st.lists(st.integers(0, 100), min_size=valid, max_size=valid))
     garbage_a = data.draw(st.lists(st.integers(-100, -1), min_size=tail_a, max_size=tail_a))
@@ -302,16 +304,19 @@ def test_a_valid_prefix_ignores_the_tail_and_finds_the_first_bad_element_inside(
     tail = torch.tensor(values + garbage_b, dtype=torch.int64)
     rebuilt = PagedMeta(1, 1, torch.zeros(1), torch.zeros(2), tail, torch.zeros(1))
     got = list(values)
-    if bad is not None and bad < valid:
-        got[bad] = 1000
+    inside = sorted(i for i in bad if i < valid)
+    for i in inside:
+        got[i] = 1000 + i
     updated = dataclasses.replace(rebuilt, kv_indices=torch.tensor(got + garbage_a,
                                                                    dtype=torch.int64))
     found = compare_metadata(updated, rebuilt, valid_prefix={"kv_indices": valid})
-    if bad is None or bad >= valid:
+    if not inside:
         assert found == []
     else:
+        first = inside[0]
         assert [(m.path, m.index, m.expected, m.got) for m in found] == [
-            ("kv_indices", (bad,), values[bad], 1000)]
+            ("kv_indices", (first,), values[first], 1000 + first)]
+        assert f"at {len(inside)} element(s)" in found[0].detail
 
 
 def test_a_buffer_shorter_than_its_valid_prefix_is_reported() -> None:
