@@ -218,6 +218,7 @@ def test_a_spec_the_draft_loop_refuses_fails_even_if_the_compared_fields_agree()
         clamped, build, valid=VALID, batches=10, ignore=lambda path: path == "seq_lens"))
     assert failure.case is None and failure.error is not None
     assert "refuses this spec under the wrap policy" in failure.error
+    assert failure.policy == "wrap" and "check_policy(spec, 'wrap')" in str(failure)
 
 
 # -- declarations and options are checked before anything runs ---------------------------------

@@ -16,6 +16,7 @@ and the updated values, with the call that reruns just that batch.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -61,6 +62,8 @@ class CheckFailure:
         error: what raised (the build, the update, a valid-prefix reference) or why the draft
             loop refuses the spec; ``None`` for a mismatch.
         hint: a likely cause, where one is known (the loop's policy check).
+        policy: the overflow policy under which the draft loop refuses the spec (only for a
+            refusal, which has no batch).
         cause: the exception behind ``error``, if one was raised (chained to the failure).
     """
 
@@ -71,6 +74,7 @@ class CheckFailure:
     also: tuple[str, ...] = ()
     error: str | None = None
     hint: str | None = None
+    policy: OverflowPolicy | None = None
     cause: BaseException | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
@@ -101,7 +105,7 @@ class CheckFailure:
     def reproduce(self) -> str:
         """The call that reruns just this batch."""
         if self.case is None:
-            return "check_spec(spec, build, batches=1)"
+            return f"draftmeta.advance.check_policy(spec, {self.policy!r})"
         return (f"check_spec(spec, build, seed={self.case.seed}, batches=1, "
                 f"policies=({self.case.policy!r},))")
 
@@ -112,27 +116,34 @@ class CheckFailure:
             head = f"spec {self.spec_name!r} failed the update-versus-rebuild check"
         lines = [head]
         if self.case is not None:
-            lines.append(f"  batch:    {self.case.shape()}")
-            lines.append(f"            {self.case.schedule()}")
+            lines.append(_line("batch", self.case.shape()))
+            lines.append(_line("", self.case.schedule()))
             what = ("the build, before any update" if self.step == 0 else
                     f"of {self.case.steps - 1}: after advance and update number {self.step}")
-            lines.append(f"  step:     {self.step} ({what})")
+            lines.append(_line("step", f"{self.step} ({what})"))
         m = self.mismatch
         if m is not None:
-            lines.append(f"  field:    {m.path}")
+            lines.append(_line("field", m.path))
             if m.index is not None:
-                lines.append(f"  index:    {m.index}")
-            lines.append(f"  expected: {m.expected!r} (rebuilt)")
-            lines.append(f"  got:      {m.got!r} (updated in place)")
-            lines.append(f"  detail:   {m.detail}")
+                lines.append(_line("index", str(m.index)))
+            lines.append(_line("expected", f"{m.expected!r} (rebuilt)"))
+            lines.append(_line("got", f"{m.got!r} (updated in place)"))
+            lines.append(_line("detail", m.detail))
             if self.also:
-                lines.append(f"  also differ at this step: {', '.join(self.also)}")
+                lines.append(_line("also", f"differing at this step: {', '.join(self.also)}"))
         if self.error is not None:
-            lines.append(f"  error:    {self.error}")
+            lines.append(_line("error", self.error))
         if self.hint is not None:
-            lines.append(f"  hint:     {self.hint}")
+            lines.append(_line("hint", self.hint))
         lines.append(f"reproduce: {self.reproduce()}")
         return "\n".join(lines)
+
+
+def _line(label: str, text: str) -> str:
+    """``  label:   text``, wrapped at 100 columns under the text's first column."""
+    head = f"  {label + ':' if label else '':<10}"
+    return textwrap.fill(text, width=100, initial_indent=head, subsequent_indent=" " * len(head),
+                         break_long_words=False, break_on_hyphens=False)
 
 
 class SpecCheckFailed(AssertionError):
@@ -407,7 +418,7 @@ def check_spec(
     for policy, problem in problems.items():
         if problem is not None:
             raise SpecCheckFailed(CheckFailure(
-                specs[policy].name, None, 0,
+                specs[policy].name, None, 0, policy=policy,
                 error=f"every update equaled its rebuild, but the draft loop refuses this spec "
                       f"under the {policy} policy: {problem}",
             ))

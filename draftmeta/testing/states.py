@@ -41,6 +41,14 @@ EDGE_CASES: tuple[EdgeCase, ...] = (
 )
 """The kinds of batch, in schedule order: batch seed ``s`` is of kind ``EDGE_CASES[s % 5]``."""
 
+_LABELS: dict[EdgeCase, str] = {
+    "batch_of_one": "batch of one",
+    "block_crossing": "block crossing",
+    "at_max_model_len": "at max_model_len",
+    "padded_rows": "padded rows",
+    "mixed": "mixed",
+}
+
 
 def state_for_lengths(
     generator: torch.Generator,
@@ -215,7 +223,7 @@ class BatchCase:
         """The seed, kind and batch shape: ``seed 3 (padded rows): 7 requests + 2 padded rows``."""
         reqs = f"{self.batch_size} request{'s' if self.batch_size != 1 else ''}"
         pads = f"{self.num_padded} padded row{'s' if self.num_padded != 1 else ''}"
-        return f"seed {self.seed} ({self.kind.replace('_', ' ')}): {reqs} + {pads}"
+        return f"seed {self.seed} ({_LABELS[self.kind]}): {reqs} + {pads}"
 
     def schedule(self) -> str:
         """Block size, context limit, K and the policies of the batch."""
