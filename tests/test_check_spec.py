@@ -90,14 +90,17 @@ def test_a_forgotten_field_is_reported_with_seed_step_field_index_expected_and_g
         assert line in text, (line, text)
 
 
-def test_the_reproduce_call_reruns_exactly_the_failing_batch() -> None:
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_the_reproduce_call_reruns_exactly_the_failing_batch(seed: int) -> None:
     stale = paged.spec("stale", kv_last_page_len=Unchanged())
-    first = failure_of(lambda: check_spec(stale, build, valid=VALID, seed=7))
-    assert first.case is not None
-    again = failure_of(lambda: check_spec(
-        stale, build, valid=VALID, seed=first.case.seed, batches=1,  # type: ignore[union-attr]
-        policies=(first.case.policy,)))  # type: ignore[union-attr]
+    first = failure_of(lambda: check_spec(stale, build, valid=VALID, seed=seed))
+    case = first.case
+    assert case is not None and seed <= case.seed
+    again = failure_of(lambda: check_spec(stale, build, valid=VALID, seed=case.seed, batches=1,
+                                          policies=(case.policy,)))
     assert again == first
+    assert f"seed={case.seed}, batches=1, policies=({case.policy!r},)" in str(first)
 
 
 def test_an_advance_without_wrap_fails_under_the_wrap_policy_only() -> None:
