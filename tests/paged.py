@@ -123,15 +123,15 @@ def build(state: object, *, tail: int = -1) -> PagedMeta:
     from draftmeta import DraftState
 
     assert isinstance(state, DraftState)
-    bs, n = state.block_size, state.batch_size
+    bs, n, dev = state.block_size, state.batch_size, state.device
     table = state.block_table[:n]
     pages = (state.seq_lens + bs - 1) // bs
-    indptr = torch.zeros(n + 1, dtype=torch.int32)
+    indptr = torch.zeros(n + 1, dtype=torch.int32, device=dev)
     indptr[1:] = pages.cumsum(0)
-    indices = torch.randint(-(2**30), 0, (table.numel(),), dtype=torch.int32)
-    used = torch.arange(table.shape[1]) < pages[:, None]
+    indices = torch.randint(-(2**30), 0, (table.numel(),), dtype=torch.int32, device=dev)
+    used = torch.arange(table.shape[1], device=dev) < pages[:, None]
     indices[: int(indptr[-1])] = table[used]
-    last = torch.zeros(n, dtype=torch.int32)
+    last = torch.zeros(n, dtype=torch.int32, device=dev)
     r = state.num_reqs
     last[:r] = (state.seq_lens[:r] - 1) % bs + 1
     return PagedMeta(state.num_reqs, state.max_seq_len, state.seq_lens.clone(), indptr, indices,

@@ -65,6 +65,17 @@ def test_a_spec_per_policy_with_its_own_advances_passes() -> None:
     assert report.policies == ("clamp", "wrap")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_spec_is_checked_on_cuda_states_and_a_stale_field_still_shows() -> None:
+    report = check_spec(paged.spec(), build, valid=VALID, batches=50, device="cuda")
+    assert report.steps > 50
+    stale = paged.spec("stale", kv_last_page_len=Unchanged())
+    failure = failure_of(lambda: check_spec(stale, build, valid=VALID, device="cuda"))
+    cpu = failure_of(lambda: check_spec(stale, build, valid=VALID))
+    assert (failure.seed, failure.step, failure.field, failure.index) == (
+        cpu.seed, cpu.step, cpu.field, cpu.index)
+
+
 def test_the_frozen_host_bound_is_checked_when_asked() -> None:
     report = check_spec(paged.spec(), build, valid=VALID, batches=10, host_bound="frozen")
     assert report.host_bound == "frozen"

@@ -136,6 +136,8 @@ class CheckFailure:
         if self.hint is not None:
             lines.append(_line("hint", self.hint))
         lines.append(f"reproduce: {self.reproduce()}")
+        if self.case is not None:
+            lines.append("           (with your other options as given)")
         return "\n".join(lines)
 
 
@@ -215,11 +217,12 @@ class _Run(Generic[M]):
     ignore: Callable[[str], bool]
     opaque: Callable[[object], bool]
     coverage: dict[str, int]
+    device: torch.device | str
     steps: int = 0
 
     def case(self, case: BatchCase) -> CheckFailure | None:
         """Build, then advance, update, rebuild and compare for every later step."""
-        state = case.state()
+        state = case.state(self.device)
         seen: set[str] = set()
         if state.num_reqs == 1:
             seen.add("batch_of_one")
@@ -337,6 +340,7 @@ def check_spec(
     seed: int = 0,
     ignore: Callable[[str], bool] | None = None,
     opaque: Callable[[object], bool] | None = None,
+    device: torch.device | str = "cpu",
 ) -> SpecCheckReport:
     """Check that ``spec``'s in-place update equals ``build`` from scratch, over random batches.
 
@@ -375,6 +379,8 @@ def check_spec(
         seed: the first batch seed.
         ignore: field paths not compared.
         opaque: objects that only need the same type (a lazily filled scheduler object).
+        device: where the draft states live (``"cuda"`` for a builder that builds there); the
+            batches are drawn on the CPU, so a seed gives the same batch on every device.
 
     Returns:
         What was checked, with the edge cases the batches exercised.
@@ -398,7 +404,7 @@ def check_spec(
     coverage = {kind: 0 for kind in COVERAGE}
     runs = {
         policy: _Run(one, build, rebuild or build, declared, ignore or (lambda _: False),
-                     opaque or (lambda _: False), coverage)
+                     opaque or (lambda _: False), coverage, device)
         for policy, one in specs.items()
     }
     problems = {policy: _policy_problem(one, policy) for policy, one in specs.items()}

@@ -196,8 +196,9 @@ class BatchCase:
     steps: int
     state_seed: int
 
-    def state(self) -> DraftState:
-        """The batch's draft state before its first step (a fresh one on every call)."""
+    def state(self, device: torch.device | str = "cpu") -> DraftState:
+        """The batch's draft state before its first step (a fresh one on every call), with
+        its buffers on ``device`` (drawn on the CPU, so the same on every device)."""
         g = torch.Generator().manual_seed(self.state_seed)
         bs, length, padded = self.block_size, self.max_model_len, self.num_padded
         if self.kind in ("block_crossing", "at_max_model_len"):
@@ -212,9 +213,9 @@ class BatchCase:
                     m = 1 + int(torch.randint(0, top, (1,), generator=g))
                     lens.append(max(m * self.block_size - r, 2))
             return state_for_lengths(g, lens, block_size=bs, max_model_len=length,
-                                     num_padded=padded)
+                                     num_padded=padded, device=device)
         return random_state(g, batch_size=self.batch_size, steps=self.steps, block_size=bs,
-                            max_model_len=length, num_padded=padded)
+                            max_model_len=length, num_padded=padded, device=device)
 
     def __str__(self) -> str:
         return f"{self.shape()}\n{self.schedule()}"
