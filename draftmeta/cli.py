@@ -343,7 +343,9 @@ def _bench(args: argparse.Namespace) -> int:
     except ValueError as exc:  # vLLM's config refuses a batch size, a block size, ...
         raise UsageError(f"vLLM refused this configuration: {exc}") from exc
     print(table(summarize(samples)))
-    paths = write_results(samples, config, out)
+    with Progress("bench", enabled=not args.quiet) as progress:
+        progress.update(f"writing JSON and the plot to {out}")
+        paths = write_results(samples, config, out)
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}")
     return 0
@@ -523,13 +525,21 @@ def markdown_reference(p: argparse.ArgumentParser | None = None) -> str:
             rows.append(f"| {cell} | {text.replace('|', chr(92) + '|')} |")
         return rows
 
-    out += [f"`{p.format_usage().strip().removeprefix('usage: ')}`", "",
-            p.description or "", "", *options(p), "", p.epilog or "", ""]
+    def usage(q: argparse.ArgumentParser) -> str:  # at a fixed width, wherever it is built
+        formatter = HelpFormatter(q.prog, width=80)
+        formatter.add_usage(q.usage, q._actions, q._mutually_exclusive_groups, prefix="")
+        return formatter.format_help().strip()
+
     sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {c.dest: c.help or "" for c in sub._choices_actions}
+    out += ["```text", usage(p), "```", "", p.description or "", "",
+            "| command | what it does |", "|---|---|",
+            *(f"| [`{name}`](#draftmeta-{name}) | {helps.get(name, '')} |"
+              for name in sub.choices),
+            "", *options(p), "", p.epilog or "", ""]
     for name, q in sub.choices.items():
-        out += [f"## draftmeta {name}", "", q.description or "", "", "```text",
-                q.format_usage().strip().removeprefix("usage: "), "```", "",
-                *options(q), ""]
+        out += [f"## draftmeta {name}", "", q.description or "", "", "```text", usage(q),
+                "```", "", *options(q), ""]
     return "\n".join(out)
 
 

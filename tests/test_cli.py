@@ -481,5 +481,7 @@ def test_the_command_line_reference_lists_every_command_option_and_default() -> 
             for option in action.option_strings:
                 assert f"`{option}" in page or f", {option}" in page, (name, option)
     assert "(default: 1 8 64 256)" in page and "(default: 50)" in page
+    for name in _sub_parsers():  # the command table links to each command's section
+        assert f"| [`{name}`](#draftmeta-{name}) |" in page
     docs = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
     assert "markdown_reference()" in docs.read_text(encoding="utf-8")
