@@ -352,8 +352,12 @@ def check_spec(
     (:func:`~draftmeta.advance.advance_state` under the policy and ``host_bound``), ``spec``
     updates the metadata in place, ``rebuild`` builds it again from a *copy* of the state (fresh
     tensors, so a shared buffer cannot make the comparison vacuous), and
-    :func:`~draftmeta.testing.compare_metadata` compares the two. The check stops at the first
-    failure.
+    :func:`~draftmeta.testing.compare_metadata` compares the two. It also fails when the built
+    metadata carries something the spec has no rule for (:meth:`DraftSpec.uncovered
+    <draftmeta.spec.DraftSpec.uncovered>`), when the rebuild returns a tensor over the same
+    memory as the updated metadata (the comparison would be vacuous), and when the draft loop
+    would refuse the spec for a policy (:func:`~draftmeta.advance.check_policy`). The check
+    stops at the first failure.
 
     Args:
         spec: the spec, or one spec per overflow policy (``{"clamp": ..., "wrap": ...}``) when
@@ -388,8 +392,8 @@ def check_spec(
     Raises:
         SpecCheckFailed: an ``AssertionError`` naming the batch seed, the step, the field, the
             index, the expected (rebuilt) and the updated value, and the call that reruns the
-            batch; also raised when the build, the update or the rebuild raises (chained), and
-            when the draft loop would refuse the spec for the policy.
+            batch; also raised when the build, the update or the rebuild raises (chained), for
+            an uncovered field, a rebuild sharing storage, and a spec the loop would refuse.
         ValueError: an option or a ``valid=`` declaration is malformed (the message says which).
     """
     specs = _specs(spec, policies)
