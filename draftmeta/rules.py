@@ -209,6 +209,18 @@ def _bound_name(bound: str, offset: int) -> str:
     return f"{bound}_{'plus' if offset > 0 else 'minus'}_{abs(offset)}"
 
 
+def _shares_storage(view: torch.Tensor, buffer: torch.Tensor) -> bool:
+    """Whether ``view`` starts at ``buffer``'s address or lies in the same storage."""
+    return view.data_ptr() == buffer.data_ptr() or (
+        view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+    )
+
+
+_shares_storage.__draftmeta_describe__ = (  # type: ignore[attr-defined]
+    "(view, buffer) -> whether view starts at buffer's address or lies in its storage"
+)
+
+
 def _require_tensor(em: Emitter, path: str) -> None:
     """An optional field that a tensor rule reads must hold a tensor this step."""
     if em.optional(path):
@@ -444,14 +456,11 @@ class Alias(Rule):
             em.error(path, repr(f"is an alias of {src}, which is None"), 1)
         # a pair of tensor objects verified once stays verified (a tensor's storage is fixed
         # unless set_() swaps it): the steady state costs two identity tests
+        shares = em.bind(_shares_storage, "shares_storage")
         memo = em.bind([None], f"verified_{path}")
         em.emit(f"_pair = {memo}[0]")
         em.emit(f"if _pair is None or _pair[0] is not {expr} or _pair[1] is not {src}:")
-        em.emit(
-            f"if {expr}.data_ptr() != {src}.data_ptr() and "
-            f"{expr}.untyped_storage().data_ptr() != {src}.untyped_storage().data_ptr():",
-            1,
-        )
+        em.emit(f"if not {shares}({expr}, {src}):", 1)
         em.error(path, repr(f"no longer shares storage with {src} (a copy would go stale)"), 2)
         em.emit(f"{memo}[0] = ({expr}, {src})", 1)
 

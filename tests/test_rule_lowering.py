@@ -358,3 +358,30 @@ def test_structure_only_the_phase_drivers_hold_and_name_no_rule_kind(module: Any
     named |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     named |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert named & _rule_classes() == set()
+
+
+# -- the alias check, as its rule writes it -----------------------------------------------------
+
+
+def test_an_alias_check_is_short_and_its_helper_is_listed_in_the_header() -> None:
+    source = explain(toy_spec())
+    assert "#   _shares_storage = (view, buffer) -> whether view starts at buffer's address" \
+        in source
+    assert "        if not _shares_storage(_decode.seq_lens, state.seq_lens):\n" in source
+    assert max(len(line) for line in source.splitlines() if "_shares_storage(" in line) < 100
+
+
+@pytest.mark.parametrize("view", ["same start", "inside", "a copy"])
+def test_an_alias_passes_for_a_view_of_its_buffer_and_fails_for_a_copy(view: str) -> None:
+    state = _state()
+    meta = toy_metadata(state)
+    assert meta.decode is not None
+    meta.decode.seq_lens = {"same start": state.seq_lens[:2], "inside": state.seq_lens[1:],
+                            "a copy": state.seq_lens.clone()}[view]
+    spec = toy_spec(rules={**toy_rules(), "decode.lens_copy": Unchanged()})
+    checked = draftmeta.codegen.compile_spec(spec, "check")
+    if view == "a copy":
+        with pytest.raises(UpdateError, match=r"no longer shares storage with state\.seq_lens"):
+            checked(meta, state)
+    else:
+        checked(meta, state)
