@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -485,3 +486,25 @@ def test_the_command_line_reference_lists_every_command_option_and_default() -> 
         assert f"| [`{name}`](#draftmeta-{name}) |" in page
     docs = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
     assert "markdown_reference()" in docs.read_text(encoding="utf-8")
+
+
+def test_verify_on_cuda_announces_each_loop_and_says_what_it_skips(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import draftmeta.verify
+
+    labels = [f"TRITON_MLA+INDEXER on CUDA ({mode})" for mode in ("eager", "fused")]
+
+    def rows(*, echo: Callable[[str], None], **_: object) -> int:  # verify's CUDA table
+        echo(f"{'backend':<40} {'batches':>7} {'steps':>6} {'mismatches':>10}")
+        for label in labels:
+            echo(f"{label:<40} {2:>7} {5:>6} {0:>10}")
+        return 0
+
+    monkeypatch.setattr(draftmeta.verify, "verify", rows)
+    assert main(["verify", "--device", "cuda", "--batches", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"draftmeta verify: checking {label} ({i}/2, 2 batches)"
+                                for i, label in enumerate(labels, 1)]
+    assert out.startswith("skipped (no plain-torch reference builder to rebuild them without "
+                          "vLLM): every other builder\n")
