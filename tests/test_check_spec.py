@@ -61,7 +61,7 @@ def test_a_spec_per_policy_with_its_own_advances_passes() -> None:
             seq_lens=Advance(Wrap("max_model_len", restart=1), rows="num_reqs"),
         ),
     }
-    report = check_spec(specs, build, valid=VALID, batches=40)  # type: ignore[arg-type]
+    report = check_spec(specs, build, valid=VALID, batches=40)
     assert report.policies == ("clamp", "wrap")
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from draftmeta.testing.check import (
     COVERAGE,
     CheckFailure,
+    PerPolicy,
     SpecCheckFailed,
     SpecCheckReport,
     check_spec,
@@ -48,6 +49,7 @@ __all__ = [
     "CheckFailure",
     "EdgeCase",
     "Mismatch",
+    "PerPolicy",
     "SpecCheckFailed",
     "SpecCheckReport",
     "ValidPrefix",

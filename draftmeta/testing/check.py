@@ -33,9 +33,20 @@ from draftmeta.testing.compare import Mismatch, compare_metadata
 from draftmeta.testing.states import BatchCase, batch_case, check_sizes
 from draftmeta.testing.valid import ValidPrefix, check_valid_prefixes, resolve_valid_prefixes
 
-__all__ = ["COVERAGE", "CheckFailure", "SpecCheckFailed", "SpecCheckReport", "check_spec"]
+__all__ = [
+    "COVERAGE",
+    "CheckFailure",
+    "PerPolicy",
+    "SpecCheckFailed",
+    "SpecCheckReport",
+    "check_spec",
+]
 
 M = TypeVar("M")
+
+PerPolicy = Mapping[OverflowPolicy, DraftSpec[M]] | Mapping[str, DraftSpec[M]]
+"""One spec per overflow policy, ``{"clamp": clamp_spec, "wrap": wrap_spec}`` (a plain
+``dict[str, DraftSpec]`` is accepted too; its keys are checked when the check starts)."""
 
 COVERAGE: dict[str, str] = {
     "batch_of_one": "batch of one",
@@ -324,7 +335,7 @@ def _policy_problem(spec: DraftSpec[Any], policy: OverflowPolicy) -> str | None:
 
 
 def check_spec(
-    spec: DraftSpec[M] | Mapping[OverflowPolicy, DraftSpec[M]],
+    spec: DraftSpec[M] | PerPolicy[M],
     build: Callable[[DraftState], M],
     *,
     rebuild: Callable[[DraftState], M] | None = None,
@@ -446,32 +457,37 @@ def check_spec(
 
 
 def _specs(
-    spec: DraftSpec[M] | Mapping[OverflowPolicy, DraftSpec[M]],
+    spec: DraftSpec[M] | PerPolicy[M],
     policies: Sequence[OverflowPolicy] | None,
 ) -> dict[OverflowPolicy, DraftSpec[M]]:
     """``{policy: spec}`` for the policies to check."""
+    given: dict[str, object]
     if isinstance(spec, DraftSpec):
-        chosen: tuple[OverflowPolicy, ...] = ("clamp", "wrap") if policies is None else tuple(
-            policies)
-        given: Mapping[OverflowPolicy, DraftSpec[M]] = {p: spec for p in chosen}
+        given = {"clamp": spec, "wrap": spec}
     elif isinstance(spec, Mapping):
-        given = spec
-        chosen = tuple(spec) if policies is None else tuple(policies)
+        given = {str(key): value for key, value in spec.items()}
     else:
         raise TypeError(f"spec must be a DraftSpec or a mapping {{policy: DraftSpec}}, got "
                         f"{type(spec).__qualname__}")
+    chosen: list[str] = list(given) if policies is None else [str(p) for p in policies]
     if not chosen:
         raise ValueError("policies is empty; check 'clamp', 'wrap' or both")
     out: dict[OverflowPolicy, DraftSpec[M]] = {}
-    for policy in chosen:
-        if policy not in ("clamp", "wrap"):
-            raise ValueError(f"overflow policy must be 'clamp' or 'wrap', got {policy!r}")
-        if policy not in given:
-            raise ValueError(f"policies asks for {policy!r}, but the specs given are for "
-                             f"{sorted(given)}; add spec[{policy!r}] or drop the policy")
-        one = given[policy]
+    for key in chosen:
+        policy = _policy(key)
+        if key not in given:
+            raise ValueError(f"policies asks for {key!r}, but the specs given are for "
+                             f"{sorted(given)}; add spec[{key!r}] or drop the policy")
+        one = given[key]
         if not isinstance(one, DraftSpec):
-            raise TypeError(f"spec[{policy!r}] is {type(one).__qualname__}, not a DraftSpec")
+            raise TypeError(f"spec[{key!r}] is {type(one).__qualname__}, not a DraftSpec")
         out[policy] = one
     return out
 
+
+def _policy(key: str) -> OverflowPolicy:
+    if key == "clamp":
+        return "clamp"
+    if key == "wrap":
+        return "wrap"
+    raise ValueError(f"overflow policy must be 'clamp' or 'wrap', got {key!r}")
