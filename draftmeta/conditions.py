@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -86,9 +86,13 @@ class Precondition(abc.ABC):
 
     Attributes:
         name: the name reported when the precondition fails (``"decode_only"``).
+        host_only: the check compares values on the host, so every reference must be a host
+            value (reading a device tensor there would wait for the device); checked when the
+            spec is declared.
     """
 
     name: str
+    host_only: ClassVar[bool] = False
 
     @abc.abstractmethod
     def reads(self) -> tuple[str, ...]:
@@ -115,6 +119,7 @@ class Equals(Precondition):
 
     ref: str = attrs.field(validator=_ref)
     value: object = attrs.field(validator=_literal)
+    host_only: ClassVar[bool] = True
     name: str = attrs.field(validator=_name)
 
     @name.default
@@ -180,6 +185,7 @@ class SameValue(Precondition):
 
     left: str = attrs.field(validator=_ref)
     right: str = attrs.field(validator=_ref)
+    host_only: ClassVar[bool] = True
     name: str = attrs.field(validator=_name)
 
     @name.default
@@ -210,6 +216,7 @@ class Satisfies(Precondition):
         description: what the predicate states, for messages.
     """
 
+    host_only: ClassVar[bool] = True
     name: str = attrs.field(validator=_name)
     fn: Callable[..., bool] = attrs.field(validator=attrs.validators.is_callable())
     refs: tuple[str, ...] = attrs.field(converter=_as_refs, validator=_refs)

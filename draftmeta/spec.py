@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
 
-from draftmeta.conditions import Equals, Precondition, SameValue, Satisfies
+from draftmeta.conditions import Precondition
 from draftmeta.errors import SpecError
 from draftmeta.fields import FieldInfo, FieldKind, class_fields, classify, is_record_class
 from draftmeta.rules import Rule
@@ -586,7 +586,7 @@ class DraftSpec(Generic[M]):
                 )
             for ref in cond.reads():
                 self._check_ref(f"<precondition {cond.name}>", ref)
-                if isinstance(cond, (Equals, SameValue, Satisfies)) and self._is_tensor_ref(ref):
+                if cond.host_only and self._is_tensor_ref(ref):
                     raise self._fail(
                         "",
                         f"precondition {cond.name!r} compares the tensor {ref!r} on the host, "

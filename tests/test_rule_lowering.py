@@ -29,10 +29,14 @@ from draftmeta import (
     Alias,
     Derive,
     DraftSpec,
+    Equals,
     HostConstant,
     Invalidate,
+    IsNotNone,
     Recompute,
     Reset,
+    SameValue,
+    Satisfies,
     SpecError,
     Unchanged,
     UpdateError,
@@ -385,3 +389,23 @@ def test_an_alias_passes_for_a_view_of_its_buffer_and_fails_for_a_copy(view: str
             checked(meta, state)
     else:
         checked(meta, state)
+
+
+# -- preconditions say whether they compare on the host -----------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Equals("decode.seq_lens", 1),
+    lambda: SameValue("decode.seq_lens", "num_reqs"),
+    lambda: Satisfies("positive", bool, ("decode.seq_lens",), "seq_lens is truthy"),
+], ids=["equals", "same value", "satisfies"])
+def test_a_precondition_comparing_on_the_host_refuses_a_tensor(make: Any) -> None:
+    cond = make()
+    assert cond.host_only
+    with pytest.raises(SpecError, match=r"compares the tensor 'decode\.seq_lens' on the host"):
+        toy_spec(preconditions=[cond])
+
+
+def test_a_none_test_may_read_a_tensor_field() -> None:
+    assert not IsNotNone("decode.seq_lens").host_only
+    toy_spec(preconditions=[IsNotNone("decode"), IsNotNone("decode.seq_lens")])
