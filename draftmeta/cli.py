@@ -1,7 +1,8 @@
 """The ``draftmeta`` command: explain, verify, coverage, bench, e2e, infer.
 
 Exit codes: 0 success, 1 a check failed (``verify`` found a mismatch), 2 a user mistake (bad
-arguments, an unknown name, an output folder that is a file: one line on stderr), 130 Ctrl-C.
+arguments, an unknown name, an output folder that is a file: one line on stderr), 130 Ctrl-C,
+141 the output's reader went away (``| head``), silently.
 
 vLLM's log lines and torch's and vLLM's warnings are kept off the terminal unless ``-v`` is
 given; commands that take longer than a few seconds show what they are doing on stderr.
@@ -432,7 +433,7 @@ def parser() -> argparse.ArgumentParser:
         description="Say which vLLM release is installed, whether draftmeta's plugin is "
                     "installed, enabled and active (and why), and for every builder and draft "
                     "path who updates its metadata between draft steps: vLLM, draftmeta or "
-                    "neither. Imports vLLM (10 to 20 s). DRAFTMETA_VLLM_PLUGIN=0 turns the "
+                    "neither. Imports vLLM (about 20 s). DRAFTMETA_VLLM_PLUGIN=0 turns the "
                     "plugin off.",
     )
     c.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -488,8 +489,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _quiet_imports(args.verbose):
             code: int = args.run(args)
+        sys.stdout.flush()  # a closed pipe fails here, not in Python's flush at exit
     except KeyboardInterrupt:
         return _interrupted(f" {args.command}")
+    except BrokenPipeError:  # the reader went away (draftmeta explain --list | head -3)
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 141
     except OSError as exc:  # an output path that cannot be written
         where = f": {exc.filename}" if exc.filename else ""
         return _fail(args.command, f"cannot write{where} ({exc.strerror or exc})")

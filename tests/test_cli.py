@@ -508,3 +508,23 @@ def test_verify_on_cuda_announces_each_loop_and_says_what_it_skips(
                                 for i, label in enumerate(labels, 1)]
     assert out.startswith("skipped (no plain-torch reference builder to rebuild them without "
                           "vLLM): every other builder\n")
+
+
+_CLOSED = """
+import os, subprocess, sys
+read, write = os.pipe()
+os.close(read)  # the reader is gone before the first line
+done = subprocess.run([sys.executable, "-c",
+                       "import sys; from draftmeta.cli import main; sys.exit(main(sys.argv[1:]))",
+                       "explain", "--list"], stdout=write, stderr=subprocess.PIPE)
+print(done.returncode, repr(done.stderr.decode()))
+"""
+
+
+def test_output_to_a_reader_that_went_away_ends_quietly_with_141() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CLOSED], capture_output=True, text=True,
+                          check=True, timeout=120)
+    assert done.stdout.split() == ["141", "''"], done.stdout
