@@ -357,7 +357,9 @@ class Rule(abc.ABC):
         """The expression of the field's new host value (write no lines; the generator
         assigns it to a local, checks it with :meth:`lower_host_check` and stores it after
         every write). Only called when :attr:`stores_host_value` is set."""
-        raise NotImplementedError(f"{type(self).__qualname__} stores no host value")
+        raise NotImplementedError(
+            f"{type(self).__qualname__} sets stores_host_value but defines no lower_host"
+        )
 
     def lower_host_check(self, em: Emitter, path: str, local: str) -> None:
         """Write the checks of the new host value held in ``local`` (default: an int field
@@ -391,7 +393,9 @@ class Rule(abc.ABC):
         """Write the rule's update into the fused Triton kernel; ``out`` is the field's tensor,
         ``inputs`` the values of :meth:`reads`, ``names`` the argument names of the field and
         its inputs. Only called when :attr:`fusable`."""
-        raise NotImplementedError(f"{type(self).__qualname__} cannot be fused")
+        raise NotImplementedError(
+            f"{type(self).__qualname__} says it is fusable but defines no lower_triton"
+        )
 
 
 @attrs.frozen

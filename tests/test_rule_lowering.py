@@ -409,3 +409,14 @@ def test_a_precondition_comparing_on_the_host_refuses_a_tensor(make: Any) -> Non
 def test_a_none_test_may_read_a_tensor_field() -> None:
     assert not IsNotNone("decode.seq_lens").host_only
     toy_spec(preconditions=[IsNotNone("decode"), IsNotNone("decode.seq_lens")])
+
+
+def test_a_rule_that_stores_a_host_value_without_computing_it_says_so_when_compiled() -> None:
+    @attrs.frozen
+    class Forgetful(Toggle):
+        lower_host = Rule.lower_host  # type: ignore[assignment]
+
+    spec = _budgeted_spec(even=Forgetful())
+    with pytest.raises(NotImplementedError, match="sets stores_host_value but defines no "
+                                                  "lower_host"):
+        explain(spec)
