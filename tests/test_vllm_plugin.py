@@ -312,7 +312,7 @@ def test_amx_metadata_with_its_extra_attributes_is_updated_in_place(
 ) -> None:
     plugin.reset_stats()
     _older_loop_counts("AMX_MLA")
-    assert plugin.stats()["AMX_MLA"] == {"in_place": 4, "rebuilt": 0}
+    assert plugin.stats()["AMX_MLA"] == {"in_place": 4, "rebuilt": 0, "carried_over": 0}
 
 
 @needs_older_proposer
@@ -336,7 +336,7 @@ def test_an_attribute_the_spec_does_not_cover_keeps_that_builder_rebuilding(
         with caplog.at_level(logging.WARNING, logger="draftmeta.vllm"):
             _older_loop_counts("AMX_MLA")
             _older_loop_counts("AMX_MLA", seed=4)
-        assert plugin.stats()["AMX_MLA"] == {"in_place": 0, "rebuilt": 8}
+        assert plugin.stats()["AMX_MLA"] == {"in_place": 0, "rebuilt": 8, "carried_over": 0}
         lines = [r.getMessage() for r in caplog.records if r.name == "draftmeta.vllm"]
         assert len(lines) == 2 and "AMX_MLA keeps rebuilding" in lines[0]
         assert "decode.req_to_token (an attribute outside the class's fields)" in lines[0]
@@ -446,7 +446,7 @@ def test_shadow_mode_never_switches_off_a_correct_spec(monkeypatch: pytest.Monke
             _older_loop_counts("TRITON_MLA", seed)
         sentinel = sentinel_for("TRITON_MLA")
         assert sentinel.checks == 12 and sentinel.mismatches == 0 and not sentinel.switched_off
-        assert plugin.stats()["TRITON_MLA"] == {"in_place": 12, "rebuilt": 0}
+        assert plugin.stats()["TRITON_MLA"] == {"in_place": 12, "rebuilt": 0, "carried_over": 0}
     finally:
         plugin.unregister()
         reset_sentinels()

@@ -6,12 +6,14 @@
 * ``SpecDecodeBaseProposer._sample_draft_tokens``: a digest of the draft hidden states it samples
   from, per draft step (output tokens cannot reveal a draft-side bug, since the target re-checks
   every draft; draft tokens and these digests can);
-* ``AttentionGroup.build_metadata_for_drafting``: host time (``time.perf_counter``) per draft
-  index, and, from draft index 2 on (where the plugin can update: index 1 is always built),
-  whether the group's metadata was updated in place (the same object as at the previous index
-  comes back) or rebuilt (a new object), per attention backend (vLLM's name, ``"CPU_MLA"``).
-  These counts are observed from outside, independently of the plugin's own
-  :func:`~draftmeta.integrations.vllm.plugin.stats`, and mean the same.
+* ``AttentionGroup.build_metadata_for_drafting``: host time per draft index, as CPU time of
+  the calling thread (``time.thread_time``: what the refresh costs the host, not what other
+  processes on a shared machine take from it while it runs); from draft index 2 on, whether
+  the group's metadata was updated in place (the same object as at the previous index comes
+  back) or rebuilt (a new object); and at draft index 1, whether the previous draft loop's
+  index-1 object came back (carried over and refreshed in place), per attention backend
+  (vLLM's name, ``"CPU_MLA"``). These counts are observed from outside, independently of the
+  plugin's own :func:`~draftmeta.integrations.vllm.plugin.stats`, and mean the same.
 
 The timing wrapper sits above the builder's ``build_for_drafting``, so with the plugin off it
 measures vLLM's rebuild and with it on draftmeta's in-place update, through the same code.
@@ -58,6 +60,8 @@ class GenerateRecord:
         in_place: per attention backend, refreshes at draft index >= 2 that updated the previous
             index's metadata object in place.
         rebuilt: per attention backend, refreshes at draft index >= 2 that returned a new object.
+        carried_over: per attention backend, draft loops whose index-1 metadata was the
+            previous loop's object (refreshed in place instead of built).
     """
 
     draft_tokens: list[list[list[int]]] = attrs.field(factory=list)
@@ -65,6 +69,7 @@ class GenerateRecord:
     timings: dict[int, IndexTiming] = attrs.field(factory=dict)
     in_place: dict[str, int] = attrs.field(factory=dict)
     rebuilt: dict[str, int] = attrs.field(factory=dict)
+    carried_over: dict[str, int] = attrs.field(factory=dict)
 
     def refresh(self, first_index: int = 1) -> IndexTiming:
         """Host time over draft indices ``>= first_index`` (1: every refresh between steps)."""
@@ -95,6 +100,9 @@ class Recorder:
     record: GenerateRecord = attrs.field(factory=GenerateRecord)
     _patches: Patches = attrs.field(factory=Patches, init=False)
     _last: dict[int, object] = attrs.field(factory=dict, init=False)
+    # per group, the last index-1 object: held across generates, as the plugin's builders
+    # hold theirs (a strong reference, so identity comparisons stay exact)
+    _first: dict[int, object] = attrs.field(factory=dict, init=False)
 
     def start(self) -> GenerateRecord:
         """Begin recording a new ``generate``; returns the (empty) record it fills."""
@@ -117,6 +125,7 @@ class Recorder:
     def __exit__(self, *exc_info: object) -> None:
         self._patches.restore()
         self._last.clear()
+        self._first.clear()
 
     def _wrap_propose(self, original: Callable[..., Any]) -> Callable[..., Any]:
         recorder = self
@@ -142,20 +151,24 @@ class Recorder:
 
         def build_metadata_for_drafting(group: Any, common_attn_metadata: Any,
                                         draft_index: int) -> Any:
-            start = time.perf_counter()
+            start = time.thread_time()
             metadata = original(group, common_attn_metadata, draft_index)
-            elapsed = time.perf_counter() - start
+            elapsed = time.thread_time() - start
             record = recorder.record
             timing = record.timings.get(draft_index)
             if timing is None:
                 timing = record.timings[draft_index] = IndexTiming()
             timing.seconds += elapsed
             timing.calls += 1
+            name = str(group.backend.get_name())
             if draft_index >= 2:
-                name = str(group.backend.get_name())
                 counts = record.in_place if recorder._last.get(id(group)) is metadata else (
                     record.rebuilt)
                 counts[name] = counts.get(name, 0) + 1
+            elif draft_index == 1:
+                if recorder._first.get(id(group)) is metadata:
+                    record.carried_over[name] = record.carried_over.get(name, 0) + 1
+                recorder._first[id(group)] = metadata
             recorder._last[id(group)] = metadata
             return metadata
 

@@ -8,9 +8,10 @@ generates.
 
 Host time "refreshing draft metadata" is the time spent in vLLM's
 ``AttentionGroup.build_metadata_for_drafting`` at draft indices >= 1 (every refresh between
-draft steps): with the plugin off, vLLM's rebuilds; with it on, the build the plugin keeps at
-index 1 plus its in-place updates at indices >= 2. ``refresh_us_per_later_step`` counts indices
->= 2 only: the steps the plugin replaces, so it compares a rebuild with an update directly.
+draft steps): with the plugin off, vLLM's rebuilds; with it on, at index 1 the previous draft
+loop's metadata carried over and refreshed in place where the batch allows it (``carried_over``
+counts those loops; a new batch shape builds), plus its in-place updates at indices >= 2.
+``refresh_us_per_later_step`` counts indices >= 2 only: steps that are always in place.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def _configuration(c: Comparison) -> JSONObject:
         "generated_tokens": c.off.generated_tokens,
         "in_place_updates": {"off": dict(c.off.first.in_place), "on": dict(c.on.first.in_place)},
         "rebuilds": {"off": dict(c.off.first.rebuilt), "on": dict(c.on.first.rebuilt)},
+        "carried_over": {"off": dict(c.off.first.carried_over),
+                         "on": dict(c.on.first.carried_over)},
         "plugin_stats": c.on.plugin_stats,
         "refresh_calls": refresh_calls,
         "later_refresh_calls": later_calls,
@@ -111,10 +114,12 @@ def summary(result: MatrixResult) -> JSONObject:
     configs = [_configuration(c) for c in result.comparisons]
     in_place: dict[str, dict[str, int]] = {"off": {}, "on": {}}
     rebuilds: dict[str, dict[str, int]] = {"off": {}, "on": {}}
+    carried: dict[str, dict[str, int]] = {"off": {}, "on": {}}
     for c in configs:
         for mode in ("off", "on"):
             _merge(in_place[mode], c["in_place_updates"][mode])
             _merge(rebuilds[mode], c["rebuilds"][mode])
+            _merge(carried[mode], c["carried_over"][mode])
     refresh_per_step = _pooled(configs, "refresh_us_per_generate", "refresh_calls")
     later_per_step = _pooled(configs, "later_refresh_us_per_generate", "later_refresh_calls")
     tokens = {m: sum(c["generated_tokens"] for c in configs) for m in ("off", "on")}
@@ -138,6 +143,7 @@ def summary(result: MatrixResult) -> JSONObject:
         "draft_hidden_states_identical": hidden,
         "in_place_updates": in_place,
         "rebuilds": rebuilds,
+        "carried_over": carried,
         "refresh_us_per_step": refresh_per_step,
         "refresh_us_per_later_step": later_per_step,
         "tokens_per_s": tps,
@@ -204,9 +210,10 @@ def markdown(data: Mapping[str, Any]) -> str:
         f"- tokens/s: {_fmt(data['tokens_per_s']['off'])} off, "
         f"{_fmt(data['tokens_per_s']['on'])} on ({_fmt(goals['tokens_per_s_ratio'], 3)}x)",
         "",
-        "| backend | batch | K | tokens same | drafts same | in place (on) | rebuilds off / on "
-        "| refresh us/step off / on | later step us off / on | tok/s off / on |",
-        "|---|---:|---:|---|---|---:|---|---|---|---|",
+        "| backend | batch | K | tokens same | drafts same | in place (on) | carried over (on) "
+        "| rebuilds off / on | refresh us/step off / on | later step us off / on "
+        "| tok/s off / on |",
+        "|---|---:|---:|---|---|---:|---:|---|---|---|---|",
     ]
     for c in data["configurations"]:
         drafts = ("yes" if c["draft_tokens_identical"]
@@ -215,7 +222,7 @@ def markdown(data: Mapping[str, Any]) -> str:
             f"| {c['backend']} | {c['batch_size']} | {c['k']} | "
             f"{'yes' if c['output_tokens_identical'] else '**no**'} | "
             f"{drafts} | {_counts(c['in_place_updates']['on'])} | "
-            f"{_counts(c['rebuilds']['off'])} / "
+            f"{_counts(c['carried_over']['on'])} | {_counts(c['rebuilds']['off'])} / "
             f"{_counts(c['rebuilds']['on'])} | {_fmt(c['refresh_us_per_step']['off'])} / "
             f"{_fmt(c['refresh_us_per_step']['on'])} | "
             f"{_fmt(c['refresh_us_per_later_step']['off'])} / "

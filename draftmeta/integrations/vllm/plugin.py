@@ -8,11 +8,15 @@ plan :func:`~draftmeta.integrations.vllm.plan.make_plan` makes, **per builder**:
 
 * **older proposer** (0.32 and 0.33: ``build_for_drafting`` at every draft index): the metadata
   built at draft index 1 is kept and, at later indices of the same draft loop, updated in place
-  instead of rebuilt. The first time a builder's metadata is seen at index 1, the spec must
-  cover every attribute of the built object (subclass fields, attributes set after
-  construction); otherwise that builder keeps rebuilding, with one log line naming the
-  attribute. Anything the spec refuses at run time (a precondition, DCP > 1) falls back to the
-  original build for that draft loop.
+  instead of rebuilt. At draft index 1 of the next loop, where the catalogue declares what the
+  builder's build reads (``carry_over``: ``CPU_MLA``, ``TRITON_MLA``) and the new loop's batch
+  matches the last one in all of it (same buffer views, same host structure; see
+  :mod:`~draftmeta.integrations.vllm.carry_over`), the last loop's object is carried over and
+  refreshed in place instead of built; a new batch shape builds. The first time a builder's
+  metadata is seen, the spec must cover every attribute of the built object (subclass fields,
+  attributes set after construction); otherwise that builder keeps rebuilding, with one log
+  line naming the attribute. Anything the spec refuses at run time (a precondition, DCP > 1)
+  falls back to the original build for that draft loop.
 * **hook** (0.33 and 0.34: ``supports_draft_decode_metadata_update`` /
   ``update_draft_decode_metadata``, called inside the new runner's captured draft loop): for
   builders vLLM leaves without the hook, a generated full refresh from the buffers the metadata
@@ -31,11 +35,12 @@ catalogue entry or keeps vLLM's behaviour.
 usual. :func:`unregister` restores every patched attribute exactly.
 
 **Shadow mode** (older proposer path): with ``DRAFTMETA_SHADOW=N`` every Nth draft loop of a
-builder also rebuilds its metadata at each later draft index and compares it field by field
-with the in-place update (:mod:`draftmeta.shadow`); on a mismatch it logs one line with the
-builder and the field, counts it, returns the rebuilt metadata and switches that builder back
-to rebuilding for the rest of the process. Unset, it costs nothing but one attribute test per
-draft loop. (The hook path runs inside a captured graph, where a rebuild cannot run.)
+builder also rebuilds its metadata at each in-place draft index (a carried-over index 1
+included) and compares it field by field with the in-place update (:mod:`draftmeta.shadow`);
+on a mismatch it logs one line with the builder and the field, counts it, returns the rebuilt
+metadata and switches that builder back to rebuilding for the rest of the process. Unset, it
+costs nothing but one attribute test per draft loop. (The hook path runs inside a captured
+graph, where a rebuild cannot run.)
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import attrs
 
 from draftmeta.errors import DraftMetaError, UpdateError
 from draftmeta.integrations.patching import Patches
+from draftmeta.integrations.vllm.carry_over import Snapshot, spec_refuses, unchanged_values
 from draftmeta.integrations.vllm.plan import (
     OVERRIDE_ENV,
     Decision,
@@ -111,10 +117,13 @@ class BuilderStats:
         in_place: draft steps (index >= 2) whose metadata draftmeta updated in place.
         rebuilt: draft steps (index >= 2) that went to vLLM's build instead (a refused
             precondition, an uncovered attribute, DCP > 1).
+        carried_over: draft loops whose index-1 metadata was the previous loop's object,
+            refreshed in place (the batch matched it in everything the build reads).
     """
 
     in_place: int = 0
     rebuilt: int = 0
+    carried_over: int = 0
 
 
 _lock = threading.Lock()
@@ -129,15 +138,15 @@ def installed() -> Installed | None:
 
 
 def stats() -> dict[str, dict[str, int]]:
-    """``{builder name: {"in_place": n, "rebuilt": n}}`` since :func:`register` or
-    :func:`reset_stats`."""
+    """``{builder name: {"in_place": n, "rebuilt": n, "carried_over": n}}`` since
+    :func:`register` or :func:`reset_stats`."""
     return {name: attrs.asdict(s) for name, s in sorted(_stats.items())}
 
 
 def reset_stats() -> None:
     """Zero the counters of :func:`stats`."""
     for s in _stats.values():
-        s.in_place = s.rebuilt = 0
+        s.in_place = s.rebuilt = s.carried_over = 0
 
 
 def _disabled() -> bool:
@@ -217,8 +226,9 @@ def unregister() -> None:
 
 @attrs.define
 class _OlderCache:
-    """One draft loop of one builder: the metadata built at draft index 1 and what updating it
-    needs (set up at the first later index, so a loop of K = 2 costs nothing extra)."""
+    """One draft loop of one builder: the metadata built (or carried over) at draft index 1 and
+    what updating it needs (set up at the first later index, so a loop of K = 2 costs nothing
+    extra)."""
 
     cad: Any
     metadata: Any
@@ -233,8 +243,17 @@ class _OlderBuilder:
     spec: DraftSpec[Any]
     state: DraftState
     sentinel: Sentinel
+    carry: Callable[[object], str | None] | None = None  # unchanged-field check, if it carries
     checked: bool = False  # the first built object was checked for uncovered attributes
     refused: bool = False  # it carried something the spec does not cover: always rebuild
+
+
+@attrs.define
+class _Carried:
+    """The last draft loop's index-1 metadata and what its common metadata showed."""
+
+    snapshot: Snapshot
+    metadata: Any
 
 
 def _rebind(state: DraftState, cad: Any) -> DraftState:
@@ -270,18 +289,26 @@ def _older_build_for_drafting(
     original = cls.build_for_drafting  # type: ignore[attr-defined]
     counters = _stats.setdefault(entry.name, BuilderStats())
 
-    def setup(builder: Any, cache: _OlderCache) -> _OlderBuilder | None:
-        """The first later index of a draft loop: bind the builder's spec and state, check the
-        builder's first built object once; ``None`` if this builder must rebuild."""
+    def bound(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
+        """The builder's spec and state (made at its first update), its first built object
+        checked once for uncovered attributes; ``None`` if this builder must rebuild."""
         kept: _OlderBuilder | None = builder.__dict__.get("_draftmeta_older_builder")
         if kept is None:
             spec = spec_for(entry, overrides, policy="advance", builder=builder)
-            kept = _OlderBuilder(spec, _state_from_cad(cache.cad, builder),
-                                 sentinel_for(entry.name))
+            carry = None
+            if entry.carry_over is not None:
+                refused = spec_refuses(spec)
+                if refused is None:
+                    carry = unchanged_values(spec)
+                else:
+                    logger.info("draftmeta: %s builds at every draft loop's index 1: %s",
+                                entry.name, refused)
+            kept = _OlderBuilder(spec, _state_from_cad(cad, builder),
+                                 sentinel_for(entry.name), carry)
             builder._draftmeta_older_builder = kept
         if not kept.checked:
             kept.checked = True
-            uncovered = kept.spec.uncovered(cache.metadata)
+            uncovered = kept.spec.uncovered(metadata)
             if uncovered:
                 kept.refused = True
                 logger.warning(
@@ -290,19 +317,42 @@ def _older_build_for_drafting(
                 )
         if kept.refused or kept.sentinel.switched_off:
             return None
-        cache.state = kept.state  # rebound to this loop's metadata by the caller
-        cache.shadowed = kept.sentinel.enabled and kept.sentinel.should_check()
         return kept
+
+    def carried_over(builder: Any, cad: Any) -> Any:
+        """Draft index 1: the last loop's index-1 metadata refreshed in place for this loop,
+        or ``None`` where this loop's batch differs from it in anything the build reads."""
+        carried: _Carried | None = builder.__dict__.get("_draftmeta_carried")
+        if carried is None or carried.snapshot.mismatch(cad) is not None:
+            return None
+        kept = bound(builder, cad, carried.metadata)
+        if kept is None or kept.carry is None or kept.carry(carried.metadata) is not None:
+            return None
+        state = _rebind(kept.state, cad)
+        try:
+            kept.spec.update(carried.metadata, state)
+        except DraftMetaError as exc:
+            logger.info("draftmeta: %s builds this draft loop: %s", entry.name, exc)
+            return None
+        cache = _OlderCache(cad, carried.metadata, state,
+                            kept.sentinel.enabled and kept.sentinel.should_check())
+        builder._draftmeta_older = cache
+        if cache.shadowed:
+            return _shadow_step(builder, original, cache, entry.name, 1)
+        counters.carried_over += 1
+        return carried.metadata
 
     def build_for_drafting(self: Any, common_attn_metadata: Any, draft_index: int) -> Any:
         if not _exactly(self, cls):  # a subclass: its own entry, or vLLM's behaviour
             return original(self, common_attn_metadata, draft_index)
         cache: _OlderCache | None = self.__dict__.get("_draftmeta_older")
         if draft_index > 1 and cache is not None and cache.cad is common_attn_metadata:
-            kept = setup(self, cache) if cache.state is None else \
-                self._draftmeta_older_builder
+            kept = self._draftmeta_older_builder if cache.state is not None else (
+                bound(self, common_attn_metadata, cache.metadata))
             if kept is not None:
-                assert cache.state is not None
+                if cache.state is None:
+                    cache.state = kept.state
+                    cache.shadowed = kept.sentinel.enabled and kept.sentinel.should_check()
                 _rebind(cache.state, common_attn_metadata)
                 try:
                     kept.spec.update(cache.metadata, cache.state)
@@ -314,20 +364,26 @@ def _older_build_for_drafting(
                     counters.in_place += 1
                     return cache.metadata
             self._draftmeta_older = None
+        # index 1 starts a draft loop (DCP > 1: the older proposer keeps DCP-local lengths in
+        # the builder, so those loops rebuild)
+        starts = draft_index == 1 and getattr(self, "dcp_world_size", 1) == 1
+        if starts and entry.carry_over is not None:
+            metadata = carried_over(self, common_attn_metadata)
+            if metadata is not None:
+                return metadata
         if draft_index > 1:
             counters.rebuilt += 1
         metadata = original(self, common_attn_metadata, draft_index)
-        # index 1 starts a draft loop (DCP > 1: the older proposer keeps DCP-local lengths in
-        # the builder, so those loops rebuild)
-        self._draftmeta_older = (
-            _OlderCache(common_attn_metadata, metadata)
-            if draft_index == 1 and getattr(self, "dcp_world_size", 1) == 1 else None
-        )
+        self._draftmeta_older = _OlderCache(common_attn_metadata, metadata) if starts else None
+        if starts and entry.carry_over is not None:
+            self._draftmeta_carried = _Carried(
+                entry.carry_over.snapshot(common_attn_metadata), metadata)
         return metadata
 
     build_for_drafting.__qualname__ = f"{cls.__qualname__}.build_for_drafting"
     build_for_drafting.__doc__ = (
-        "vLLM's build_for_drafting, with draftmeta's in-place update after draft index 1."
+        "vLLM's build_for_drafting, with draftmeta's in-place update after draft index 1 "
+        "(and at index 1, the last loop's metadata carried over where the batch allows)."
     )
     build_for_drafting.__wrapped__ = original  # type: ignore[attr-defined]
     return build_for_drafting
@@ -336,7 +392,8 @@ def _older_build_for_drafting(
 def _shadow_step(
     builder: Any, original: Callable[..., Any], cache: _OlderCache, name: str, draft_index: int
 ) -> Any:
-    """A shadowed draft step: rebuild beside the in-place update and compare field by field.
+    """A shadowed draft step (or a shadowed carry-over at index 1): rebuild beside the
+    in-place update and compare field by field.
 
     The updated metadata is copied first (builders may rebuild into the buffers it views).
     On a mismatch the sentinel logs once and switches the builder off; the rebuilt metadata is
@@ -347,10 +404,13 @@ def _shadow_step(
     updated = copy.deepcopy(cache.metadata)
     rebuilt = original(builder, cache.cad, draft_index)
     if kept.sentinel.compare(updated, rebuilt) is not None:
-        builder._draftmeta_older = None
+        builder._draftmeta_older = builder._draftmeta_carried = None
         counters.rebuilt += 1
         return rebuilt
-    counters.in_place += 1
+    if draft_index == 1:
+        counters.carried_over += 1
+    else:
+        counters.in_place += 1
     return cache.metadata
 
 

@@ -16,6 +16,7 @@ import attrs
 
 from draftmeta.backends.common import HostBoundPolicy, SpecFactory
 from draftmeta.backends.vllm_classes import ClassRef
+from draftmeta.integrations.vllm.carry_over import CarryOver
 from draftmeta.spec import DraftSpec
 
 __all__ = [
@@ -80,6 +81,9 @@ class BuilderEntry:
         hook: what vLLM's own ``update_draft_decode_metadata`` does for it.
         harness: how tests build it on a CPU, or ``None`` where it needs a GPU.
         classes: the metadata classes its spec declares (recorded for machines without vLLM).
+        carry_over: the common-metadata fields its decode-only build reads, where the older
+            proposer may carry its draft-index-1 metadata over to the next draft loop
+            (:mod:`~draftmeta.integrations.vllm.carry_over`); ``None``: built every loop.
     """
 
     name: str
@@ -88,6 +92,7 @@ class BuilderEntry:
     hook: Upstream = "none"
     harness: HarnessRecipe | None = None
     classes: tuple[ClassRef, ...] = ()
+    carry_over: CarryOver | None = None
 
     def make_spec(
         self, *, policy: HostBoundPolicy = "advance", dcp: bool = False, builder: Any = None

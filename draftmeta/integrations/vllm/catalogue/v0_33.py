@@ -19,6 +19,7 @@ from draftmeta.backends.indexer import (
 )
 from draftmeta.backends.mla import FLASHMLA_SCHED_META, MLAFamily, MLASpec
 from draftmeta.backends.vllm_classes import ClassRef
+from draftmeta.integrations.vllm.carry_over import CarryOver
 from draftmeta.integrations.vllm.catalogue.model import (
     BuilderEntry,
     HarnessRecipe,
@@ -34,6 +35,19 @@ BACKENDS = "vllm.v1.attention.backends.mla"
 COMMON = class_ref(f"{MLA}.MLACommonMetadata")
 COMMON_DECODE = class_ref(f"{MLA}.MLACommonDecodeMetadata")
 
+MLA_DECODE_READS = CarryOver(
+    views=("seq_lens", "slot_mapping", "block_table_tensor", "query_start_loc",
+           "dcp_local_seq_lens"),
+    values=("num_reqs", "num_actual_tokens", "max_query_len", "causal"),
+    contents=("query_start_loc_cpu", "is_prefilling"),
+)
+"""What ``MLACommonMetadataBuilder.build`` reads of a decode-only batch (besides
+``max_seq_len``, which the spec refreshes): ``split_decodes_and_prefills`` reads the host
+structure, ``query_start_loc_cpu`` and ``is_prefilling``; ``_build_decode`` views the buffers.
+``seq_lens_cpu_upper_bound`` feeds only the prefill part. Not for ``AMX_MLA``: its spec keeps
+the block-table expansion ``decode.req_to_token`` unchanged within a loop, which another loop's
+block table would leave stale."""
+
 
 def _mla(
     name: str,
@@ -45,12 +59,13 @@ def _mla(
     hook: Upstream = "none",
     harness: HarnessRecipe | None = None,
     spec: MLASpec | None = None,
+    carry_over: CarryOver | None = None,
 ) -> BuilderEntry:
     factory = spec or MLASpec(family, metadata, decode)
     classes: tuple[ClassRef, ...] = (metadata,) if decode is None else (metadata, decode)
     if family == "flashmla":
         classes += (FLASHMLA_SCHED_META,)
-    return BuilderEntry(name, class_ref(builder), factory, hook, harness, classes)
+    return BuilderEntry(name, class_ref(builder), factory, hook, harness, classes, carry_over)
 
 
 def _family(module: str, stem: str) -> tuple[ClassRef, ClassRef]:
@@ -69,7 +84,8 @@ RELEASE = Release(
     notes="pip install 'draftmeta[vllm]' (README's set-up); CUDA build, imports on CPU",
     builders=(
         _mla("CPU_MLA", f"{MLA}.MLACommonMetadataBuilder", "dense",
-             harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.cpu_mla.CPUMLABackend"))),
+             harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.cpu_mla.CPUMLABackend")),
+             carry_over=MLA_DECODE_READS),
         _mla("AMX_MLA", f"{BACKENDS}.amx_mla.AMXMLAMetadataBuilder", "dense",
              spec=MLASpec("dense", COMMON, COMMON_DECODE, attributes=AMX_DECODE_ATTRIBUTES,
                           bound_rules=amx_decode_rules),
@@ -77,7 +93,8 @@ RELEASE = Release(
                                    block_size=32)),
         _mla("TRITON_MLA", f"{BACKENDS}.triton_mla.TritonMLAMetadataBuilder", "dense",
              hook="no-op",
-             harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.triton_mla.TritonMLABackend"))),
+             harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.triton_mla.TritonMLABackend")),
+             carry_over=MLA_DECODE_READS),
         _mla("CUTLASS_MLA", f"{BACKENDS}.cutlass_mla.CutlassMLAMetadataBuilder", "dense"),
         _mla("TOKENSPEED_MLA", f"{BACKENDS}.tokenspeed_mla.TokenspeedMLAMetadataBuilder",
              "dense"),

@@ -1,0 +1,149 @@
+"""Carrying a builder's draft-index-1 metadata over to the next draft loop (older proposer).
+
+vLLM's older proposer builds every attention group's metadata afresh at draft index 1 of every
+draft loop. Between two loops of one batch shape, that build sees new views of the same
+persistent buffers (sequence lengths, slot mapping, block table, query start locations) and the
+same host structure (number of requests and tokens, query length 1); only the buffers' contents
+and the host ``max_seq_len`` differ. For a builder whose decode metadata depends on nothing else,
+the previous loop's index-1 object, refreshed in place by its spec, equals the fresh build.
+
+Which ``CommonAttentionMetadata`` fields a builder's decode-only build reads is a fact about the
+builder, so the catalogue declares it per entry (:class:`CarryOver`); a draft loop carries the
+metadata over only when every declared field matches the previous loop's (:class:`Snapshot`)
+and the spec recomputes every field from the state (:func:`spec_refuses`). Tests compare the
+carried-over metadata with vLLM's fresh build over random pairs of unrelated batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+
+from draftmeta.rules import Advance, HostAdvance, Unchanged
+from draftmeta.spec import DraftSpec
+
+__all__ = ["CarryOver", "Snapshot", "spec_refuses", "unchanged_values"]
+
+
+@attrs.frozen
+class CarryOver:
+    """The ``CommonAttentionMetadata`` fields a builder's decode-only build reads, by how a
+    carried-over object can stay equal to a fresh build.
+
+    Attributes:
+        views: tensors the metadata views (the state's buffers): the new loop's must be the
+            same view (address, shape, strides, dtype, device), so the kept views see the new
+            contents.
+        values: host values the spec keeps (``HostConstant``): equal to the previous loop's.
+        contents: host tensors the build reads (``query_start_loc_cpu``): equal contents.
+
+    Anything the build reads and the spec refreshes from the state (``max_seq_len``) is not
+    listed; anything the build ignores in a decode-only batch is not listed either.
+    """
+
+    views: tuple[str, ...]
+    values: tuple[str, ...]
+    contents: tuple[str, ...] = ()
+
+    def snapshot(self, cad: Any) -> Snapshot:
+        """What ``cad`` (a ``CommonAttentionMetadata``) shows of the declared fields."""
+        return Snapshot(
+            type(cad),
+            tuple(_view(getattr(cad, name, None)) for name in self.views),
+            tuple(getattr(cad, name, None) for name in self.values),
+            tuple(_content(getattr(cad, name, None)) for name in self.contents),
+            self,
+        )
+
+
+def _view(t: object) -> object:
+    if not isinstance(t, torch.Tensor):
+        return t if t is None else type(t)
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+
+
+def _content(t: object) -> object:
+    return t.clone() if isinstance(t, torch.Tensor) else t
+
+
+def _same_content(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b)))
+    return a == b
+
+
+def _same_value(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):  # causal may be a tensor
+        return _same_content(a, b)
+    return type(a) is type(b) and a == b
+
+
+@attrs.frozen(eq=False)
+class Snapshot:
+    """The declared fields of one draft loop's index-1 ``CommonAttentionMetadata``.
+
+    Attributes:
+        cls: the common metadata's class.
+        views: per :attr:`CarryOver.views` field, its view (or ``None``).
+        values: per :attr:`CarryOver.values` field, its value.
+        contents: per :attr:`CarryOver.contents` field, a copy of its contents.
+        declared: what was declared.
+    """
+
+    cls: type
+    views: tuple[object, ...]
+    values: tuple[object, ...]
+    contents: tuple[object, ...]
+    declared: CarryOver
+
+    def mismatch(self, cad: Any) -> str | None:
+        """``None`` if ``cad`` matches this snapshot in every declared field, else the first
+        field that differs (a new batch shape, other buffers, another host structure)."""
+        if type(cad) is not self.cls:
+            return f"the common metadata is a {type(cad).__qualname__}"
+        declared = self.declared
+        for name, view in zip(declared.views, self.views):
+            if _view(getattr(cad, name, None)) != view:
+                return name
+        for name, value in zip(declared.values, self.values):
+            if not _same_value(getattr(cad, name, None), value):
+                return name
+        for name, content in zip(declared.contents, self.contents):
+            if not _same_content(getattr(cad, name, None), content):
+                return name
+        return None
+
+
+def spec_refuses(spec: DraftSpec[Any]) -> str | None:
+    """Why metadata under ``spec`` cannot be carried over to another draft loop, or ``None``.
+
+    A carried-over object is refreshed by one update from an unrelated state, so no rule may
+    depend on the field's previous value (``Advance``, ``HostAdvance``: one step at a time).
+    """
+    for path, rule in spec.rules.items():
+        if isinstance(rule, (Advance, HostAdvance)):
+            return f"{path} is {type(rule).__name__}: it moves one step at a time"
+    return None
+
+
+def unchanged_values(spec: DraftSpec[Any]) -> Callable[[object], str | None]:
+    """A check that every field ``spec`` declares unchanged is ``None`` in a metadata object:
+    an unchanged value from another batch (a prefill part, a DCP length) would be stale."""
+    paths = [tuple(p.split(".")) for p, r in spec.rules.items() if isinstance(r, Unchanged)]
+
+    def check(metadata: object) -> str | None:
+        for parts in paths:
+            value: object = metadata
+            for part in parts:
+                value = getattr(value, part, None)
+                if value is None:
+                    break
+            if value is not None:
+                return ".".join(parts)
+        return None
+
+    return check

@@ -1,0 +1,227 @@
+"""The older proposer's carry-over: a draft loop's index-1 metadata, refreshed in place for the
+next loop, equals vLLM's fresh build (real vLLM builders on CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+from draftmeta import Advance, DraftSpec, Wrap, advance_state
+from draftmeta.integrations.vllm import harness, plugin
+from draftmeta.integrations.vllm.carry_over import CarryOver, spec_refuses, unchanged_values
+from draftmeta.integrations.vllm.catalogue import current_release
+from draftmeta.integrations.vllm.equivalence import random_case
+from draftmeta.state import DraftState
+from draftmeta.testing import compare_metadata, random_state
+
+pytest.importorskip("vllm", reason="needs vLLM (pip install 'draftmeta[vllm]')")
+
+RELEASE = current_release()
+CARRIED = sorted(e.name for e in RELEASE.builders
+                 if e.carry_over is not None and e.harness is not None)
+pytestmark = pytest.mark.skipif(
+    "older_proposer" not in RELEASE.paths,
+    reason=f"vLLM {RELEASE.version} has no older proposer (build_for_drafting)",
+)
+
+
+@pytest.fixture
+def active(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register()
+    try:
+        yield
+    finally:
+        plugin.unregister()
+
+
+CAPACITY = 64
+"""Rows of the persistent buffers: every loop's batch is a view of their leading rows."""
+
+
+def _into(buffers: DraftState, fresh: DraftState) -> DraftState:
+    """Write a new batch into the leading rows of the persistent buffers, as vLLM's runner does
+    between loops, and return the draft state over views of them."""
+    n = fresh.num_reqs
+    views = {name: getattr(buffers, name)[: n + 1 if name == "query_start_loc" else n]
+             for name in ("positions", "seq_lens", "slot_mapping", "block_table",
+                          "query_start_loc")}
+    for name, view in views.items():
+        view.copy_(getattr(fresh, name))
+    return attrs.evolve(fresh, **views)
+
+
+def _draft_loop(builder: Any, state: DraftState, steps: int, policy: str) -> list[Any]:
+    """One older-proposer draft loop: a new common metadata over the same buffers, then
+    ``build_for_drafting`` at indices 1..steps with the shared advance between them."""
+    cad = harness.common_metadata_for(state)
+    out = [builder.build_for_drafting(cad, 1)]
+    for index in range(2, steps + 1):
+        advance_state(state, policy)  # type: ignore[arg-type]
+        cad.max_seq_len = state.max_seq_len
+        out.append(builder.build_for_drafting(cad, index))
+    return out
+
+
+def _builders(name: str, max_model_len: int, block_size: int) -> tuple[Any, Any, Any]:
+    config = harness.cached_vllm_config(max_model_len=max_model_len, block_size=block_size)
+    patched = harness.make_builder(name, config, block_size=block_size)
+    reference = harness.make_builder(name, config, block_size=block_size)
+    original = type(patched).build_for_drafting.__wrapped__
+    return patched, reference, original
+
+
+def _run_loops(name: str, seed: int, loops: int, *, batch_sizes: list[int] | None = None,
+               steps: int | None = None) -> Iterator[tuple[list[Any], list[str]]]:
+    """``loops`` draft loops of unrelated batches on one patched builder; yields, per loop,
+    its metadata objects and how its last step differs from vLLM's fresh build (compared
+    before the next loop writes the buffers the metadata views)."""
+    case = random_case(name, seed)
+    if steps is not None:
+        case = attrs.evolve(case, steps=steps)
+    g = torch.Generator().manual_seed(seed)
+    sizes = batch_sizes or [case.batch_size] * loops
+    patched, reference, original = _builders(name, case.max_model_len, case.block_size)
+    buffers = random_state(g, batch_size=CAPACITY, block_size=case.block_size,
+                           max_model_len=case.max_model_len, steps=case.steps)
+    for size in sizes:
+        state = _into(buffers, random_state(g, batch_size=size, block_size=case.block_size,
+                                            max_model_len=case.max_model_len, steps=case.steps))
+        check = state.clone()
+        steps = _draft_loop(patched, state, case.steps, case.overflow)
+        for _ in range(case.steps - 1):
+            advance_state(check, case.overflow)  # type: ignore[arg-type]
+        want = original(reference, harness.common_metadata_for(check), case.steps)
+        diff = compare_metadata(steps[-1], want, ignore=lambda p: p == "decode.schedule_metadata")
+        yield steps, [str(m) for m in diff]
+
+
+@pytest.mark.parametrize("name", CARRIED)
+def test_metadata_carried_over_to_an_unrelated_batch_equals_vllms_fresh_build(
+    name: str, active: None
+) -> None:
+    plugin.reset_stats()
+    carried = 0
+    for seed in range(40):  # 40 seeds x 5 loops: 160 carried-over loops per builder
+        first = None
+        for loop, (steps, diff) in enumerate(_run_loops(name, seed, loops=5)):
+            first = first or steps[0]
+            assert all(m is first for m in steps), (seed, loop, "one object for every loop")
+            assert diff == [], (seed, loop, diff)
+        carried += 4
+    assert plugin.stats()[name]["carried_over"] == carried
+
+
+@pytest.mark.parametrize("name", CARRIED)
+def test_a_loop_with_another_batch_size_builds_afresh_and_then_carries_that_over(
+    name: str, active: None
+) -> None:
+    plugin.reset_stats()
+    runs = list(_run_loops(name, 7, loops=4, batch_sizes=[3, 3, 5, 5]))
+    objects = [steps[0] for steps, _ in runs]
+    assert objects[1] is objects[0] and objects[2] is not objects[1] and objects[3] is objects[2]
+    assert [diff for _, diff in runs] == [[], [], [], []]
+    assert plugin.stats()[name]["carried_over"] == 2
+
+
+def test_a_carry_over_declaration_that_forgets_the_views_leaves_stale_metadata(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The negative control of the two tests above: the snapshot's checks are what keeps a
+    carried-over object right when the batch changes."""
+    entry = RELEASE.entry("CPU_MLA")
+    assert entry.carry_over is not None
+    careless = attrs.evolve(entry, carry_over=CarryOver(views=(), values=(), contents=()))
+    builders = tuple(careless if e.name == "CPU_MLA" else e for e in RELEASE.builders)
+    broken = attrs.evolve(RELEASE, builders=builders)
+    from draftmeta.integrations.vllm import plan
+
+    monkeypatch.setattr(plan, "release", lambda version: broken)
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register()
+    try:
+        runs = list(_run_loops("CPU_MLA", 7, loops=3, batch_sizes=[3, 5, 5]))
+    finally:
+        plugin.unregister()
+    assert runs[1][0][0] is runs[0][0][0]  # carried over across a batch-size change
+    assert runs[0][1] == [] and any("num_reqs" in line for line in runs[1][1])
+
+
+def test_a_spec_with_a_step_by_step_rule_is_never_carried_over() -> None:
+    spec = RELEASE.entry("CPU_MLA").make_spec()
+    assert spec_refuses(spec) is None
+    rules = {**spec.rules, "decode.seq_lens": Advance(Wrap("max_model_len"))}
+    stepping = DraftSpec(spec.cls, rules, nested=spec.nested, preconditions=spec.preconditions,
+                         name="stepping")
+    assert spec_refuses(stepping) == "decode.seq_lens is Advance: it moves one step at a time"
+
+
+def test_a_field_kept_unchanged_within_a_loop_keeps_its_builder_from_carrying_over(
+    active: None,
+) -> None:
+    """AMX's block-table expansion is unchanged within one loop; another loop's block table
+    would leave it stale, so the check names it (and the catalogue leaves AMX building)."""
+    assert RELEASE.entry("AMX_MLA").carry_over is None
+    builder, _, _ = _builders("AMX_MLA", 1024, 32)
+    state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=32,
+                         max_model_len=1024, steps=3)
+    metadata = builder.build_for_drafting(harness.common_metadata_for(state), 1)
+    spec = RELEASE.entry("AMX_MLA").make_spec(builder=builder)
+    assert unchanged_values(spec)(metadata) == "decode.req_to_token"
+    cpu = RELEASE.entry("CPU_MLA").make_spec()
+    assert unchanged_values(cpu)(metadata) is None  # its unchanged fields are all None here
+
+
+def _stale_max_seq_len(*, policy: Any, dcp: bool = False, builder: Any = None) -> Any:
+    """CPU_MLA's spec with its host ``max_seq_len`` frozen: deliberately stale."""
+    from draftmeta import HostConstant
+
+    good = RELEASE.entry("CPU_MLA").make_spec(policy=policy, dcp=dcp, builder=builder)
+    return DraftSpec(good.cls, {**good.rules, "max_seq_len": HostConstant()}, name="stale",
+                     nested=good.nested, preconditions=good.preconditions)
+
+
+def _stale_loops(monkeypatch: pytest.MonkeyPatch, shadow: str) -> tuple[list[list[str]], Any]:
+    """Three loops of index 1 only (K = 2: only a carry-over can go stale) with the stale
+    spec; returns each loop's differences from vLLM's build and the plugin's counts."""
+    from draftmeta.shadow import reset_sentinels
+
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setenv("DRAFTMETA_SHADOW", shadow)
+    reset_sentinels()
+    plugin.unregister()
+    plugin.register(spec_overrides={"CPU_MLA": _stale_max_seq_len})
+    try:
+        diffs = [diff for _, diff in _run_loops("CPU_MLA", 3, loops=3, steps=1)]
+        return diffs, plugin.stats()["CPU_MLA"]
+    finally:
+        plugin.unregister()
+        reset_sentinels()
+
+
+def test_shadow_mode_checks_carried_over_loops_and_switches_a_stale_spec_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="draftmeta.shadow"):
+        diffs, counts = _stale_loops(monkeypatch, "1")
+    assert diffs == [[], [], []]  # the mismatch returned vLLM's build, then rebuilt
+    assert counts == {"in_place": 0, "rebuilt": 1, "carried_over": 0}
+    lines = [r.getMessage() for r in caplog.records if r.name == "draftmeta.shadow"]
+    assert len(lines) == 1 and "builder CPU_MLA: field max_seq_len is stale" in lines[0]
+
+
+def test_without_shadow_mode_a_stale_carried_over_field_goes_unnoticed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The negative control of the test above: the spec really is stale across loops."""
+    diffs, counts = _stale_loops(monkeypatch, "0")
+    assert diffs[0] == [] and all(any("max_seq_len" in d for d in diff) for diff in diffs[1:])
+    assert counts == {"in_place": 0, "rebuilt": 0, "carried_over": 2}
