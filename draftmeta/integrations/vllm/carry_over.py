@@ -53,7 +53,7 @@ class CarryOver:
         return Snapshot(
             type(cad),
             tuple(_view(getattr(cad, name, None)) for name in self.views),
-            tuple(getattr(cad, name, None) for name in self.values),
+            tuple(_content(getattr(cad, name, None)) for name in self.values),
             tuple(_content(getattr(cad, name, None)) for name in self.contents),
             self,
         )
@@ -66,19 +66,16 @@ def _view(t: object) -> object:
 
 
 def _content(t: object) -> object:
-    return t.clone() if isinstance(t, torch.Tensor) else t
-
-
-def _same_content(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                and a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b)))
-    return a == b
+    """A host tensor's contents as Python values (small: ``query_start_loc_cpu`` has one entry
+    per request; comparing lists launches no tensor op, so no thread pool wakes up)."""
+    if isinstance(t, torch.Tensor):
+        return (t.shape, t.dtype, t.tolist())
+    return t
 
 
 def _same_value(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):  # causal may be a tensor
-        return _same_content(a, b)
+    if isinstance(a, torch.Tensor):  # causal may be a tensor
+        return _content(a) == b
     return type(a) is type(b) and a == b
 
 
@@ -89,8 +86,8 @@ class Snapshot:
     Attributes:
         cls: the common metadata's class.
         views: per :attr:`CarryOver.views` field, its view (or ``None``).
-        values: per :attr:`CarryOver.values` field, its value.
-        contents: per :attr:`CarryOver.contents` field, a copy of its contents.
+        values: per :attr:`CarryOver.values` field, its value (a tensor's contents).
+        contents: per :attr:`CarryOver.contents` field, its contents.
         declared: what was declared.
     """
 
@@ -113,7 +110,7 @@ class Snapshot:
             if not _same_value(getattr(cad, name, None), value):
                 return name
         for name, content in zip(declared.contents, self.contents):
-            if not _same_content(getattr(cad, name, None), content):
+            if _content(getattr(cad, name, None)) != content:
                 return name
         return None
 
