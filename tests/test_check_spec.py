@@ -226,6 +226,14 @@ def test_a_rebuild_that_overwrites_the_updated_buffers_is_refused() -> None:
     assert failure.field == "kv_last_page_len"
 
 
+def test_a_field_that_aliases_the_state_is_not_mistaken_for_a_shared_rebuild_buffer() -> None:
+    def with_view(state: DraftState) -> PagedMeta:
+        return dataclasses.replace(build(state), seq_lens=state.seq_lens)  # a view, as vLLM's
+
+    aliased = paged.spec("alias", seq_lens=Alias("seq_lens"))
+    check_spec(aliased, with_view, valid=VALID, batches=20)  # the rebuild reads a copy
+
+
 def test_a_spec_the_draft_loop_refuses_fails_even_if_the_compared_fields_agree() -> None:
     clamped = paged.spec("clamped", seq_lens=paged.CLAMP_SEQ_LENS)
     failure = failure_of(lambda: check_spec(
