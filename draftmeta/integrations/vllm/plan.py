@@ -153,8 +153,9 @@ def _older_proposer(entry: BuilderEntry, cls: type | None,
     if not spec.supported:
         reasons = "; ".join(r for _, r in spec.unsupported_reasons)
         return Decision(entry, "older_proposer", "none", f"rebuilt: {reasons}", cls)
-    return Decision(entry, "older_proposer", "draftmeta",
-                    f"in place after draft index 1 (spec {spec.name})", cls)
+    where = ("in place at every draft index; index 1 carried over between loops of one batch "
+             "shape" if entry.carry_over is not None else "in place after draft index 1")
+    return Decision(entry, "older_proposer", "draftmeta", f"{where} (spec {spec.name})", cls)
 
 
 def _hook(entry: BuilderEntry, cls: type | None,
