@@ -290,7 +290,8 @@ class _Run(Generic[M]):
                       "metadata's, so the comparison would be vacuous (the rebuild overwrote "
                       "the buffer being checked)",
                 hint="pass rebuild= the build of a second builder instance, with buffers of "
-                     "its own",
+                     "its own (for a constant tensor that every build shares, ignore= its "
+                     "path)",
             )
         try:
             prefixes = resolve_valid_prefixes(self.valid, rebuilt, fresh)
