@@ -282,7 +282,7 @@ class _Run(Generic[M]):
             rebuilt = self.rebuild(fresh)
         except Exception as exc:
             return self._raised(case, step, "rebuild(state)", exc)
-        shared = _shared_storage(metadata, rebuilt, "")
+        shared = _shared_storage(metadata, rebuilt, "", self.ignore)
         if shared is not None:
             return CheckFailure(
                 self.spec.name, case, step,
@@ -311,8 +311,13 @@ class _Run(Generic[M]):
                             error=f"{what} raised {type(exc).__name__}: {exc}", cause=exc)
 
 
-def _shared_storage(updated: object, rebuilt: object, path: str) -> str | None:
-    """The first field path where both objects hold tensors over the same memory, or ``None``."""
+def _shared_storage(
+    updated: object, rebuilt: object, path: str, ignore: Callable[[str], bool]
+) -> str | None:
+    """The first field path (not ignored) where both objects hold tensors over the same
+    memory, or ``None``."""
+    if path and ignore(path):
+        return None
     if isinstance(updated, torch.Tensor) and isinstance(rebuilt, torch.Tensor):
         if updated.numel() and rebuilt.numel() and updated.data_ptr() == rebuilt.data_ptr():
             return path or "<root>"
@@ -321,7 +326,7 @@ def _shared_storage(updated: object, rebuilt: object, path: str) -> str | None:
     if items_a is None or items_b is None:
         return None
     for (key, a), (_, b) in zip(items_a, items_b):
-        found = _shared_storage(a, b, f"{path}.{key}" if path else key)
+        found = _shared_storage(a, b, f"{path}.{key}" if path else key, ignore)
         if found is not None:
             return found
     return None
