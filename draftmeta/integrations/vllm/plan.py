@@ -17,6 +17,7 @@ import attrs
 from draftmeta.backends.common import HostBoundPolicy
 from draftmeta.backends.vllm_classes import import_class
 from draftmeta.errors import SpecError
+from draftmeta.integrations.vllm.carry_over import enabled as carry_over_enabled
 from draftmeta.integrations.vllm.catalogue import (
     BuilderEntry,
     DraftPath,
@@ -24,7 +25,6 @@ from draftmeta.integrations.vllm.catalogue import (
     release,
     supported_range,
 )
-from draftmeta.rules import Invalidate, Reset
 from draftmeta.spec import DraftSpec
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
     "Decision",
     "Plan",
     "SpecOverride",
-    "capture_unsafe_reason",
     "make_plan",
 ]
 
@@ -109,21 +108,6 @@ def _import_class(entry: BuilderEntry) -> type | None:
         return None
 
 
-def capture_unsafe_reason(spec: DraftSpec[Any]) -> str | None:
-    """Why ``spec``'s update cannot run inside a captured CUDA graph, or ``None`` if it can.
-
-    A replay repeats device work only: a rule that replaces a host object (``Reset``,
-    ``Invalidate``) or a recompute hook that declares itself unsafe would be skipped.
-    """
-    for path, rule in spec.rules.items():
-        if isinstance(rule, (Reset, Invalidate)):
-            return (f"{path} is replaced by a host object every step ({type(rule).__name__}), "
-                    "which a captured graph does not replay")
-        if getattr(getattr(rule, "hook", None), "capture_safe", True) is False:
-            return f"the recompute hook of {path} is not capture-safe"
-    return None
-
-
 def spec_for(
     entry: BuilderEntry,
     overrides: Mapping[str, SpecOverride] | None,
@@ -153,8 +137,9 @@ def _older_proposer(entry: BuilderEntry, cls: type | None,
     if not spec.supported:
         reasons = "; ".join(r for _, r in spec.unsupported_reasons)
         return Decision(entry, "older_proposer", "none", f"rebuilt: {reasons}", cls)
+    carries = entry.carry_over is not None and carry_over_enabled()
     where = ("in place at every draft index; index 1 carried over between loops of one batch "
-             "shape" if entry.carry_over is not None else "in place after draft index 1")
+             "shape" if carries else "in place after draft index 1")
     return Decision(entry, "older_proposer", "draftmeta", f"{where} (spec {spec.name})", cls)
 
 
@@ -178,7 +163,7 @@ def _hook(entry: BuilderEntry, cls: type | None,
     if not spec.supported:
         reasons = "; ".join(r for _, r in spec.unsupported_reasons)
         return Decision(entry, "hook", "none", f"no hook: {reasons}", cls)
-    unsafe = capture_unsafe_reason(spec)
+    unsafe = spec.capture_unsafe_reason
     if unsafe is not None:
         return Decision(entry, "hook", "none", f"no hook: not capture-safe: {unsafe}", cls)
     return Decision(entry, "hook", "draftmeta",

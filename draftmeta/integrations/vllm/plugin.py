@@ -8,8 +8,9 @@ plan :func:`~draftmeta.integrations.vllm.plan.make_plan` makes, **per builder**:
 
 * **older proposer** (0.32 and 0.33: ``build_for_drafting`` at every draft index): the metadata
   built at draft index 1 is kept and, at later indices of the same draft loop, updated in place
-  instead of rebuilt. At draft index 1 of the next loop, where the catalogue declares what the
-  builder's build reads (``carry_over``: ``CPU_MLA``, ``TRITON_MLA``) and the new loop's batch
+  instead of rebuilt. With ``DRAFTMETA_CARRY_OVER=1`` (opt-in), at draft index 1 of the next
+  loop, where the catalogue declares what the builder's build reads (``carry_over``:
+  ``CPU_MLA``, ``TRITON_MLA``) and the new loop's batch
   matches the last one in all of it (same buffer views, same host structure; see
   :mod:`~draftmeta.integrations.vllm.carry_over`), the last loop's object is carried over and
   refreshed in place instead of built; a new batch shape builds. The first time a builder's
@@ -57,7 +58,12 @@ import attrs
 
 from draftmeta.errors import DraftMetaError, UpdateError
 from draftmeta.integrations.patching import Patches
-from draftmeta.integrations.vllm.carry_over import Snapshot, spec_refuses, unchanged_values
+from draftmeta.integrations.vllm.carry_over import (
+    Snapshot,
+    spec_refuses,
+    unchanged_values,
+)
+from draftmeta.integrations.vllm.carry_over import enabled as carry_over_enabled
 from draftmeta.integrations.vllm.plan import (
     OVERRIDE_ENV,
     Decision,
@@ -288,6 +294,7 @@ def _older_build_for_drafting(
     assert cls is not None
     original = cls.build_for_drafting  # type: ignore[attr-defined]
     counters = _stats.setdefault(entry.name, BuilderStats())
+    declared = entry.carry_over if carry_over_enabled() else None
 
     def bound(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
         """The builder's spec and state (made at its first update), its first built object
@@ -296,7 +303,7 @@ def _older_build_for_drafting(
         if kept is None:
             spec = spec_for(entry, overrides, policy="advance", builder=builder)
             carry = None
-            if entry.carry_over is not None:
+            if declared is not None:
                 refused = spec_refuses(spec)
                 if refused is None:
                     carry = unchanged_values(spec)
@@ -367,7 +374,7 @@ def _older_build_for_drafting(
         # index 1 starts a draft loop (DCP > 1: the older proposer keeps DCP-local lengths in
         # the builder, so those loops rebuild)
         starts = draft_index == 1 and getattr(self, "dcp_world_size", 1) == 1
-        if starts and entry.carry_over is not None:
+        if starts and declared is not None:
             metadata = carried_over(self, common_attn_metadata)
             if metadata is not None:
                 return metadata
@@ -375,9 +382,8 @@ def _older_build_for_drafting(
             counters.rebuilt += 1
         metadata = original(self, common_attn_metadata, draft_index)
         self._draftmeta_older = _OlderCache(common_attn_metadata, metadata) if starts else None
-        if starts and entry.carry_over is not None:
-            self._draftmeta_carried = _Carried(
-                entry.carry_over.snapshot(common_attn_metadata), metadata)
+        if starts and declared is not None:
+            self._draftmeta_carried = _Carried(declared.snapshot(common_attn_metadata), metadata)
         return metadata
 
     build_for_drafting.__qualname__ = f"{cls.__qualname__}.build_for_drafting"
