@@ -6,7 +6,8 @@ registers it with :mod:`linecache` so tracebacks and debuggers show the generate
 
 The generated function runs in phases, so that a failed update leaves the metadata untouched:
 
-0. the object: exactly the spec's class, nothing outside the spec (once per object);
+0. the object: exactly the spec's class, nothing outside the spec (once per object, and again
+   when the number of its instance attributes changes);
 1. preconditions (raise :class:`~draftmeta.errors.PreconditionFailed`);
 2. structure checks: nested records present, aliases still sharing storage with their source,
    host ints of the state in range (raise :class:`~draftmeta.errors.UpdateError`);
@@ -274,14 +275,16 @@ class _Generator:
     def object_check(self) -> None:
         spec = self.spec
         self.emit("# 0. the object: exactly the spec's class, nothing outside the spec "
-                  "(once per object)")
-        memo = self.ns.bind([_UNCHECKED], "checked_object")
+                  "(once per object, again if its attributes change)")
+        memo = self.ns.bind([_UNCHECKED, -1], "checked_object")
         covered = self.ns.bind(_coverage(spec), "covered")
-        self.emit(f"if metadata is not {memo}[0]:")
+        count = self.ns.bind(_attribute_counter(spec), "attribute_count")
+        self.emit(f"_attributes = {count}(metadata)")
+        self.emit(f"if metadata is not {memo}[0] or _attributes != {memo}[1]:")
         self.emit(f"_problem = {covered}(metadata)", 2)
         self.emit("if _problem is not None:", 2)
         self.error("", "_problem", 3)
-        self.emit(f"{memo}[0] = metadata", 2)
+        self.emit(f"{memo}[0], {memo}[1] = metadata, _attributes", 2)
 
     def _guards(self, refs: tuple[str, ...]) -> list[str]:
         """Optional records on the way to ``refs``: each must be present before reading."""
@@ -498,6 +501,19 @@ def _coverage(spec: DraftSpec[Any]) -> Callable[[object], str | None]:
         f"the once-per-object check: exactly a {cls.__qualname__}, nothing outside the spec"
     )
     return covered
+
+
+def _attribute_counter(spec: DraftSpec[Any]) -> Callable[[object], int]:
+    """:meth:`DraftSpec.attribute_count` as a described global of the generated module."""
+    count = spec.attribute_count
+
+    def attribute_count(metadata: object) -> int:
+        return count(metadata)
+
+    attribute_count.__draftmeta_describe__ = (  # type: ignore[attr-defined]
+        "the number of instance attributes of the object and its nested records"
+    )
+    return attribute_count
 
 
 def _generate(

@@ -343,6 +343,21 @@ class DraftSpec(Generic[M]):
             self._uncovered_memo[tuple(key)] = verdict
         return verdict
 
+    def attribute_count(self, metadata: object) -> int:
+        """How many instance attributes ``metadata`` and its nested records carry (the sizes of
+        their ``__dict__``). Cheap; the generated update compares it with the count it saw at
+        its once-per-object check, so an attribute set on an object after its first update is
+        checked (and refused) at the next one."""
+        count = 0
+        for parts, _, _, _ in self._record_walk():
+            obj: object = metadata
+            for part in parts:
+                obj = getattr(obj, part, None)
+            attributes = getattr(obj, "__dict__", None)
+            if attributes is not None:
+                count += len(attributes)
+        return count
+
     def _record_walk(self) -> list[tuple[tuple[str, ...], str, str, type]]:
         """``(attribute chain, name for messages, field prefix, class)`` of every record."""
         if self._records_walk is None:

@@ -126,3 +126,33 @@ def test_comparison_sees_an_extra_attribute_set_on_one_side_only() -> None:
     b = Meta(a.num_reqs, a.seq_lens.clone())
     (mismatch,) = compare_metadata(a, b)
     assert mismatch.path == "seq_lens_i64" and "only on the updated" in mismatch.detail
+
+
+def test_an_attribute_set_after_the_first_update_is_refused_at_the_next_one() -> None:
+    from draftmeta import UpdateError
+
+    spec = _spec_with_i64_attribute()
+    state = _state([5, 9])
+    meta = _built(state)
+    spec.update(meta, state)  # checked once: covered
+    meta.kernel_hint = torch.zeros(2)  # type: ignore[attr-defined]  # set by someone else later
+    before = meta.seq_lens_i64.clone()  # type: ignore[attr-defined]
+    state.seq_lens += 1
+    with pytest.raises(UpdateError, match=r"kernel_hint \(an attribute outside the class's"):
+        spec.update(meta, state)
+    assert torch.equal(meta.seq_lens_i64, before)  # type: ignore[attr-defined]  # nothing written
+
+
+def test_an_attribute_set_on_a_nested_record_after_the_first_update_is_refused() -> None:
+    from draftmeta import UpdateError
+    from draftmeta.testing import random_state
+    from tests.toy import toy_metadata, toy_spec
+
+    state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                         max_model_len=256, steps=3)
+    meta = toy_metadata(state)
+    spec = toy_spec()
+    spec.update(meta, state)
+    meta.decode.kernel_hint = 1
+    with pytest.raises(UpdateError, match=r"decode\.kernel_hint"):
+        spec.update(meta, state)
