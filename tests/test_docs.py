@@ -147,3 +147,22 @@ def test_blocks_are_extracted() -> None:
         (3, "import vllm\n", VLLM_MARKER),
     ]
     assert blocks[0].line == 4  # the line of `x = 1`
+
+
+def test_the_generated_source_shown_in_the_readme_is_what_its_example_prints() -> None:
+    import contextlib
+    import io
+
+    text = (ROOT / "README.md").read_text()
+    marker = text.index("`explain(spec)` (or `draftmeta explain TRITON_MLA`")
+    code_start = text.rindex("```python", 0, marker) + len("```python")
+    code = text[code_start:text.index("```", code_start)]
+    shown_start = text.index("```text", marker) + len("```text\n")
+    shown = text[shown_start:text.index("```", shown_start)]
+    module = types.ModuleType("docs_example_readme_generated_source")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "README.md", "exec", dont_inherit=True), module.__dict__)
+    assert printed.getvalue() == shown, (
+        "README's generated source is stale: paste what its example prints")
