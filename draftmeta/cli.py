@@ -186,13 +186,31 @@ class _Through:
         return self.progress.out.isatty()
 
 
+def _import_torch_quietly() -> None:
+    """Import torch with its import-time log lines and warnings suppressed: torch sets its own
+    loggers' levels while it imports, so they cannot be lowered beforehand."""
+    if "torch" in sys.modules:
+        return
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torch  # noqa: F401
+    finally:
+        logging.disable(previous)
+
+
 @contextlib.contextmanager
-def _quiet_imports(verbose: bool) -> Iterator[None]:
+def _quiet_imports(verbose: bool, *, preload_torch: bool = True) -> Iterator[None]:
     """Keep vLLM's log lines (below ERROR) and the warnings of torch, vLLM and their
-    dependencies off the terminal, unless ``verbose``."""
+    dependencies off the terminal, unless ``verbose``. ``preload_torch``: import torch first
+    (quietly); ``explain`` of a shipped spec needs no torch and imports it only if it must."""
     if verbose:
         yield
         return
+    if preload_torch:
+        _import_torch_quietly()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     loggers = [logging.getLogger(name) for name in NOISY_MODULES]
     levels = [logger.level for logger in loggers]
@@ -236,7 +254,22 @@ def _explain_spec(name: str, host_bound: str | None) -> Any:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    """Print a spec's generated source from the recorded class lists: vLLM is never imported."""
+    """Print a spec's generated source from the recorded class lists: vLLM is never imported.
+    For the default release the text ships with the package (:mod:`draftmeta.explained`), so
+    neither torch nor the generator is imported either."""
+    from draftmeta import explained
+
+    if args.host_bound is None:
+        if args.list and (shipped_names := explained.names()) is not None:
+            print("\n".join(shipped_names))
+            return 0
+        if not args.list and args.backend is not None:
+            text = explained.shipped(args.backend)
+            if text is not None:
+                print(text, end="")
+                return 0
+    if not args.verbose:
+        _import_torch_quietly()
     from draftmeta.codegen import explain
     from draftmeta.registry import SPECS, closest_names, recorded_classes
 
@@ -487,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _interrupted("")
     try:
-        with _quiet_imports(args.verbose):
+        with _quiet_imports(args.verbose, preload_torch=args.command != "explain"):
             code: int = args.run(args)
         sys.stdout.flush()  # a closed pipe fails here, not in Python's flush at exit
     except KeyboardInterrupt:

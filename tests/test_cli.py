@@ -528,3 +528,46 @@ def test_output_to_a_reader_that_went_away_ends_quietly_with_141() -> None:
     done = subprocess.run([sys.executable, "-c", _CLOSED], capture_output=True, text=True,
                           check=True, timeout=120)
     assert done.stdout.split() == ["141", "''"], done.stdout
+
+
+_SHIPPED_EXPLAIN = """
+import io, contextlib, sys
+import draftmeta.cli
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    code = draftmeta.cli.main(["explain", "CPU_MLA"])
+assert code == 0 and "def draft_update_CPU_MLA_advance" in out.getvalue()
+print(sorted({m.split(".")[0] for m in sys.modules} & {"torch", "vllm", "numpy"}))
+"""
+
+
+def _shipped_release() -> bool:
+    from draftmeta import explained
+
+    return explained.release_in_use() == explained.RELEASE
+
+
+@pytest.mark.skipif(not _shipped_release(), reason="explain texts ship for vLLM 0.33 only")
+def test_explain_of_a_shipped_spec_in_a_fresh_process_imports_neither_torch_nor_vllm() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _SHIPPED_EXPLAIN], capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+@pytest.mark.skipif(not _shipped_release(), reason="explain texts ship for vLLM 0.33 only")
+def test_explain_prints_for_every_shipped_name_what_the_generator_makes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from draftmeta import explained
+    from draftmeta.codegen import explain
+    from draftmeta.registry import SPECS, get_spec, recorded_classes
+
+    names = explained.names()
+    assert names == list(SPECS)
+    for name in names:
+        assert main(["explain", name]) == 0
+        printed = capsys.readouterr().out
+        with recorded_classes():
+            assert printed == explain(get_spec(name)), name

@@ -1,6 +1,7 @@
 """The generated text is checked in: ``explain`` of every shipped spec and the fused kernel.
 
-A change to a rule, a spec or a generator shows up as a diff of tests/golden in review. On a
+A change to a rule, a spec or a generator shows up as a diff of draftmeta/explained (the
+shipped explain texts) or tests/golden/fused in review. On a
 mismatch the test prints the unified diff and how to regenerate
 (``python -m tests.golden.regenerate`` or ``pytest tests/test_golden.py --update-golden``).
 """
@@ -33,7 +34,7 @@ def _compare(request: pytest.FixtureRequest, folder: Path, texts: dict[str, str]
         return
     diffs = golden.differences(folder, texts)
     if diffs:
-        pytest.fail("generated text differs from tests/golden:\n" + "\n".join(diffs)
+        pytest.fail("generated text differs from its golden file:\n" + "\n".join(diffs)
                     + f"\nif the change is intended, regenerate: {golden.REGENERATE}",
                     pytrace=False)
 
@@ -62,7 +63,7 @@ def test_a_changed_rule_is_reported_as_a_diff_of_its_explain_text() -> None:
     # sequence lengths wrap rather than clamp) must not match the checked-in text
     texts = golden.explain_texts({"state.clamp": lambda: advance_spec("wrap")})
     diffs = golden.differences(golden.EXPLAIN, texts)
-    ours = [d for d in diffs if d.startswith("--- golden/explain/state.clamp.txt")]
+    ours = [d for d in diffs if d.startswith(f"--- golden/{golden.EXPLAIN.name}/state.clamp.txt")]
     assert len(ours) == 1
     assert "\n-" in ours[0] and "\n+" in ours[0] and "wrap" in ours[0]
 

@@ -13,10 +13,13 @@
 
 from __future__ import annotations
 
-from draftmeta.infer.classify import TodoHook, Verdict
-from draftmeta.infer.core import Inference, infer_spec
-from draftmeta.infer.probe import ProbeCase, default_cases
-from draftmeta.infer.verify import Verification, verify_generic, verify_vllm
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names, for type checkers and the API reference
+    from draftmeta.infer.classify import TodoHook, Verdict
+    from draftmeta.infer.core import Inference, infer_spec
+    from draftmeta.infer.probe import ProbeCase, default_cases
+    from draftmeta.infer.verify import Verification, verify_generic, verify_vllm
 
 __all__ = [
     "Inference",
@@ -29,3 +32,30 @@ __all__ = [
     "verify_generic",
     "verify_vllm",
 ]
+
+_EXPORTS: dict[str, str] = {
+    "Inference": "draftmeta.infer.core",
+    "ProbeCase": "draftmeta.infer.probe",
+    "TodoHook": "draftmeta.infer.classify",
+    "Verdict": "draftmeta.infer.classify",
+    "Verification": "draftmeta.infer.verify",
+    "default_cases": "draftmeta.infer.probe",
+    "infer_spec": "draftmeta.infer.core",
+    "verify_generic": "draftmeta.infer.verify",
+    "verify_vllm": "draftmeta.infer.verify",
+}
+"""Where each public name is defined: imported on first use, so that the command line can
+read ``draftmeta.infer.cli``'s arguments without importing torch."""
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        """Import a public name's module on first use (PEP 562)."""
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'draftmeta.infer' has no attribute {name!r}")
+        import importlib
+
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value

@@ -1,8 +1,9 @@
 """Generate the golden texts (``python -m tests.golden.regenerate`` rewrites them).
 
 Everything is generated on the CPU: ``explain`` of every name in
-:data:`draftmeta.registry.SPECS`, and the fused kernel source of the shipped group pair
-(TRITON_MLA + INDEXER on the clamped source advance) through
+:data:`draftmeta.registry.SPECS` (kept in ``draftmeta/explained/``, shipped with the package),
+and the fused kernel source of the shipped group pair (TRITON_MLA + INDEXER on the clamped
+source advance) through
 :func:`draftmeta.fused.fused_source`, which neither compiles nor launches it.
 """
 
@@ -15,10 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from draftmeta import explained
+
 GOLDEN = Path(__file__).parent
-EXPLAIN = GOLDEN / "explain"
+EXPLAIN = explained.FOLDER
+"""``explain`` texts: shipped with the package (``draftmeta explain`` prints them as they are)."""
 FUSED = GOLDEN / "fused"
-RELEASE = "0.33"
+RELEASE = explained.RELEASE
 """The vLLM release the golden texts are generated against (its catalogue names the specs)."""
 
 REGENERATE = "python -m tests.golden.regenerate  (or: pytest tests/test_golden.py --update-golden)"
