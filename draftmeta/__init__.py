@@ -172,17 +172,7 @@ _EXPORTS: dict[str, str] = {
 
 
 if not TYPE_CHECKING:
+    from draftmeta._lazy import lazy_exports
 
-    def __getattr__(name: str) -> object:
-        """Import a public name's module on first use (PEP 562)."""
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'draftmeta' has no attribute {name!r}")
-        import importlib
-
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted(set(globals()) | set(_EXPORTS))
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+    del lazy_exports

@@ -48,14 +48,7 @@ _EXPORTS: dict[str, str] = {
 read ``draftmeta.infer.cli``'s arguments without importing torch."""
 
 if not TYPE_CHECKING:
+    from draftmeta._lazy import lazy_exports
 
-    def __getattr__(name: str) -> object:
-        """Import a public name's module on first use (PEP 562)."""
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'draftmeta.infer' has no attribute {name!r}")
-        import importlib
-
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+    del lazy_exports
