@@ -213,6 +213,9 @@ class Rule(abc.ABC):
         stores_host_value: the rule computes a new host value each step (:meth:`lower_host`)
             that the update stores into the field after every write (the record must be
             mutable).
+        relative: the new value is computed from the field's previous value, one step at a
+            time (``Advance``, ``HostAdvance``), so the update is right only after the step
+            before it, never from an unrelated state.
     """
 
     kind: ClassVar[str]
@@ -221,6 +224,7 @@ class Rule(abc.ABC):
     covers_record: ClassVar[bool] = False
     inspects: ClassVar[bool] = False
     stores_host_value: ClassVar[bool] = False
+    relative: ClassVar[bool] = False
 
     def reads(self) -> tuple[str, ...]:
         """The references (``state.X`` or metadata paths) the rule reads."""

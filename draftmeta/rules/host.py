@@ -141,6 +141,7 @@ class HostAdvance(Rule):
     target: ClassVar[Target] = "int"
     writes: ClassVar[bool] = True
     stores_host_value: ClassVar[bool] = True
+    relative: ClassVar[bool] = True
     clamp: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(_identifier)
     )

@@ -178,6 +178,7 @@ class Advance(Rule):
     kind: ClassVar[str] = "advance"
     target: ClassVar[Target] = "int tensor"
     writes: ClassVar[bool] = True
+    relative: ClassVar[bool] = True
     overflow: Overflow = attrs.field(validator=attrs.validators.instance_of((Clamp, Wrap)))
     by: int = attrs.field(default=1, validator=_positive)
     rows: str | None = attrs.field(default=None, validator=attrs.validators.optional(_identifier))

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import torch
 
-from draftmeta.rules import Advance, HostAdvance, Unchanged
+from draftmeta.rules import Unchanged
 from draftmeta.spec import DraftSpec
 
 __all__ = ["CARRY_OVER_ENV", "CarryOver", "Snapshot", "enabled", "spec_refuses",
@@ -139,10 +139,10 @@ def spec_refuses(spec: DraftSpec[Any]) -> str | None:
     """Why metadata under ``spec`` cannot be carried over to another draft loop, or ``None``.
 
     A carried-over object is refreshed by one update from an unrelated state, so no rule may
-    depend on the field's previous value (``Advance``, ``HostAdvance``: one step at a time).
+    depend on the field's previous value (:attr:`~draftmeta.rules.Rule.relative`).
     """
     for path, rule in spec.rules.items():
-        if isinstance(rule, (Advance, HostAdvance)):
+        if rule.relative:
             return f"{path} is {type(rule).__name__}: it moves one step at a time"
     return None
 
