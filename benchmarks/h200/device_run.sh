@@ -3,7 +3,7 @@
 #   set -o pipefail; bash benchmarks/h200/device_run.sh
 # Needs the carry made by benchmarks/h200/make_carry.sh in .h200carry/ (named in the call's
 # carry). Writes its logs and JSON under $OUT (8 files, the most a call brings back):
-# h200-pytest.log (the tests that run on CUDA), h200-verify.log, h200-bench.log and
+# h200-pytest.log (the tests that run on CUDA, then again with vLLM on the path), h200-verify.log, h200-bench.log and
 # bench/bench-cuda.{json,md,png} (draftmeta verify / bench on CUDA, without vLLM on the path),
 # then h200-draft-loop.log + draft-loop-h200.json (benchmarks/h200/run_h200.py, vLLM 0.33's code).
 # Each part runs under its own timeout; a failing part does not stop the next one.
@@ -17,7 +17,8 @@ python3 -c "import torch, triton, sys; print(sys.version.split()[0], torch.__ver
 
 # 1. the tests that run on CUDA, draftmeta's own CUDA verify and bench (no vLLM on the path)
 timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py \
-  tests/test_step_graph.py tests/test_loop.py tests/test_codegen.py 2>&1 | tee "$OUT/h200-pytest.log"
+  tests/test_step_graph.py tests/test_loop.py tests/test_codegen.py tests/test_rule_lowering.py \
+  tests/test_check_spec.py tests/test_atomicity.py 2>&1 | tee "$OUT/h200-pytest.log"
 echo "== pytest rc ${PIPESTATUS[0]}"
 timeout "${VERIFY_TIMEOUT:-75}" python3 -m draftmeta verify --device cuda --batches 50 2>&1 \
   | tee "$OUT/h200-verify.log"
@@ -32,6 +33,10 @@ bash "$CARRY/vllm/install.sh" && rm -rf "$HOME/vllm-site/draftmeta"   # draftmet
 ( export PYTHONPATH=$PWD:$HOME/vllm-site VLLM_TARGET_DEVICE=cuda HF_HUB_OFFLINE=1 \
     VLLM_CACHE_ROOT=$PWD/$CARRY/vllm-cache TVM_FFI_DISABLE_TORCH_C_DLPACK=1 \
     VLLM_LOGGING_LEVEL=CRITICAL
+  timeout "${VLLM_TEST_TIMEOUT:-150}" python3 -m pytest -q -rs -p no:cacheprovider \
+    tests/test_loop.py tests/test_golden.py tests/test_atomicity.py tests/test_cuda.py 2>&1 \
+    | grep -v "fa_utils.py" | tee -a "$OUT/h200-pytest.log"
+  echo "== pytest with vLLM rc ${PIPESTATUS[0]}"
   timeout "${RUN_TIMEOUT:-200}" python3 benchmarks/h200/run_h200.py --out "$OUT" \
     --equivalence-batches "${EQ_BATCHES:-60}" 2>&1 | grep -v "fa_utils.py" \
     | tee "$OUT/h200-draft-loop.log"
