@@ -6,8 +6,8 @@ registers it with :mod:`linecache` so tracebacks and debuggers show the generate
 
 The generated function runs in phases, so that a failed update leaves the metadata untouched:
 
-0. the object: exactly the spec's class, nothing outside the spec (once per object, and again
-   when the number of its instance attributes changes);
+0. the object and its nested records: exactly the declared classes, no instance attribute
+   outside the spec (on every call: one type test and one set comparison per record);
 1. preconditions (raise :class:`~draftmeta.errors.PreconditionFailed`);
 2. structure checks: nested records present, aliases still sharing storage with their source,
    host ints of the state in range (raise :class:`~draftmeta.errors.UpdateError`);
@@ -102,17 +102,6 @@ class _Namespace:
             self.values[name] = obj
             self.bound.append(name)
         return name
-
-
-class _Unchecked:
-    """The value of a once-per-object memo before its first object (``None`` is an object a
-    caller may pass, and must be checked like any other)."""
-
-    def __repr__(self) -> str:
-        return "<no object checked yet>"
-
-
-_UNCHECKED = _Unchecked()
 
 
 def _raised(exc: BaseException) -> str:
@@ -273,18 +262,35 @@ class _Generator:
         return "\n".join(self.lines) + "\n"
 
     def object_check(self) -> None:
+        """Phase 0, on every call: the object and each nested record present is exactly its
+        declared class and carries no instance attribute outside the spec (a subclass's extra
+        field, an attribute set after construction or after the last update). One ``type`` test
+        and one set comparison of the attribute names per record, so a new object costs what
+        the same object costs."""
         spec = self.spec
-        self.emit("# 0. the object: exactly the spec's class, nothing outside the spec "
-                  "(once per object, again if its attributes change)")
-        memo = self.ns.bind([_UNCHECKED, -1], "checked_object")
-        covered = self.ns.bind(_coverage(spec), "covered")
-        count = self.ns.bind(_attribute_counter(spec), "attribute_count")
-        self.emit(f"_attributes = {count}(metadata)")
-        self.emit(f"if metadata is not {memo}[0] or _attributes != {memo}[1]:")
-        self.emit(f"_problem = {covered}(metadata)", 2)
-        self.emit("if _problem is not None:", 2)
-        self.error("", "_problem", 3)
-        self.emit(f"{memo}[0], {memo}[1] = metadata, _attributes", 2)
+        self.emit("# 0. the object and its records: exactly the declared classes, no attribute "
+                  "outside the spec (every call)")
+        why = self.ns.bind(_coverage(spec), "why_uncovered")
+        for path in ("", *spec.containers()):
+            cls = spec.record_class(path)
+            if not path:
+                name = "metadata"
+            else:
+                parent, leaf = path.rsplit(".", 1) if "." in path else ("", path)
+                holder = self.locals.get(parent, "metadata")
+                name = self.ns.fresh(path.replace(".", "__"))
+                guard = f" if {holder} is not None else None" if parent else ""
+                self.emit(f"{name} = {holder}.{leaf}{guard}")
+                self.locals[path] = name
+            test = f"type({name}) is not {self.ns.bind(cls, cls.__name__)}"
+            if cls.__dictoffset__:  # instances carry a __dict__: attributes can be added
+                allowed = self.ns.bind(_allowed_attributes(spec, path),
+                                       f"attributes_{path.replace('.', '__') or 'metadata'}")
+                test = f"{test} or not {name}.__dict__.keys() <= {allowed}"
+            if path:
+                test = f"{name} is not None and ({test})"
+            self.emit(f"if {test}:")
+            self.error("", f"{why}(metadata)", 2)
 
     def _guards(self, refs: tuple[str, ...]) -> list[str]:
         """Optional records on the way to ``refs``: each must be present before reading."""
@@ -341,15 +347,21 @@ class _Generator:
             return
         self.emit("# 2. structure: nested records, aliases, derivation inputs")
         for path in wanted:
-            name = self.ns.fresh(path.replace(".", "__"))
-            self.emit(f"{name} = {self.ref(path)}")
-            self.locals[path] = name
+            checked = path in self.locals  # fetched and its class checked in phase 0
+            if checked:
+                name = self.locals[path]
+            else:
+                name = self.ns.fresh(path.replace(".", "__"))
+                self.emit(f"{name} = {self.ref(path)}")
+                self.locals[path] = name
             if self.part == "finish":
                 continue
             cls = self.spec.record_class(path)
             if self.spec.optional(path):
                 self.emit(f"if {name} is None:")
                 self.error(path, repr("is None, but the spec updates fields inside it"))
+            if checked:
+                continue
             self.emit(f"if type({name}) is not {self.ns.bind(cls, cls.__name__)}:")
             self.error(
                 path,
@@ -480,40 +492,34 @@ def _text(value: str) -> str:
     return repr(value.replace("{", "{{").replace("}", "}}"))[1:-1]
 
 
-def _coverage(spec: DraftSpec[Any]) -> Callable[[object], str | None]:
-    """The once-per-object check: the object is exactly the spec's class and carries nothing the
-    spec has no rule for (a subclass's extra field, an attribute set after construction)."""
+def _coverage(spec: DraftSpec[Any]) -> Callable[[object], str]:
+    """Why phase 0 refused an object: it is not exactly the spec's class, or it (or a nested
+    record) carries something the spec has no rule for. Called only after the check failed."""
     cls = spec.cls
-    uncovered = getattr(spec, "uncovered", None)
 
-    def covered(metadata: object) -> str | None:
+    def why_uncovered(metadata: object) -> str:
         if type(metadata) is not cls:
             what = "None" if metadata is None else f"a {type(metadata).__qualname__}"
             return (f"the metadata object is {what}, not the spec's {cls.__qualname__} (an "
                     "update of another class would leave its extra fields stale)")
-        problems = uncovered(metadata) if uncovered is not None else ()
-        if problems:
-            return ("the metadata object carries state the spec has no rule for, which would "
-                    f"go stale: {'; '.join(problems)}; declare it with attributes= or rebuild")
-        return None
+        problems = spec.uncovered(metadata)
+        return ("the metadata object carries state the spec has no rule for, which would "
+                f"go stale: {'; '.join(problems) or 'an attribute outside its fields'}; "
+                "declare it with attributes= or rebuild")
 
-    covered.__draftmeta_describe__ = (  # type: ignore[attr-defined]
-        f"the once-per-object check: exactly a {cls.__qualname__}, nothing outside the spec"
+    why_uncovered.__draftmeta_describe__ = (  # type: ignore[attr-defined]
+        f"(metadata) -> what phase 0 refused: not exactly a {cls.__qualname__}, or an "
+        "attribute the spec has no rule for"
     )
-    return covered
+    return why_uncovered
 
 
-def _attribute_counter(spec: DraftSpec[Any]) -> Callable[[object], int]:
-    """:meth:`DraftSpec.attribute_count` as a described global of the generated module."""
-    count = spec.attribute_count
-
-    def attribute_count(metadata: object) -> int:
-        return count(metadata)
-
-    attribute_count.__draftmeta_describe__ = (  # type: ignore[attr-defined]
-        "the number of instance attributes of the object and its nested records"
-    )
-    return attribute_count
+def _allowed_attributes(spec: DraftSpec[Any], path: str) -> frozenset[str]:
+    """The instance attribute names a record at ``path`` may carry: its class's fields and
+    the attributes declared with ``attributes=``."""
+    prefix = f"{path}." if path else ""
+    return frozenset(p[len(prefix):] for p in spec.fields
+                     if p.startswith(prefix) and "." not in p[len(prefix):])
 
 
 def _generate(
@@ -544,6 +550,8 @@ def describe_bound(obj: object) -> str:
         return text
     if isinstance(obj, list):
         return f"memo, initially {obj!r}"
+    if isinstance(obj, frozenset):
+        return "{" + ", ".join(repr(x) for x in sorted(obj, key=repr)) + "}"
     if isinstance(obj, LayoutGuard):
         written = [e.path for e in obj._entries if not e.unchanged]
         kept = [e.path for e in obj._entries if e.unchanged]
@@ -586,6 +594,21 @@ def explain(spec: DraftSpec[M]) -> str:
     return "\n".join(header) + "\n" + source
 
 
+def _releaser(namespace: dict[str, object]) -> Callable[[], None]:
+    """A function that drops the references the generated code keeps between calls (its
+    identity memos and the memory check's last tensor set), so the next call checks afresh."""
+    memos = [v for v in namespace.values() if type(v) is list]  # every bound list is a memo
+    guards = [v for v in namespace.values() if isinstance(v, LayoutGuard)]
+
+    def release() -> None:
+        for memo in memos:
+            memo[0] = None
+        for guard in guards:
+            guard.release()
+
+    return release
+
+
 def compile_spec(
     spec: DraftSpec[M], part: Part = "full", skip: frozenset[str] = frozenset()
 ) -> UpdateFunction[M]:
@@ -606,6 +629,7 @@ def compile_spec(
     assert isinstance(fn, types.FunctionType)
     fn.__module__ = "draftmeta.generated"
     fn.__draftmeta_source__ = source  # type: ignore[attr-defined]
+    fn.__draftmeta_release__ = _releaser(namespace)  # type: ignore[attr-defined]
     return cast("UpdateFunction[M]", fn)
 
 

@@ -145,9 +145,17 @@ class LayoutGuard:
         self._held: tuple[object, ...] = ()
         self._verified: dict[tuple[object, ...], None] = {}  # insertion-ordered, bounded
 
+    def release(self) -> None:
+        """Drop the last tensor set this guard verified (the next check looks up its layout
+        signature again); the layouts it verified stay remembered."""
+        self._ids, self._held = [], ()
+
     def check(self, state: object, *args: object) -> tuple[str, str] | None:
         """``None`` if every write is safe, else ``(path, problem)``. Writes nothing."""
-        if all(a is None for a in args):  # no tensor written or declared unchanged here
+        for a in args:
+            if a is not None:
+                break
+        else:  # no tensor written or declared unchanged here (a loop, not all(): no generator)
             return None
         if self._owns_state:
             buffers: tuple[object, ...] = ()

@@ -23,7 +23,7 @@ import dataclasses
 import difflib
 import keyword
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
@@ -191,6 +191,16 @@ class DraftSpec(Generic[M]):
             self._compiled = compile_spec(self)
         return self._compiled
 
+    def release(self) -> None:
+        """Drop the references the compiled :attr:`update` keeps between calls: the tensors of
+        its identity memos (alias checks verified once per tensor pair) and of its memory check.
+        Nothing is unchecked: the next update verifies them again. Call it when a draft loop
+        ends, so that loop's tensors are freed by their owner rather than during the next
+        loop's first update."""
+        if self._compiled is not None:
+            release: Callable[[], None] = self._compiled.__draftmeta_release__  # type: ignore[attr-defined]
+            release()
+
     def __repr__(self) -> str:
         return f"<DraftSpec {self.name!r} for {self.cls.__qualname__}: {len(self.rules)} rules>"
 
@@ -342,21 +352,6 @@ class DraftSpec(Generic[M]):
         if len(self._uncovered_memo) < 64:
             self._uncovered_memo[tuple(key)] = verdict
         return verdict
-
-    def attribute_count(self, metadata: object) -> int:
-        """How many instance attributes ``metadata`` and its nested records carry (the sizes of
-        their ``__dict__``). Cheap; the generated update compares it with the count it saw at
-        its once-per-object check, so an attribute set on an object after its first update is
-        checked (and refused) at the next one."""
-        count = 0
-        for parts, _, _, _ in self._record_walk():
-            obj: object = metadata
-            for part in parts:
-                obj = getattr(obj, part, None)
-            attributes = getattr(obj, "__dict__", None)
-            if attributes is not None:
-                count += len(attributes)
-        return count
 
     def _record_walk(self) -> list[tuple[tuple[str, ...], str, str, type]]:
         """``(attribute chain, name for messages, field prefix, class)`` of every record."""

@@ -114,10 +114,12 @@ def _injections(spec: DraftSpec[Any]) -> list[tuple[str, Callable[[Any, DraftSta
     ns: dict[str, Any] = spec.update.__globals__  # type: ignore[attr-defined]
     out: list[tuple[str, Callable[[Any, DraftState], Any]]] = []
     for name, value in list(ns.items()):
-        if name.startswith("_covered"):
-            memo = next(k for k in ns if k.startswith("_checked_object"))
-            out.append(("0 object", lambda m, s, n=name, k=memo: _both(
-                _patched(ns, n, lambda _: "injected"), _patched(ns, k, [object()]))))
+        if value is spec.cls:
+            # phase 0 refuses an object that is not exactly this class
+            out.append(("0 object", lambda m, s, n=name: _patched(ns, n, Injected)))
+        elif name == "_attributes_metadata":
+            # phase 0 refuses an object carrying an attribute outside this set
+            out.append(("0 object", lambda m, s, n=name: _patched(ns, n, frozenset())))
         elif isinstance(value, LayoutGuard):
             out.append(("3c layout", lambda m, s, n=name: _patched(ns, n, _FailingGuard())))
         elif isinstance(value, InPlaceFunction):
@@ -183,14 +185,6 @@ def _inject_and_check(spec: DraftSpec[Any], metadata: Any, state: DraftState, ph
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
-
-
-@contextmanager
-def _both(a: Any, b: Any) -> Iterator[None]:
-    """Two patches at once: the object check's function and its once-per-object memo (an
-    object already checked is not checked again, by design)."""
-    with a, b:
-        yield
 
 
 def _state(seed: int, dcp: bool = False, **kw: Any) -> DraftState:

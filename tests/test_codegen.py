@@ -220,7 +220,7 @@ def test_bound_names_stay_the_same_when_rules_are_reordered() -> None:
     reordered = dict(reversed(list(rules.items())))
     names = set(_header(explain(toy_spec())))
     assert names == set(_header(explain(toy_spec(rules=reordered))))
-    assert "_checked_object" in names and "_layout" in names  # no counter suffix
+    assert "_attributes_metadata" in names and "_layout" in names  # no counter suffix
 
 
 def test_explain_header_says_what_every_global_of_the_source_holds() -> None:
@@ -234,7 +234,7 @@ def test_explain_header_says_what_every_global_of_the_source_holds() -> None:
     header = _header(text)
     used = {n for n in namespace if n != "__builtins__" and re.search(rf"\b{n}\b", source)}
     assert used == set(header)
-    assert header["_SPEC"] == "'toy'" and header["_checked_object"].startswith("memo")
+    assert header["_SPEC"] == "'toy'" and header["_attributes_metadata"].startswith("{'")
     assert "0x" not in text.split("\ndef ", 1)[0]  # no addresses
 
 

@@ -156,3 +156,32 @@ def test_an_attribute_set_on_a_nested_record_after_the_first_update_is_refused()
     meta.decode.kernel_hint = 1
     with pytest.raises(UpdateError, match=r"decode\.kernel_hint"):
         spec.update(meta, state)
+
+
+def test_a_declared_attribute_swapped_for_an_unknown_one_is_refused_at_the_next_update() -> None:
+    """The attribute names are compared on every call, not only their number: deleting a
+    declared attribute and setting an unknown one keeps the count and is still refused."""
+    from draftmeta import UpdateError
+
+    spec = _spec_with_i64_attribute()
+    state = _state([5, 9])
+    meta = _built(state)
+    spec.update(meta, state)
+    del meta.seq_lens_i64  # type: ignore[attr-defined]
+    meta.kernel_hint = torch.zeros(2)  # type: ignore[attr-defined]
+    with pytest.raises(UpdateError, match=r"kernel_hint \(an attribute outside the class's"):
+        spec.update(meta, state)
+
+
+def test_a_new_object_from_the_same_builder_is_checked_like_the_first() -> None:
+    """Every object is checked on every call: a second object carrying an unknown attribute is
+    refused even though an object of the same class passed just before."""
+    from draftmeta import UpdateError
+
+    spec = _spec_with_i64_attribute()
+    state = _state([5, 9])
+    spec.update(_built(state), state)
+    other = _built(state)
+    other.kernel_hint = 1  # type: ignore[attr-defined]
+    with pytest.raises(UpdateError, match=r"kernel_hint"):
+        spec.update(other, state)

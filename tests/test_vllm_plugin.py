@@ -450,3 +450,39 @@ def test_shadow_mode_never_switches_off_a_correct_spec(monkeypatch: pytest.Monke
     finally:
         plugin.unregister()
         reset_sentinels()
+
+
+class _ConfigWithK:
+    """A vLLM config that says K (the harness's configs have no speculative config)."""
+
+    def __init__(self, config: Any, k: int) -> None:
+        self._config = config
+        self.speculative_config = type("Speculative", (), {"num_speculative_tokens": k})()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+@needs_older_proposer
+def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_updates_in_place(
+    active: plugin.Installed,
+) -> None:
+    """With K from the config, the plugin drops its hold on a draft loop (the metadata, the
+    state, the generated update's memos) right after index K - 1, so the loop's tensors die
+    with vLLM's references; the next loop is checked afresh and updated in place again."""
+    name, k = "CPU_MLA", 4
+    plugin.reset_stats()
+    config = harness.cached_vllm_config(max_model_len=256, block_size=16)
+    builder = harness.make_builder(name, config, block_size=16)
+    builder.vllm_config = _ConfigWithK(builder.vllm_config, k)
+    for loop in range(3):
+        state = random_state(torch.Generator().manual_seed(loop), batch_size=3, block_size=16,
+                             max_model_len=256, steps=k)
+        results = _v1_loop(builder, state, k - 1, "wrap")
+        assert all(r is results[0] for r in results), loop
+        assert builder.__dict__.get("_draftmeta_older") is None, loop
+        spec = builder._draftmeta_older_builder.spec
+        memos = [v for v in spec.update.__globals__.values() if type(v) is list]
+        assert memos and all(m == [None] for m in memos), loop
+    assert plugin.stats()[name]["in_place"] == 3 * (k - 2)
+    assert plugin.stats()[name]["rebuilt"] == 0

@@ -233,8 +233,10 @@ def unregister() -> None:
 @attrs.define
 class _OlderCache:
     """One draft loop of one builder: the metadata built (or carried over) at draft index 1 and
-    what updating it needs (set up at the first later index, so a loop of K = 2 costs nothing
-    extra)."""
+    what updating it needs (set up at the first later index). Dropped after the loop's last
+    draft index, with the references the generated update keeps (:meth:`DraftSpec.release`),
+    so the loop's tensors and metadata die with vLLM's references to them, as without the
+    plugin, instead of during the next loop's refreshes."""
 
     cad: Any
     metadata: Any
@@ -247,11 +249,17 @@ class _OlderBuilder:
     """What the plugin keeps per builder instance on the older proposer path."""
 
     spec: DraftSpec[Any]
-    state: DraftState
     sentinel: Sentinel
+    last_index: int  # the last draft index of a loop (K - 1): the loop ends there
+    max_model_len: int
+    block_size: int
+    update: Callable[[Any, DraftState], None] = attrs.field(init=False)
     carry: Callable[[object], str | None] | None = None  # unchanged-field check, if it carries
     checked: bool = False  # the first built object was checked for uncovered attributes
     refused: bool = False  # it carried something the spec does not cover: always rebuild
+
+    def __attrs_post_init__(self) -> None:
+        self.update = self.spec.update  # compiled once; called without the property's lookup
 
 
 @attrs.define
@@ -272,7 +280,9 @@ def _rebind(state: DraftState, cad: Any) -> DraftState:
     return state
 
 
-def _state_from_cad(cad: Any, builder: Any) -> DraftState:
+def _state_from_cad(cad: Any, kept: _OlderBuilder) -> DraftState:
+    """A draft state over one draft loop's common metadata (one per loop: it is dropped with
+    the loop, so it never holds another loop's tensors)."""
     positions = cad.positions if cad.positions is not None else cad.seq_lens.new_empty(0)
     return DraftState(
         positions=positions,
@@ -282,9 +292,21 @@ def _state_from_cad(cad: Any, builder: Any) -> DraftState:
         query_start_loc=cad.query_start_loc,
         num_reqs=cad.num_reqs,
         max_seq_len=cad.max_seq_len,
-        max_model_len=builder.vllm_config.model_config.max_model_len,
-        block_size=builder.kv_cache_spec.block_size,
+        max_model_len=kept.max_model_len,
+        block_size=kept.block_size,
     )
+
+
+_NO_LAST_INDEX = 1 << 62
+"""The last draft index when the config does not say K: a loop is then let go only when the
+next one starts."""
+
+
+def _last_draft_index(builder: Any) -> int:
+    """``K - 1``: the older proposer builds at draft indices 1 .. K - 1 of every loop."""
+    speculative = getattr(builder.vllm_config, "speculative_config", None)
+    k = getattr(speculative, "num_speculative_tokens", None)
+    return k - 1 if type(k) is int and k > 2 else _NO_LAST_INDEX
 
 
 def _older_build_for_drafting(
@@ -310,8 +332,9 @@ def _older_build_for_drafting(
                 else:
                     logger.info("draftmeta: %s builds at every draft loop's index 1: %s",
                                 entry.name, refused)
-            kept = _OlderBuilder(spec, _state_from_cad(cad, builder),
-                                 sentinel_for(entry.name), carry)
+            kept = _OlderBuilder(spec, sentinel_for(entry.name), _last_draft_index(builder),
+                                 builder.vllm_config.model_config.max_model_len,
+                                 builder.kv_cache_spec.block_size, carry)
             builder._draftmeta_older_builder = kept
         if not kept.checked:
             kept.checked = True
@@ -335,9 +358,9 @@ def _older_build_for_drafting(
         kept = bound(builder, cad, carried.metadata)
         if kept is None or kept.carry is None or kept.carry(carried.metadata) is not None:
             return None
-        state = _rebind(kept.state, cad)
+        state = _state_from_cad(cad, kept)
         try:
-            kept.spec.update(carried.metadata, state)
+            kept.update(carried.metadata, state)
         except DraftMetaError as exc:
             logger.info("draftmeta: %s builds this draft loop: %s", entry.name, exc)
             return None
@@ -350,26 +373,37 @@ def _older_build_for_drafting(
         return carried.metadata
 
     def build_for_drafting(self: Any, common_attn_metadata: Any, draft_index: int) -> Any:
+        # The hot path (draft index >= 2) runs right after the draft model's forward pass, with
+        # the host caches cold: every attribute read costs, so it reads as few as it can.
         if not _exactly(self, cls):  # a subclass: its own entry, or vLLM's behaviour
             return original(self, common_attn_metadata, draft_index)
         cache: _OlderCache | None = self.__dict__.get("_draftmeta_older")
         if draft_index > 1 and cache is not None and cache.cad is common_attn_metadata:
-            kept = self._draftmeta_older_builder if cache.state is not None else (
-                bound(self, common_attn_metadata, cache.metadata))
-            if kept is not None:
-                if cache.state is None:
-                    cache.state = kept.state
+            state = cache.state
+            if state is not None:
+                kept: _OlderBuilder | None = self._draftmeta_older_builder
+                _rebind(state, common_attn_metadata)
+            else:
+                kept = bound(self, common_attn_metadata, cache.metadata)
+                if kept is not None:
+                    state = cache.state = _state_from_cad(common_attn_metadata, kept)
                     cache.shadowed = kept.sentinel.enabled and kept.sentinel.should_check()
-                _rebind(cache.state, common_attn_metadata)
+            if kept is not None:
+                assert state is not None
                 try:
-                    kept.spec.update(cache.metadata, cache.state)
+                    kept.update(cache.metadata, state)
                 except DraftMetaError as exc:
                     logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
                 else:
+                    metadata = cache.metadata
                     if cache.shadowed:
-                        return _shadow_step(self, original, cache, entry.name, draft_index)
-                    counters.in_place += 1
-                    return cache.metadata
+                        metadata = _shadow_step(self, original, cache, entry.name, draft_index)
+                    else:
+                        counters.in_place += 1
+                    if draft_index >= kept.last_index:  # the loop ends: let go of it
+                        self._draftmeta_older = None
+                        kept.spec.release()
+                    return metadata
             self._draftmeta_older = None
         # index 1 starts a draft loop (DCP > 1: the older proposer keeps DCP-local lengths in
         # the builder, so those loops rebuild)
