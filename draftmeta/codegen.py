@@ -594,21 +594,6 @@ def explain(spec: DraftSpec[M]) -> str:
     return "\n".join(header) + "\n" + source
 
 
-def _releaser(namespace: dict[str, object]) -> Callable[[], None]:
-    """A function that drops the references the generated code keeps between calls (its
-    identity memos and the memory check's last tensor set), so the next call checks afresh."""
-    memos = [v for v in namespace.values() if type(v) is list]  # every bound list is a memo
-    guards = [v for v in namespace.values() if isinstance(v, LayoutGuard)]
-
-    def release() -> None:
-        for memo in memos:
-            memo[0] = None
-        for guard in guards:
-            guard.release()
-
-    return release
-
-
 def compile_spec(
     spec: DraftSpec[M], part: Part = "full", skip: frozenset[str] = frozenset()
 ) -> UpdateFunction[M]:
@@ -629,7 +614,6 @@ def compile_spec(
     assert isinstance(fn, types.FunctionType)
     fn.__module__ = "draftmeta.generated"
     fn.__draftmeta_source__ = source  # type: ignore[attr-defined]
-    fn.__draftmeta_release__ = _releaser(namespace)  # type: ignore[attr-defined]
     return cast("UpdateFunction[M]", fn)
 
 

