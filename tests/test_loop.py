@@ -12,8 +12,9 @@ import torch
 
 from draftmeta import DraftState, DraftUpdatable, Equals
 from draftmeta.integrations.vllm.catalogue import builder_spec
-from draftmeta.loop import AttentionGroup, CaptureError, DraftLoop, validate_state
+from draftmeta.loop import AttentionGroup, CaptureError, DraftLoop
 from draftmeta.protocol import SpecBuilder
+from draftmeta.state_validation import validate_state
 from draftmeta.testing import compare_metadata, random_state
 from tests.toy import ToyDecode, ToyMeta, toy_metadata, toy_spec
 

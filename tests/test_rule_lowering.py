@@ -22,6 +22,7 @@ import torch
 import draftmeta.codegen
 import draftmeta.fused
 import draftmeta.loop
+import draftmeta.loop_capture
 import draftmeta.rules
 import draftmeta.spec
 import draftmeta.step_graph
@@ -350,7 +351,8 @@ def _rule_classes() -> set[str]:
 
 @pytest.mark.parametrize(
     "module",
-    [draftmeta.codegen, draftmeta.fused, draftmeta.loop, draftmeta.spec, draftmeta.step_graph],
+    [draftmeta.codegen, draftmeta.fused, draftmeta.loop, draftmeta.loop_capture, draftmeta.spec,
+     draftmeta.step_graph],
     ids=lambda m: m.__name__,
 )
 def test_structure_only_the_phase_drivers_hold_and_name_no_rule_kind(module: Any) -> None:
