@@ -192,3 +192,36 @@ def test_the_reader_finds_cycles_and_only_cycles(
     tmp_path: Path, files: Mapping[str, str], lazy: bool, want: list[list[str]]
 ) -> None:
     assert _describe(cycles(import_graph(_package(tmp_path, files), lazy=lazy))) == want
+
+
+# -- test support never imports vLLM on import --------------------------------------------------
+
+_TESTING_IMPORTS = """
+import importlib, sys
+
+def loaded(prefix):
+    return sorted(m for m in sys.modules if m == prefix or m.startswith(prefix + "."))
+
+for module in ("draftmeta.testing", "draftmeta.testing.reference_builds",
+               "draftmeta.testing.reference_schedules", "draftmeta.testing.vllm",
+               "draftmeta.testing.vllm.harness", "draftmeta.testing.vllm.equivalence"):
+    importlib.import_module(module)
+    print(module, loaded("vllm")[:3], loaded("draftmeta.testing.vllm")
+          if module == "draftmeta.testing" else "")
+"""
+
+
+def test_importing_the_test_support_modules_imports_no_vllm() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _TESTING_IMPORTS], capture_output=True,
+                          text=True, check=True, timeout=300)
+    assert done.stdout.splitlines() == [
+        "draftmeta.testing [] []",  # nor the vLLM test support
+        "draftmeta.testing.reference_builds [] ",
+        "draftmeta.testing.reference_schedules [] ",
+        "draftmeta.testing.vllm [] ",
+        "draftmeta.testing.vllm.harness [] ",
+        "draftmeta.testing.vllm.equivalence [] ",
+    ], done.stdout
