@@ -135,12 +135,19 @@ def test_a_broken_spec_is_caught_with_its_field_path() -> None:
 # update is right is what the equivalence tests above prove.
 
 
-def _installed(module: str, qualname: str) -> tuple[type, list[str]]:
-    """The installed class (or its stand-in) and its field names."""
+def _installed(module: str, qualname: str) -> tuple[str, list[str]]:
+    """The installed class's ``module:qualname`` and its field names (read from the class, or
+    from the module's source where it does not import here)."""
     cls, imported = load_metadata_class(module, qualname)
+    assert f"{cls.__module__}:{cls.__qualname__}" == f"{module}:{qualname}"
     if imported:
-        return cls, [f.name for f in dataclasses.fields(cls)]
-    return cls, [name for name, _ in source_fields(module, qualname)]
+        return f"{module}:{qualname}", [f.name for f in dataclasses.fields(cls)]
+    return f"{module}:{qualname}", [name for name, _ in source_fields(module, qualname)]
+
+
+def _ref(cls: type) -> str:
+    """A class as ``module:qualname`` (a stand-in class names the class it stands for)."""
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 @pytest.mark.parametrize("name", sorted(MLA_ENTRIES))
@@ -152,11 +159,11 @@ def test_structure_only_each_mla_spec_lists_the_installed_fields_and_rules_decod
     assert isinstance(v, MLASpec)
     spec = builder_spec(name, dcp=dcp)
     cls, top = _installed(v.metadata.module, v.metadata.qualname)
-    assert spec.cls is cls
+    assert _ref(spec.cls) == cls
     assert [p for p in spec.fields if "." not in p] == top
     if v.decode is not None:
         decode_cls, decode = _installed(v.decode.module, v.decode.qualname)
-        assert spec.nested["decode"] is decode_cls
+        assert _ref(spec.nested["decode"]) == decode_cls
         declared = {path for path, _ in v.attributes}
         assert [p.split(".", 1)[1] for p in spec.fields if p.startswith("decode.")
                 and p.count(".") == 1 and p not in declared] == decode
@@ -170,7 +177,7 @@ def test_structure_only_the_flashmla_fp8_spec_rules_each_scheduler_field() -> No
     sched_cls, sched = _installed("vllm.third_party.flashmla.flash_mla_interface",
                                   "FlashMLASchedMeta")
     assert sched == ["have_initialized", "config", "tile_scheduler_metadata", "num_splits"]
-    assert spec.nested["decode.scheduler_metadata"] is sched_cls
+    assert _ref(spec.nested["decode.scheduler_metadata"]) == sched_cls
     prefix = "decode.scheduler_metadata."
     assert [p[len(prefix):] for p in spec.fields if p.startswith(prefix)] == sched
     assert [f"{prefix}{name}" in spec.rules for name in sched] == [True] * 4  # each its own
@@ -180,7 +187,7 @@ def test_structure_only_the_indexer_spec_lists_the_installed_fields() -> None:
     spec = indexer_spec()
     cls, top = _installed(INDEXER_METADATA.module, INDEXER_METADATA.qualname)
     decode_cls, decode = _installed(INDEXER_DECODE.module, INDEXER_DECODE.qualname)
-    assert spec.cls is cls and spec.nested["decode"] is decode_cls
+    assert (_ref(spec.cls), _ref(spec.nested["decode"])) == (cls, decode_cls)
     assert [p for p in spec.fields if "." not in p] == top
     assert [p[len("decode."):] for p in spec.fields if p.startswith("decode.")] == decode
     assert "decode" not in spec.rules, spec.rules.get("decode")
