@@ -137,9 +137,9 @@ def advance_spec(
 def overflow_policies(spec: DraftSpec[Any]) -> dict[str, OverflowPolicy]:
     """``{path: "clamp" | "wrap"}`` for every field the spec advances with an overflow policy."""
     return {
-        path: ("clamp" if isinstance(rule.overflow, Clamp) else "wrap")
+        path: rule.overflow_policy
         for path, rule in spec.rules.items()
-        if isinstance(rule, Advance)
+        if rule.overflow_policy is not None
     }
 
 
@@ -153,7 +153,7 @@ def check_policy(spec: DraftSpec[Any], policy: OverflowPolicy) -> None:
         SpecError: naming the field, its policy and the loop's.
     """
     for path, rule in spec.rules.items():
-        if isinstance(rule, Advance) and rule.rows != "num_reqs":
+        if rule.advances_padded_rows:
             raise SpecError(
                 spec.name,
                 path,

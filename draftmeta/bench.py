@@ -6,7 +6,7 @@ state is advanced (timed on its own: the same work on both paths) and the metada
 rebuilt with vLLM's ``build_for_drafting`` or updated in place by draftmeta's generated function.
 
 CUDA (``--device cuda``, no vLLM needed): the Triton-MLA and DeepSeek-V3.2 indexer specs as two
-groups over one draft state, metadata made by :mod:`draftmeta.backends.reference`; paths: the
+groups over one draft state, metadata made by :mod:`draftmeta.testing.reference_builds`; paths: the
 plain-torch rebuild, the eager generated updates, the fused one-launch step, and the captured
 whole loop (graph replay), with CUDA events for device time and the profiler's count of kernel
 launches per step.
@@ -120,8 +120,8 @@ def _reset(state: DraftState, start: DraftState) -> None:
 
 
 def _cpu_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sample]:
-    from draftmeta.integrations.vllm import harness
-    from draftmeta.integrations.vllm.equivalence import BUILDERS
+    from draftmeta.testing.vllm import harness
+    from draftmeta.testing.vllm.equivalence import BUILDERS
 
     for backend in config.backends:
         block = 64 if backend == "INDEXER" else config.block_size
@@ -176,12 +176,12 @@ def _cuda_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sam
 
 def _cuda_config(config: BenchConfig, mla: Any, idx: Any, batch: int, k: int
                  ) -> Iterator[Sample]:
-    from draftmeta.backends.reference import (
+    from draftmeta.loop import AttentionGroup, DraftLoop
+    from draftmeta.testing.reference_builds import (
         IndexerBuffers,
         build_indexer_metadata,
         build_mla_metadata,
     )
-    from draftmeta.loop import AttentionGroup, DraftLoop
 
     backend = "TRITON_MLA+INDEXER"
     slots = torch.cuda.get_device_properties(0).multi_processor_count

@@ -301,7 +301,7 @@ def _verify(args: argparse.Namespace) -> int:
         if args.device == "cpu":
             progress.update("importing vLLM's builders")
             from draftmeta.integrations.vllm.catalogue import current_release
-            from draftmeta.integrations.vllm.equivalence import BUILDERS
+            from draftmeta.testing.vllm.equivalence import BUILDERS
 
             checked = list(BUILDERS)
             skipped = [e.name for e in current_release().builders if e.name not in BUILDERS]

@@ -14,7 +14,10 @@ logged once per group, not per step. A group whose update fails (a precondition,
 check) is rebuilt from then on; the failed update wrote nothing.
 
 On CUDA, :meth:`DraftLoop.capture` records steps 1..K-1 (updates and the caller's step
-function) in one CUDA graph after checking that they are capture-safe.
+function) in one CUDA graph after checking that they are capture-safe
+(:mod:`draftmeta.loop_capture`, which defines :class:`CaptureError` and :class:`CapturedLoop`,
+re-exported here). The state is checked once, when the loop is made
+(:func:`~draftmeta.state_validation.validate_state`).
 
 Shadow mode (``DRAFTMETA_SHADOW=N`` or ``shadow=N``, :mod:`draftmeta.shadow`): every Nth run of
 the loop also rebuilds each in-place group after every update and compares field by field; a
@@ -28,20 +31,19 @@ must never be updated from two threads at once (the generated update is not lock
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
-import torch
 
 from draftmeta.advance import HostBound, OverflowPolicy, advance_spec, check_policy
 from draftmeta.errors import DraftMetaError, PreconditionFailed, UpdateError, WriteFailed
-from draftmeta.fields import record_items
+from draftmeta.loop_capture import CapturedLoop, CaptureError, capture_loop
 from draftmeta.protocol import SupportsDraftUpdate, spec_of
 from draftmeta.shadow import Sentinel, sentinel_for
 from draftmeta.state import DraftState
+from draftmeta.state_validation import validate_state
 
 __all__ = [
     "AttentionGroup",
@@ -62,10 +64,6 @@ StepFunction = Callable[[int, Mapping[str, Any]], None]
 """``step_fn(draft_index, metadata_by_group)``: one draft-model forward (and sampling)."""
 
 Path = Literal["update", "rebuild"]
-
-
-class CaptureError(DraftMetaError):
-    """The draft loop cannot be captured in a CUDA graph; the message names the culprit."""
 
 
 @attrs.define(eq=False)
@@ -333,209 +331,10 @@ class DraftLoop:
         iterations run under ``torch.cuda.set_sync_debug_mode("error")`` (a device sync raises);
         every tensor the metadata and the state reference must keep its address throughout,
         and every host field its value after the first iteration (a captured graph bakes both).
+        The checks and the capture live in :mod:`draftmeta.loop_capture`.
 
         Raises:
             CaptureError: a group rebuilds, the state is not on CUDA, a step syncs, a buffer
                 moves or a host value changes between steps; the message names it.
         """
-        if not self.state.device.type == "cuda":
-            raise CaptureError(f"the draft state is on {self.state.device}; capture needs CUDA")
-        rebuilding = self.stats.fallbacks()
-        if rebuilding:
-            raise CaptureError(f"groups that rebuild cannot be captured: {rebuilding}")
-        for group in self.groups:
-            spec = spec_of(group.builder)
-            if spec is not None and not spec.capture_safe:
-                raise CaptureError(f"group {group.name}: {spec.capture_unsafe_reason}")
-        before = self._addresses()
-        host_before: dict[str, object] | None = None
-        stream = getattr(torch.cuda, "Stream")()  # noqa: B009 - typed loosely across releases
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            # host values may settle in the first step (a bound frozen at max_model_len);
-            # from then on they must not move
-            for i in range(max(2, warmup + 1)):
-                with _sync_debug_error():
-                    try:
-                        self.refresh(1 + i)
-                        step_fn(1 + i, self.metadata())
-                    except RuntimeError as exc:
-                        raise CaptureError(
-                            f"a draft step synchronizes with the device: {exc}"
-                        ) from exc
-                if self.stats.fallbacks():
-                    raise CaptureError(f"a group fell back in warm-up: {self.stats.fallbacks()}")
-                self._same_addresses(before)
-                if host_before is None:
-                    host_before = self._host_values()
-                else:
-                    self._same_host_values(host_before)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for index in range(1, num_steps):
-                self.refresh(index)
-                step_fn(index, self.metadata())
-        self._same_addresses(before)
-        return CapturedLoop(graph, self, num_steps, self.state.batch_size)
-
-    # -- capture-safety checks ----------------------------------------------------------------
-
-    def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name in ("positions", "seq_lens", "slot_mapping", "block_table", "query_start_loc",
-                     "dcp_local_seq_lens"):
-            t = getattr(self.state, name)
-            if isinstance(t, torch.Tensor):
-                yield f"state.{name}", t
-        for group in self.groups:
-            yield from _walk_tensors(group.metadata, group.name)
-
-    def _addresses(self) -> dict[str, int]:
-        return {path: t.data_ptr() for path, t in self._tensors()}
-
-    def _same_addresses(self, before: Mapping[str, int]) -> None:
-        after = self._addresses()
-        for path, ptr in before.items():
-            if after.get(path) != ptr:
-                raise CaptureError(
-                    f"{path} moved between steps (its buffer was replaced); a captured graph "
-                    "would read the old address. Declare it with a rule that writes in place"
-                )
-
-    def _host_values(self) -> dict[str, object]:
-        values: dict[str, object] = {"state.max_seq_len": self.state.max_seq_len}
-        for group in self.groups:
-            values.update(_walk_host(group.metadata, group.name))
-        return values
-
-    def _same_host_values(self, before: Mapping[str, object]) -> None:
-        after = self._host_values()
-        for path, value in before.items():
-            if after.get(path) != value:
-                raise CaptureError(
-                    f"host value {path} changes between steps ({value!r} -> {after.get(path)!r});"
-                    " a captured graph bakes host values: use host_bound='frozen'"
-                )
-
-
-@attrs.define(eq=False)
-class CapturedLoop:
-    """Steps 1..K-1 of a draft loop recorded in one CUDA graph.
-
-    Attributes:
-        graph: the CUDA graph.
-        loop: the loop it was captured from (its state and metadata are the graph's buffers).
-        num_steps: the draft steps the graph covers, the first (eager) one included.
-        batch_size: the batch shape (rows of the state's buffers) it was captured for.
-    """
-
-    graph: torch.cuda.CUDAGraph
-    loop: DraftLoop
-    num_steps: int
-    batch_size: int
-
-    def replay(self, state: DraftState | None = None) -> None:
-        """Replay steps 1..K-1. ``state``, if given, must be the captured state.
-
-        Raises:
-            CaptureError: ``state`` has another batch shape, or is not the captured state's
-                buffers: fall back to :meth:`DraftLoop.run`.
-        """
-        if state is not None:
-            if state.batch_size != self.batch_size:
-                raise CaptureError(
-                    f"batch of {state.batch_size} rows, but the graph was captured for "
-                    f"{self.batch_size}; run the loop eagerly or capture this shape"
-                )
-            if state.seq_lens.data_ptr() != self.loop.state.seq_lens.data_ptr():
-                raise CaptureError("the state's buffers are not the captured ones")
-        self.graph.replay()
-
-
-def _walk(obj: object, prefix: str, keep: Callable[[object], bool]
-          ) -> Iterator[tuple[str, Any]]:
-    """``(path, value)`` of every field of a record tree that ``keep`` accepts."""
-    for name, value in record_items(obj) or ():
-        path = f"{prefix}.{name}"
-        if keep(value):
-            yield path, value
-        elif record_items(value):
-            yield from _walk(value, path, keep)
-
-
-def _walk_tensors(obj: object, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-    return _walk(obj, prefix, lambda v: isinstance(v, torch.Tensor))
-
-
-def _walk_host(obj: object, prefix: str) -> Iterator[tuple[str, object]]:
-    return _walk(obj, prefix, lambda v: isinstance(v, (int, float, bool)))
-
-
-@contextlib.contextmanager
-def _sync_debug_error() -> Iterator[None]:
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-
-
-_INT = (torch.int32, torch.int64)
-
-
-def validate_state(state: DraftState) -> None:
-    """Check a draft state's dtypes, devices and shapes (host metadata only, no device sync).
-
-    Raises:
-        ValueError: naming the field, what it is and what it must be.
-    """
-    for name in ("num_reqs", "max_seq_len", "max_model_len", "block_size", "dcp_world_size",
-                 "dcp_rank", "dcp_interleave", "step"):
-        value = getattr(state, name)
-        if type(value) is not int:
-            raise ValueError(
-                f"state.{name} is {value!r} ({type(value).__qualname__}); it must be a Python "
-                f"int (convert with int(...))"
-            )
-    for name in ("max_model_len", "block_size", "dcp_world_size", "dcp_interleave"):
-        if getattr(state, name) < 1:
-            raise ValueError(f"state.{name} is {getattr(state, name)}; it must be >= 1")
-    if not 0 <= state.dcp_rank < state.dcp_world_size:
-        raise ValueError(
-            f"state.dcp_rank {state.dcp_rank} is not in 0..{state.dcp_world_size - 1}"
-        )
-    rows = state.batch_size
-    expect = {
-        "positions": ((rows,), _INT),
-        "seq_lens": ((rows,), _INT),
-        "slot_mapping": ((rows,), _INT),
-        "query_start_loc": ((rows + 1,), _INT),
-    }
-    for name, (shape, dtypes) in expect.items():
-        t = getattr(state, name)
-        if t.dtype not in dtypes:
-            raise ValueError(f"state.{name} is {t.dtype}; it must be int32 or int64")
-        if t.dim() != 1 or t.shape[0] < shape[0]:
-            raise ValueError(f"state.{name} has shape {tuple(t.shape)}; it must be [>= {shape[0]}]")
-    bt = state.block_table
-    if bt.dim() != 2 or bt.shape[0] < rows or bt.dtype not in _INT:
-        raise ValueError(f"state.block_table is {bt.dtype} {tuple(bt.shape)}; it must be an "
-                         f"int32 [>= {rows}, W] tensor")
-    for name in ("positions", "slot_mapping", "block_table", "query_start_loc",
-                 "dcp_local_seq_lens"):
-        t = getattr(state, name)
-        if isinstance(t, torch.Tensor) and t.device != state.device:
-            raise ValueError(
-                f"state.{name} is on {t.device} but state.seq_lens on {state.device}; "
-                "put every buffer on one device"
-            )
-    if not 0 < state.num_reqs <= rows:
-        raise ValueError(f"state.num_reqs is {state.num_reqs}; it must be in 1..{rows}")
-    if state.max_seq_len > state.max_model_len:
-        raise ValueError(
-            f"state.max_seq_len {state.max_seq_len} exceeds max_model_len {state.max_model_len}"
-        )
-    if state.dcp_world_size > 1 and state.dcp_local_seq_lens is None:
-        raise ValueError("DCP is on (dcp_world_size > 1) but state.dcp_local_seq_lens is None; "
-                         "allocate it (the loop recomputes it every step)")
+        return capture_loop(self, step_fn, num_steps, warmup=warmup)

@@ -4,7 +4,7 @@ On CPU each vLLM builder that runs there (``CPU_MLA``, ``TRITON_MLA``, the DeepS
 indexer) is checked against draftmeta's spec over random batches, with vLLM's own ``build`` as
 the rebuild. On CUDA, where vLLM need not be installed, the Triton-MLA and indexer specs are
 checked through the draft loop (eager and fused) against the plain-torch reference builders
-(:mod:`draftmeta.backends.reference`, themselves proven equal to vLLM's on CPU).
+(:mod:`draftmeta.testing.reference_builds`, themselves proven equal to vLLM's on CPU).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ Failure = tuple[str, int, int, Mismatch]
 def _cpu_rows(
     batches: int, steps: int, seed: int
 ) -> Iterator[tuple[str, int, int, list[Failure]]]:
-    from draftmeta.integrations.vllm.equivalence import BUILDERS, check_batch, random_case
+    from draftmeta.testing.vllm.equivalence import BUILDERS, check_batch, random_case
 
     for builder in BUILDERS:
         failures: list[Failure] = []
@@ -53,13 +53,13 @@ def _cuda_rows(
 
 def _check_cuda(label: str, seed: int, steps: int, fused: bool, failures: list[Failure]) -> int:
     """One random batch through the draft loop on CUDA; returns the steps checked."""
-    from draftmeta.backends.reference import (
+    from draftmeta.integrations.vllm.catalogue import builder_spec
+    from draftmeta.loop import AttentionGroup, DraftLoop
+    from draftmeta.testing.reference_builds import (
         IndexerBuffers,
         build_indexer_metadata,
         build_mla_metadata,
     )
-    from draftmeta.integrations.vllm.catalogue import builder_spec
-    from draftmeta.loop import AttentionGroup, DraftLoop
 
     mla, idx = builder_spec("TRITON_MLA"), builder_spec("INDEXER")
     slots = torch.cuda.get_device_properties(0).multi_processor_count

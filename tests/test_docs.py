@@ -166,3 +166,30 @@ def test_the_generated_source_shown_in_the_readme_is_what_its_example_prints() -
         exec(compile(code, "README.md", "exec", dont_inherit=True), module.__dict__)
     assert printed.getvalue() == shown, (
         "README's generated source is stale: paste what its example prints")
+
+
+def documented_layout(text: str) -> dict[str, bool]:
+    """The package tree of the API reference's "Package layout" section: ``{path: is_folder}``,
+    paths relative to the repository root, read from the indentation (two spaces a level)."""
+    section = text[text.index("## Package layout"):]
+    start = section.index("```text\n") + len("```text\n")
+    tree = section[start:section.index("```", start)]
+    paths: dict[str, bool] = {}
+    parents: list[str] = []
+    for line in tree.splitlines():
+        name = line.split()[0]
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        assert depth <= len(parents), f"{line!r} is indented under a file"
+        del parents[depth:]
+        path = "/".join([*parents, name.rstrip("/")])
+        paths[path] = name.endswith("/")
+        if name.endswith("/"):
+            parents.append(name.rstrip("/"))
+    return paths
+
+
+def test_the_package_layout_in_the_api_reference_names_every_module_and_no_other() -> None:
+    documented = documented_layout((ROOT / "docs" / "reference" / "index.md").read_text())
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "draftmeta").rglob("*.py")}
+    assert {p for p, folder in documented.items() if not folder} == modules
+    assert [p for p, folder in documented.items() if folder and not (ROOT / p).is_dir()] == []

@@ -126,7 +126,7 @@ JUSTIFIED: dict[str, dict[str, str]] = {
 
 def _vllm_names() -> list[str]:
     try:
-        from draftmeta.integrations.vllm.harness import builder_names
+        from draftmeta.testing.vllm.harness import builder_names
 
         return list(builder_names())
     except Exception:

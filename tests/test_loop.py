@@ -12,15 +12,16 @@ import torch
 
 from draftmeta import DraftState, DraftUpdatable, Equals
 from draftmeta.integrations.vllm.catalogue import builder_spec
-from draftmeta.loop import AttentionGroup, CaptureError, DraftLoop, validate_state
+from draftmeta.loop import AttentionGroup, CaptureError, DraftLoop
 from draftmeta.protocol import SpecBuilder
+from draftmeta.state_validation import validate_state
 from draftmeta.testing import compare_metadata, random_state
 from tests.toy import ToyDecode, ToyMeta, toy_metadata, toy_spec
 
 
 def _vllm_groups(state: DraftState, *, capable: bool) -> list[AttentionGroup]:
     pytest.importorskip("vllm", reason="compares with vLLM's real builders")
-    from draftmeta.integrations.vllm import harness
+    from draftmeta.testing.vllm import harness
 
     _cad = harness.common_metadata_for
     config = harness.cached_vllm_config(max_model_len=state.max_model_len, block_size=64)

@@ -13,7 +13,7 @@ import ast
 import dataclasses
 import inspect
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import attrs
 import pytest
@@ -22,6 +22,7 @@ import torch
 import draftmeta.codegen
 import draftmeta.fused
 import draftmeta.loop
+import draftmeta.loop_capture
 import draftmeta.rules
 import draftmeta.spec
 import draftmeta.step_graph
@@ -44,6 +45,7 @@ from draftmeta import (
     advance_state,
     explain,
 )
+from draftmeta.advance import check_policy, overflow_policies
 from draftmeta.derivations import Derivation, RecomputeHook, TritonKernel
 from draftmeta.fields import FieldInfo, FieldKind
 from draftmeta.fused import fusable_paths, fused_source
@@ -186,6 +188,34 @@ def test_the_new_tensor_rule_is_fused_into_the_kernel_it_says_it_fits() -> None:
     kernel = fused_source(state, [(spec, meta)])
     assert "    # Budgeted: budget: count down: -= 1, stops at 0\n" in kernel
     assert "tl.maximum(" in kernel and " - 1, 0)" in kernel
+
+
+@attrs.frozen
+class LoopCountDown(CountDown):
+    """A count down that says it moves with the draft loop's source advance."""
+
+    policy: Literal["clamp", "wrap"] = "wrap"
+    padded: bool = False
+
+    @property
+    def overflow_policy(self) -> Literal["clamp", "wrap"]:
+        return self.policy
+
+    @property
+    def advances_padded_rows(self) -> bool:
+        return self.padded
+
+
+def test_a_new_rule_kind_with_an_overflow_policy_is_held_to_the_loops() -> None:
+    assert overflow_policies(_budgeted_spec()) == {}  # a plain count down has no policy
+    spec = _budgeted_spec(budget=LoopCountDown())
+    assert overflow_policies(spec) == {"budget": "wrap"}
+    check_policy(spec, "wrap")
+    with pytest.raises(SpecError, match=r"budget.*wrap overflow policy, but the draft loop's "
+                                        r"source advance uses clamp"):
+        check_policy(spec, "clamp")
+    with pytest.raises(SpecError, match=r"budget.*advances every row"):
+        check_policy(_budgeted_spec(budget=LoopCountDown(padded=True)), "wrap")
 
 
 def test_a_spec_says_at_declaration_whether_a_graph_can_replay_it() -> None:
@@ -350,7 +380,8 @@ def _rule_classes() -> set[str]:
 
 @pytest.mark.parametrize(
     "module",
-    [draftmeta.codegen, draftmeta.fused, draftmeta.loop, draftmeta.spec, draftmeta.step_graph],
+    [draftmeta.codegen, draftmeta.fused, draftmeta.loop, draftmeta.loop_capture, draftmeta.spec,
+     draftmeta.step_graph],
     ids=lambda m: m.__name__,
 )
 def test_structure_only_the_phase_drivers_hold_and_name_no_rule_kind(module: Any) -> None:

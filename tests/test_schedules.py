@@ -1,8 +1,9 @@
 """The reference scheduler-metadata implementations: hand examples, invariants, random batches.
 
 The hand examples are worked out from the algorithms as documented in
-:mod:`draftmeta.backends.schedules`; the invariants check what the consuming kernels rely on
-(every unit of work handed out exactly once, balanced, in order), by simulating the consumers.
+:mod:`draftmeta.testing.reference_schedules`; the invariants check what the consuming kernels
+rely on (every unit of work handed out exactly once, balanced, in order), by simulating the
+consumers.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from itertools import pairwise
 import pytest
 import torch
 
-from draftmeta.backends.schedules import (
+from draftmeta.testing.reference_schedules import (
     FLASHMLA_MAX_BATCH_SIZE,
     PAGED_MQA_SPLIT_KV,
     flashmla_num_sm_parts,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from draftmeta import Advance, DraftSpec, Wrap, advance_state
-from draftmeta.integrations.vllm import harness, plugin
+from draftmeta.integrations.vllm import plugin
 from draftmeta.integrations.vllm.carry_over import (
     CARRY_OVER_ENV,
     CarryOver,
@@ -19,9 +19,10 @@ from draftmeta.integrations.vllm.carry_over import (
     unchanged_values,
 )
 from draftmeta.integrations.vllm.catalogue import current_release
-from draftmeta.integrations.vllm.equivalence import random_case
 from draftmeta.state import DraftState
 from draftmeta.testing import compare_metadata, random_state
+from draftmeta.testing.vllm import harness
+from draftmeta.testing.vllm.equivalence import random_case
 
 pytest.importorskip("vllm", reason="needs vLLM (pip install 'draftmeta[vllm]')")
 

@@ -14,10 +14,11 @@ from draftmeta import advance_state
 from draftmeta.backends import vllm_classes
 from draftmeta.backends.indexer import indexer_spec
 from draftmeta.backends.mla import mla_spec
-from draftmeta.integrations.vllm import harness, plugin
+from draftmeta.integrations.vllm import plugin
 from draftmeta.integrations.vllm.catalogue import current_release
-from draftmeta.integrations.vllm.equivalence import random_case
 from draftmeta.testing import compare_metadata, random_state
+from draftmeta.testing.vllm import harness
+from draftmeta.testing.vllm.equivalence import random_case
 
 _cad = harness.common_metadata_for
 

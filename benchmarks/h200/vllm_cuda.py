@@ -1,6 +1,6 @@
 """vLLM 0.33's own builders on CUDA, through draftmeta's harness with its CPU forcing switched off.
 
-``draftmeta.integrations.vllm.harness`` forces vLLM's CPU platform (``prepare_environment``).
+``draftmeta.testing.vllm.harness`` forces vLLM's CPU platform (``prepare_environment``).
 On the H200 (vLLM's Python code unpacked by ``install.sh``, no compiled extensions) the same
 harness builds the real ``TritonMLAMetadataBuilder`` and ``DeepseekV32IndexerMetadataBuilder``
 on CUDA once its ``prepare_environment`` is replaced by :func:`use_cuda`, which sets the CUDA
@@ -25,7 +25,7 @@ _CUDA_ENV = {
 def use_cuda() -> Any:
     """Point draftmeta's vLLM harness at the CUDA platform; returns the harness module."""
     os.environ.update(_CUDA_ENV)
-    from draftmeta.integrations.vllm import harness
+    from draftmeta.testing.vllm import harness
 
     def prepare_environment() -> None:
         os.environ.update(_CUDA_ENV)

@@ -5,7 +5,7 @@ lengths and copies it into the persistent buffer the metadata references, zeroin
 stale entries from a larger batch are never read). By default the compute function is the
 backend's own kernel, imported lazily (DeepGEMM, FlashMLA, FlashAttention 3); tests and machines
 without those kernels pass a reference implementation instead
-(:mod:`draftmeta.backends.schedules`).
+(:mod:`draftmeta.testing.reference_schedules`).
 """
 
 from __future__ import annotations

@@ -247,6 +247,20 @@ class Rule(abc.ABC):
         return self.writes or self.inspects
 
     @property
+    def overflow_policy(self) -> Literal["clamp", "wrap"] | None:
+        """The overflow policy (``"clamp"`` or ``"wrap"``) of a rule that advances its tensor
+        alongside the draft loop's source advance, whose policy it must match
+        (:func:`~draftmeta.advance.check_policy`); ``None`` for any other rule."""
+        return None
+
+    @property
+    def advances_padded_rows(self) -> bool:
+        """Whether the rule advances rows at or past ``state.num_reqs`` (padding), which the
+        draft loop's source advance leaves where they are
+        (:func:`~draftmeta.advance.check_policy` refuses such a rule)."""
+        return False
+
+    @property
     def unsupported_reason(self) -> str | None:
         """Why the field cannot be updated in place, or ``None`` (the spec then rebuilds)."""
         return None

@@ -5,7 +5,7 @@ backend hooks (:class:`Recompute`, :class:`WrittenBy`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import attrs
 import torch
@@ -92,7 +92,7 @@ class Clamp:
     Positions use ``Clamp("max_model_len", -1)``, sequence lengths ``Clamp("max_model_len")``.
     """
 
-    kind: ClassVar[str] = "clamp"
+    kind: ClassVar[Literal["clamp"]] = "clamp"
     bound: str = attrs.field(validator=_identifier)
     offset: int = attrs.field(default=0, validator=_int)
 
@@ -124,7 +124,7 @@ class Wrap:
     lengths at 1; the slot-mapping derivation then pads the row with -1).
     """
 
-    kind: ClassVar[str] = "wrap"
+    kind: ClassVar[Literal["wrap"]] = "wrap"
     bound: str = attrs.field(validator=_identifier)
     offset: int = attrs.field(default=0, validator=_int)
     restart: int = attrs.field(default=0, validator=_int)
@@ -193,6 +193,14 @@ class Advance(Rule):
     def describe(self) -> str:
         rows = f" (rows < state.{self.rows}; the rest stay)" if self.rows else ""
         return f"advance: {self.overflow.describe(self.by)}{rows}"
+
+    @property
+    def overflow_policy(self) -> Literal["clamp", "wrap"]:
+        return self.overflow.kind
+
+    @property
+    def advances_padded_rows(self) -> bool:
+        return self.rows != "num_reqs"
 
     @property
     def fusable(self) -> bool:

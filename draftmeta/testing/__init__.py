@@ -16,6 +16,12 @@ steps, the metadata updated in place equals the metadata rebuilt from scratch fo
   mixed lengths); :func:`state_for_lengths` one with given lengths; :func:`batch_case` one
   batch of :func:`check_spec`'s schedule from its seed.
 
+The rest of the test support lives beside them, imported on its own (this package imports none
+of it): :mod:`draftmeta.testing.reference_builds` (plain-torch models of vLLM's decode builds),
+:mod:`draftmeta.testing.reference_schedules` (reference implementations of two scheduler
+kernels) and :mod:`draftmeta.testing.vllm` (vLLM's real builders on a CPU, and update versus
+rebuild against them; importing it does not import vLLM).
+
 >>> from draftmeta.testing import check_spec, ValidPrefix  # doctest: +SKIP
 >>> print(check_spec(spec, build, valid={"kv_indices": ValidPrefix("kv_indptr", at=-1)}))
 ... # doctest: +SKIP

@@ -19,10 +19,10 @@ import torch
 
 from draftmeta.advance import OverflowPolicy, advance_state
 from draftmeta.backends.common import HostBoundPolicy
-from draftmeta.integrations.vllm import harness
 from draftmeta.integrations.vllm.catalogue import BuilderEntry
 from draftmeta.spec import DraftSpec
 from draftmeta.testing import Mismatch, compare_metadata, random_state
+from draftmeta.testing.vllm import harness
 
 __all__ = ["BUILDERS", "BatchResult", "CaseConfig", "check_batch", "random_case"]
 

@@ -1,0 +1,227 @@
+"""The import graph of ``draftmeta/``: no cycle among its modules, read from the source.
+
+Each module's imports are read with ``ast`` (nothing is imported). An import of ``a.b.c`` is an
+edge to ``a.b.c`` and to the packages ``a`` and ``a.b`` that Python imports first, except the
+packages that enclose the importing module itself (Python has imported them already). Imports
+under ``if TYPE_CHECKING:`` are left out: they never run.
+
+Two graphs are checked:
+
+* the *import-time* graph (module-level imports): no cycle at all;
+* the *whole* graph, with the imports inside functions too: exactly the cycles pinned in
+  :data:`KNOWN_LAZY_CYCLES`, each broken at import time by a function-level import. A new cycle
+  fails, and so does a pinned one that is gone (so the list only shrinks).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "draftmeta"
+
+KNOWN_LAZY_CYCLES: dict[frozenset[str], str] = {
+    frozenset({"draftmeta.codegen", "draftmeta.spec"}):
+        "DraftSpec.update compiles the spec on first use (the compile cache lives on the spec)",
+    frozenset({"draftmeta.backends.vllm_classes", "draftmeta.integrations.vllm.catalogue",
+               "draftmeta.integrations.vllm.catalogue.model"}):
+        "vllm_classes' recorder reads the release catalogue (the class loader and the recorder "
+        "share one module)",
+}
+"""Cycles that exist only through function-level imports, with the reason each is there."""
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imported(name: str, path: Path, lazy: bool) -> Iterator[str]:
+    """The modules ``name`` (at ``path``) imports: at import time, or also inside functions."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> Iterator[str]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                yield from (m for c in child.orelse for m in visit(ast.Module([c], [])))
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) \
+                    and not lazy:
+                continue
+            if isinstance(child, ast.Import):
+                yield from (alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    module = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    module = child.module or ""
+                yield module
+                # ``from package import submodule`` imports the submodule too
+                yield from (f"{module}.{alias.name}" for alias in child.names)
+            yield from visit(child)
+
+    yield from visit(ast.parse(path.read_text(encoding="utf-8")))
+
+
+def import_graph(root: Path, *, lazy: bool) -> dict[str, set[str]]:
+    """``{module: modules it imports}`` within the package at ``root``."""
+    modules = _modules(root)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        enclosing = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        edges: set[str] = set()
+        for target in _imported(name, path, lazy):
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):
+                prefix = ".".join(parts[:i])
+                if prefix in modules and prefix != name and prefix not in enclosing:
+                    edges.add(prefix)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: Mapping[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.add(frozenset(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def _describe(found: set[frozenset[str]]) -> list[list[str]]:
+    return sorted(sorted(c) for c in found)
+
+
+def test_no_module_imports_itself_back_at_import_time() -> None:
+    graph = import_graph(PACKAGE, lazy=False)
+    assert "draftmeta.loop" in graph and "draftmeta.loop_capture" in graph["draftmeta.loop"]
+    assert _describe(cycles(graph)) == []
+
+
+def test_the_only_cycles_through_function_level_imports_are_the_pinned_ones() -> None:
+    found = cycles(import_graph(PACKAGE, lazy=True))
+    assert _describe(found - set(KNOWN_LAZY_CYCLES)) == [], "a new import cycle"
+    assert _describe(set(KNOWN_LAZY_CYCLES) - found) == [], \
+        "a pinned cycle is gone: remove it from KNOWN_LAZY_CYCLES"
+
+
+# -- the reader itself, on a package written for the test ----------------------------------------
+
+
+def _package(tmp_path: Path, files: Mapping[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("files", "lazy", "want"),
+    [
+        # a module-level cycle
+        ({"__init__.py": "", "a.py": "from pkg.b import x\n", "b.py": "import pkg.a\n"},
+         False, [["pkg.a", "pkg.b"]]),
+        # a relative import closes it just the same
+        ({"__init__.py": "", "a.py": "from .b import x\n", "b.py": "from . import a\n"},
+         False, [["pkg.a", "pkg.b"]]),
+        # a function-level import: a cycle of the whole graph only
+        ({"__init__.py": "", "a.py": "from pkg.b import x\n",
+          "b.py": "def f():\n    import pkg.a\n"}, False, []),
+        ({"__init__.py": "", "a.py": "from pkg.b import x\n",
+          "b.py": "def f():\n    import pkg.a\n"}, True, [["pkg.a", "pkg.b"]]),
+        # TYPE_CHECKING imports never run
+        ({"__init__.py": "", "a.py": "from pkg.b import x\n",
+          "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n"},
+         True, []),
+        # a submodule importing a sibling through its own package is no cycle
+        ({"__init__.py": "from pkg.sub import a\n", "sub/__init__.py": "from pkg.sub.a import x\n",
+          "sub/a.py": "from pkg.sub.b import y\n", "sub/b.py": ""}, False, []),
+        # importing a package imports its __init__, which may close a cycle
+        ({"__init__.py": "", "a.py": "from pkg.sub.b import y\n",
+          "sub/__init__.py": "from pkg.a import x\n", "sub/b.py": ""},
+         False, [["pkg.a", "pkg.sub"]]),
+    ],
+    ids=["module-level", "relative", "lazy-import-time", "lazy-whole", "type-checking",
+         "own-package", "package-init"],
+)
+def test_the_reader_finds_cycles_and_only_cycles(
+    tmp_path: Path, files: Mapping[str, str], lazy: bool, want: list[list[str]]
+) -> None:
+    assert _describe(cycles(import_graph(_package(tmp_path, files), lazy=lazy))) == want
+
+
+# -- test support never imports vLLM on import --------------------------------------------------
+
+_TESTING_IMPORTS = """
+import importlib, sys
+
+def loaded(prefix):
+    return sorted(m for m in sys.modules if m == prefix or m.startswith(prefix + "."))
+
+for module in ("draftmeta.testing", "draftmeta.testing.reference_builds",
+               "draftmeta.testing.reference_schedules", "draftmeta.testing.vllm",
+               "draftmeta.testing.vllm.harness", "draftmeta.testing.vllm.equivalence"):
+    importlib.import_module(module)
+    print(module, loaded("vllm")[:3], loaded("draftmeta.testing.vllm")
+          if module == "draftmeta.testing" else "")
+"""
+
+
+def test_importing_the_test_support_modules_imports_no_vllm() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _TESTING_IMPORTS], capture_output=True,
+                          text=True, check=True, timeout=300)
+    assert done.stdout.splitlines() == [
+        "draftmeta.testing [] []",  # nor the vLLM test support
+        "draftmeta.testing.reference_builds [] ",
+        "draftmeta.testing.reference_schedules [] ",
+        "draftmeta.testing.vllm [] ",
+        "draftmeta.testing.vllm.harness [] ",
+        "draftmeta.testing.vllm.equivalence [] ",
+    ], done.stdout
