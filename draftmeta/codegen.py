@@ -28,16 +28,19 @@ import linecache
 import re
 import types
 from collections.abc import Callable
-from typing import Any, Literal, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 import torch
 
 from draftmeta.errors import PreconditionFailed, UpdateError, WriteFailed
 from draftmeta.fields import FieldInfo
 from draftmeta.layout import LayoutGuard, Written
+from draftmeta.refs import identifier, is_state_ref
 from draftmeta.rules import Rule
-from draftmeta.spec import DraftSpec, identifier, is_state_ref
 from draftmeta.state import DraftState
+
+if TYPE_CHECKING:
+    from draftmeta.spec import DraftSpec
 
 __all__ = ["Part", "UpdateFunction", "compile_spec", "explain"]
 

@@ -28,8 +28,9 @@ import torch
 
 from draftmeta.advance import HostBound, OverflowPolicy, advance_spec
 from draftmeta.codegen import UpdateFunction, compile_spec
+from draftmeta.refs import is_state_ref
 from draftmeta.rules import Rule
-from draftmeta.spec import DraftSpec, is_state_ref
+from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
 __all__ = ["FusedStep", "fusable_paths", "fused_source", "triton_available"]

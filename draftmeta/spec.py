@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import keyword
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -31,25 +30,18 @@ import torch
 from draftmeta.conditions import Precondition
 from draftmeta.errors import SpecError
 from draftmeta.fields import FieldInfo, FieldKind, class_fields, classify, is_record_class
+from draftmeta.refs import STATE_PREFIX, is_state_ref
 from draftmeta.rules import Rule
 from draftmeta.state import DraftState
 
 if TYPE_CHECKING:
     from draftmeta.codegen import UpdateFunction
 
-__all__ = ["STATE_PREFIX", "DraftSpec", "is_state_ref"]
+__all__ = ["DraftSpec"]
 
 M = TypeVar("M")
 
-STATE_PREFIX = "state."
-"""References starting with this prefix read the draft state, not the metadata."""
-
 _STATE_FIELDS: dict[str, FieldInfo] = {f.name: f for f in class_fields(DraftState)}
-
-
-def is_state_ref(ref: str) -> bool:
-    """Whether a reference reads the draft state (``state.X``) rather than the metadata."""
-    return ref.startswith(STATE_PREFIX)
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -772,7 +764,4 @@ def _frozen(cls: type) -> bool:
     return getattr(setattr_, "__name__", "") == "_frozen_setattrs"
 
 
-def identifier(text: str) -> str:
-    """``text`` made into a Python identifier (for generated names)."""
-    return re.sub(r"\W", "_", text).strip("_") or "spec"
 

@@ -23,14 +23,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "draftmeta"
 
-KNOWN_LAZY_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"draftmeta.codegen", "draftmeta.spec"}):
-        "DraftSpec.update compiles the spec on first use (the compile cache lives on the spec)",
-    frozenset({"draftmeta.backends.vllm_classes", "draftmeta.integrations.vllm.catalogue",
-               "draftmeta.integrations.vllm.catalogue.model"}):
-        "vllm_classes' recorder reads the release catalogue (the class loader and the recorder "
-        "share one module)",
-}
+KNOWN_LAZY_CYCLES: dict[frozenset[str], str] = {}
 """Cycles that exist only through function-level imports, with the reason each is there."""
 
 

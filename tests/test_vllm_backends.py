@@ -368,7 +368,8 @@ def test_flashmla_fp8_tile_schedule_hook(seed: int) -> None:
 def test_recorded_class_lists_match_the_installed_vllm() -> None:
     import json
 
-    from draftmeta.backends.vllm_classes import ClassRef, record, recorded_path
+    from draftmeta.backends.vllm_classes import ClassRef, recorded_path
+    from draftmeta.integrations.vllm.record_classes import record
 
     recorded = json.loads(recorded_path().read_text())
     refs = [ClassRef(*key.split(":")) for key in recorded["classes"]]

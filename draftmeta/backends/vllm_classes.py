@@ -31,8 +31,9 @@ __all__ = [
     "import_class",
     "installed_vllm_version",
     "load_metadata_class",
+    "annotation_text",
+    "field_list",
     "recorded_path",
-    "record",
     "source_fields",
 ]
 
@@ -134,7 +135,7 @@ def source_fields(module: str, qualname: str) -> tuple[tuple[str, object], ...]:
             continue
         try:
             base_ref = _resolve_import(tree, base_name, module) or ClassRef(module, base_name)
-            for name, annotation in _fields_of(base_ref):
+            for name, annotation in field_list(base_ref):
                 fields[name] = annotation
         except (ImportError, LookupError):
             continue
@@ -147,7 +148,9 @@ def source_fields(module: str, qualname: str) -> tuple[tuple[str, object], ...]:
     return tuple(fields.items())
 
 
-def _fields_of(ref: ClassRef) -> tuple[tuple[str, object], ...]:
+def field_list(ref: ClassRef) -> tuple[tuple[str, object], ...]:
+    """``(name, annotation)`` of every field of ``ref``'s class, in order: from the class where
+    it imports here, else from its source."""
     try:
         cls = import_class(ref)
     except Exception:
@@ -163,8 +166,9 @@ def _fields_of(ref: ClassRef) -> tuple[tuple[str, object], ...]:
 
 RECORDED_DIR = Path(__file__).with_name("recorded")
 """Field lists of each supported vLLM release's metadata classes (``vllm-0.33.json``, ...),
-recorded from the installed package with ``python -m draftmeta.backends.vllm_classes``: the
-stand-ins used where vLLM is not installed at all (the GPU benchmark machine)."""
+recorded from the installed package with
+``python -m draftmeta.integrations.vllm.record_classes``: the stand-ins used where vLLM is not
+installed at all (the GPU benchmark machine)."""
 
 DEFAULT_RECORDED_RELEASE = "0.33"
 """The release whose recorded lists serve where no vLLM is installed."""
@@ -206,7 +210,8 @@ def _recorded(module: str, qualname: str) -> tuple[tuple[str, object], ...]:
     raise LookupError(f"{key} is not recorded in {', '.join(p.name for p in paths)}")
 
 
-def _annotation_text(annotation: object) -> str:
+def annotation_text(annotation: object) -> str:
+    """An annotation as the text a recorded class list keeps (``"torch.Tensor | None"``)."""
     if isinstance(annotation, str):
         return annotation
     if isinstance(annotation, type):
@@ -249,32 +254,3 @@ def _annotation(annotation: object) -> object:
     if isinstance(annotation, str):
         return annotation.replace("Optional[torch.Tensor]", "torch.Tensor | None")
     return annotation
-
-
-def record(refs: list[ClassRef]) -> dict[str, object]:
-    """Field lists of ``refs`` from the installed vLLM (imported, else source-parsed)."""
-    classes: dict[str, list[list[str]]] = {}
-    for ref in refs:
-        try:
-            fields = _fields_of(ref)
-        except (ImportError, LookupError):  # a class this release does not ship
-            continue
-        classes[str(ref)] = [[name, _annotation_text(a)] for name, a in fields]
-    return {"vllm": installed_vllm_version(), "classes": classes}
-
-
-def _main() -> None:
-    from draftmeta.integrations.vllm.catalogue import current_release
-
-    release = current_release()
-    refs = {ref for entry in release.builders for ref in entry.classes}
-    data = record(sorted(refs, key=str))
-    classes = data["classes"]
-    assert isinstance(classes, dict)
-    path = recorded_path()
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    print(f"recorded {len(classes)} classes of vLLM {data['vllm']} in {path}")
-
-
-if __name__ == "__main__":
-    _main()

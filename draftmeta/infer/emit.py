@@ -6,6 +6,7 @@ import types
 from collections.abc import Mapping, Sequence
 
 from draftmeta.infer.classify import TodoHook, Verdict
+from draftmeta.refs import identifier
 from draftmeta.rules import (
     Derive,
     HostDerive,
@@ -14,7 +15,6 @@ from draftmeta.rules import (
     Rule,
     same_value,
 )
-from draftmeta.spec import identifier
 
 __all__ = ["render_rule", "source"]
 

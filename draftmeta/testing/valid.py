@@ -18,7 +18,8 @@ import attrs
 import torch
 
 from draftmeta.fields import FieldKind, class_fields
-from draftmeta.spec import STATE_PREFIX, DraftSpec, is_state_ref
+from draftmeta.refs import STATE_PREFIX, is_state_ref
+from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
 __all__ = ["ValidPrefix", "check_valid_prefixes", "resolve_valid_prefixes"]
