@@ -1,0 +1,42 @@
+"""``draftmeta bench``: host and device time per draft step, rebuild versus in-place update.
+
+CPU (the default, with vLLM installed): for each vLLM builder that runs on CPU, at each batch
+size and number of draft steps K, the metadata is built once, then for steps 2..K the draft
+state is advanced (timed on its own: the same work on both paths) and the metadata is either
+rebuilt with vLLM's ``build_for_drafting`` or updated in place by draftmeta's generated function.
+
+CUDA (``--device cuda``, no vLLM needed): the Triton-MLA and DeepSeek-V3.2 indexer specs as two
+groups over one draft state, metadata made by :mod:`draftmeta.testing.reference_builds`; paths: the
+plain-torch rebuild, the eager generated updates, the fused one-launch step, and the captured
+whole loop (graph replay), with CUDA events for device time and the profiler's count of kernel
+launches per step.
+
+Medians and p90 over repeated runs after a warm-up run; raw numbers go to JSON with the machine,
+torch and vLLM versions, and a PNG plots time per step against batch size, one line per path.
+
+Modules, one job each:
+
+* :mod:`draftmeta.bench.config`: what to measure (:class:`BenchConfig`) and one measurement
+  (:class:`Sample`);
+* :mod:`draftmeta.bench.states`: the draft states a run starts from, and their reset;
+* :mod:`draftmeta.bench.cpu`: the CPU benchmark against vLLM's real builders;
+* :mod:`draftmeta.bench.cuda`: the CUDA benchmark (events, launch counts, captured loop);
+* :mod:`draftmeta.bench.run`: :func:`run_bench`, every configuration on its device;
+* :mod:`draftmeta.bench.report`: the summary, its text and Markdown tables, JSON and PNG files.
+"""
+
+from __future__ import annotations
+
+from draftmeta.bench.config import BenchConfig, Sample
+from draftmeta.bench.report import markdown_table, summarize, table, write_results
+from draftmeta.bench.run import run_bench
+
+__all__ = [
+    "BenchConfig",
+    "Sample",
+    "markdown_table",
+    "run_bench",
+    "summarize",
+    "table",
+    "write_results",
+]

