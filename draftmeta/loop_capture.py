@@ -145,14 +145,24 @@ def _addresses(loop: DraftLoop) -> dict[str, int]:
     return {path: t.data_ptr() for path, t in _tensors(loop)}
 
 
+def _first_change(
+    before: Mapping[str, object], after: Mapping[str, object]
+) -> tuple[str, object] | None:
+    """The first path whose value differs between two snapshots, with its old value."""
+    for path, value in before.items():
+        if after.get(path) != value:
+            return path, value
+    return None
+
+
 def _same_addresses(loop: DraftLoop, before: Mapping[str, int]) -> None:
-    after = _addresses(loop)
-    for path, ptr in before.items():
-        if after.get(path) != ptr:
-            raise CaptureError(
-                f"{path} moved between steps (its buffer was replaced); a captured graph "
-                "would read the old address. Declare it with a rule that writes in place"
-            )
+    changed = _first_change(before, _addresses(loop))
+    if changed is not None:
+        path = changed[0]
+        raise CaptureError(
+            f"{path} moved between steps (its buffer was replaced); a captured graph "
+            "would read the old address. Declare it with a rule that writes in place"
+        )
 
 
 def _host_values(loop: DraftLoop) -> dict[str, object]:
@@ -164,12 +174,13 @@ def _host_values(loop: DraftLoop) -> dict[str, object]:
 
 def _same_host_values(loop: DraftLoop, before: Mapping[str, object]) -> None:
     after = _host_values(loop)
-    for path, value in before.items():
-        if after.get(path) != value:
-            raise CaptureError(
-                f"host value {path} changes between steps ({value!r} -> {after.get(path)!r});"
-                " a captured graph bakes host values: use host_bound='frozen'"
-            )
+    changed = _first_change(before, after)
+    if changed is not None:
+        path, value = changed
+        raise CaptureError(
+            f"host value {path} changes between steps ({value!r} -> {after.get(path)!r});"
+            " a captured graph bakes host values: use host_bound='frozen'"
+        )
 
 
 @contextlib.contextmanager

@@ -245,15 +245,11 @@ class _OlderBuilder:
     state: DraftState  # rebound to each draft step's common metadata (_rebind)
     sentinel: Sentinel
     last_index: int  # the last draft index of a loop (K - 1): the loop ends there
-    update: Callable[[Any, DraftState], None] = attrs.field(init=False)
     carry: Callable[[object], str | None] | None = None  # unchanged-field check, if it carries
     checked: bool = False  # the first built object was checked for uncovered attributes
     refused: bool = False  # it carried something the spec does not cover: always rebuild
     loop: Any = None  # the common metadata of the draft loop set up below (identity only)
     shadowed: bool = False  # that loop also rebuilds and compares (DRAFTMETA_SHADOW)
-
-    def __attrs_post_init__(self) -> None:
-        self.update = self.spec.update  # compiled once; called without the property's lookup
 
 
 @attrs.define
@@ -356,7 +352,7 @@ def _older_build_for_drafting(
             return None
         state = _rebind(kept.state, cad)
         try:
-            kept.update(carried.metadata, state)
+            kept.spec.update(carried.metadata, state)
         except DraftMetaError as exc:
             logger.info("draftmeta: %s builds this draft loop: %s", entry.name, exc)
             return None
@@ -379,7 +375,7 @@ def _older_build_for_drafting(
                 kept = bound(self, common_attn_metadata, metadata)
             if kept is not None:
                 try:
-                    kept.update(metadata, _rebind(kept.state, common_attn_metadata))
+                    kept.spec.update(metadata, _rebind(kept.state, common_attn_metadata))
                 except DraftMetaError as exc:
                     logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
                 else:
