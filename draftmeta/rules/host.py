@@ -55,11 +55,22 @@ class Reset(Rule):
 
     FlashMLA's scheduler object caches its tile schedule on first use and may only be reused
     while the sequence lengths are unchanged, so every draft step needs a new one. Bound to a
-    nested record, it covers every field of that record. A captured CUDA graph cannot replay it.
+    nested record, it covers every field of that record.
+
+    Whether a captured CUDA graph can replay it depends on who fills the object. In general it
+    cannot: the replacement happens on the host, once, while the graph is captured. With
+    ``filled_on_device=True`` the rule states that the object's consumer fills it with device
+    work only, at its first use in each step (FlashMLA's dense decode: the first layer's
+    kernel call computes the tile schedule from the sequence-length buffer and stores the
+    result tensors on the object; later layers reuse them). Then each draft step captured
+    after the reset records its own schedule computation, and every replay recomputes it from
+    the current lengths, so the rule is capture-safe.
 
     Attributes:
         factory: makes the fresh object (called with no arguments).
         label: how the factory is shown in the generated source.
+        filled_on_device: the consumer fills the fresh object with device work alone (no
+            host read of device values), so a captured graph replays the fill.
     """
 
     kind: ClassVar[str] = "reset"
@@ -69,12 +80,17 @@ class Reset(Rule):
     stores_host_value: ClassVar[bool] = True
     factory: Callable[[], object] = attrs.field(validator=attrs.validators.is_callable())
     label: str = attrs.field(default="", validator=_text)
+    filled_on_device: bool = attrs.field(default=False,
+                                         validator=attrs.validators.instance_of(bool))
 
     def describe(self) -> str:
         name = self.label or getattr(self.factory, "__qualname__", repr(self.factory))
-        return f"reset: replaced by a fresh {name}()"
+        filled = ", filled on the device by its consumer" if self.filled_on_device else ""
+        return f"reset: replaced by a fresh {name}(){filled}"
 
     def capture_problem(self) -> str | None:
+        if self.filled_on_device:
+            return None
         return ("is replaced by a host object every step (Reset), which a captured graph "
                 "cannot replay")
 

@@ -453,7 +453,10 @@ def _hook_init(
         spec = spec_for(entry, overrides, policy="frozen", dcp=dcp, builder=self)
         self._draftmeta_spec = spec
         self._draftmeta_states = _StateCache()
-        conditions = spec.supported and getattr(self, "pcp_world_size", 1) == 1
+        # the spec bound to this builder (FA3's head configuration, FlashMLA's FP8 cache) is
+        # decided here: vLLM captures the hook, so a bound spec must be capture-safe too
+        conditions = (spec.supported and spec.capture_safe
+                      and getattr(self, "pcp_world_size", 1) == 1)
         if getattr(self, "hisparse_config", None) is not None:
             conditions = False
         self.supports_draft_decode_metadata_update = conditions

@@ -228,12 +228,20 @@ def _recipe(name: str) -> HarnessRecipe:
     from draftmeta.integrations.vllm.catalogue import current_release
 
     entry = current_release().entry(name)
+    if entry.harness is None and entry.gpu_harness is not None and _on_cuda():
+        return entry.gpu_harness
     if entry.harness is None:
         raise ValueError(
             f"{name} does not build on a machine without a GPU; builders that do: "
             f"{', '.join(builder_names())}"
         )
     return entry.harness
+
+
+def _on_cuda() -> bool:
+    """Whether the harness was pointed at CUDA (``VLLM_TARGET_DEVICE=cuda``: the GPU scripts
+    replace :func:`prepare_environment`), where builders with a ``gpu_harness`` construct."""
+    return os.environ.get("VLLM_TARGET_DEVICE") == "cuda"
 
 
 def builder_names() -> tuple[str, ...]:

@@ -84,6 +84,9 @@ class BuilderEntry:
         carry_over: the common-metadata fields its decode-only build reads, where the older
             proposer may carry its draft-index-1 metadata over to the next draft loop
             (:mod:`~draftmeta.integrations.vllm.carry_over`); ``None``: built every loop.
+        gpu_harness: how the harness builds it on a CUDA device, where it needs one
+            (``FLASHMLA``, ``FLASH_ATTN_MLA``: their builders call CUDA kernels); the GPU
+            equivalence checks (``benchmarks/h200/hook_equivalence.py``) use it.
     """
 
     name: str
@@ -93,6 +96,7 @@ class BuilderEntry:
     harness: HarnessRecipe | None = None
     classes: tuple[ClassRef, ...] = ()
     carry_over: CarryOver | None = None
+    gpu_harness: HarnessRecipe | None = None
 
     def make_spec(
         self, *, policy: HostBoundPolicy = "advance", dcp: bool = False, builder: Any = None

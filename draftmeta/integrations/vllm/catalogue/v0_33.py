@@ -60,12 +60,14 @@ def _mla(
     harness: HarnessRecipe | None = None,
     spec: MLASpec | None = None,
     carry_over: CarryOver | None = None,
+    gpu_harness: HarnessRecipe | None = None,
 ) -> BuilderEntry:
     factory = spec or MLASpec(family, metadata, decode)
     classes: tuple[ClassRef, ...] = (metadata,) if decode is None else (metadata, decode)
     if family == "flashmla":
         classes += (FLASHMLA_SCHED_META,)
-    return BuilderEntry(name, class_ref(builder), factory, hook, harness, classes, carry_over)
+    return BuilderEntry(name, class_ref(builder), factory, hook, harness, classes, carry_over,
+                        gpu_harness)
 
 
 def _family(module: str, stem: str) -> tuple[ClassRef, ClassRef]:
@@ -99,9 +101,13 @@ RELEASE = Release(
         _mla("TOKENSPEED_MLA", f"{BACKENDS}.tokenspeed_mla.TokenspeedMLAMetadataBuilder",
              "dense"),
         _mla("FLASHMLA", f"{BACKENDS}.flashmla.FlashMLAMetadataBuilder", "flashmla",
-             *_family("flashmla", "FlashMLA")),
+             *_family("flashmla", "FlashMLA"),
+             gpu_harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.flashmla.FlashMLABackend"),
+                                       block_size=64)),
         _mla("FLASH_ATTN_MLA", f"{BACKENDS}.flashattn_mla.FlashAttnMLAMetadataBuilder",
-             "flashattn_mla", *_family("flashattn_mla", "FlashAttnMLA")),
+             "flashattn_mla", *_family("flashattn_mla", "FlashAttnMLA"),
+             gpu_harness=HarnessRecipe(
+                 "mla", class_ref(f"{BACKENDS}.flashattn_mla.FlashAttnMLABackend"))),
         _mla("FLASHINFER_MLA", f"{BACKENDS}.flashinfer_mla.FlashInferMLAMetadataBuilder",
              "flashinfer_mla", *_family("flashinfer_mla", "FlashInferMLA")),
         _mla("FLASHMLA_SPARSE", f"{BACKENDS}.flashmla_sparse.FlashMLASparseMetadataBuilder",

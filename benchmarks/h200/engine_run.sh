@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# On the H200, after the five-part carry of ../shared/tools/vllm-engine-on-h200/ is installed
+# (`bash .h200/run.sh install`): the GPU runs of issue 20, each stage under its own timeout,
+# logs and JSON under $OUT. Run from the repository root; this tree's draftmeta is imported
+# (PYTHONPATH), the carried wheel only supplies vLLM's plugin entry point.
+#   bash benchmarks/h200/engine_run.sh STAGE...
+# Stages:
+#   equivalence  hook_equivalence.py: update == vLLM's rebuild on CUDA, captured and replayed
+#   hopper       draftmeta e2e --device cuda: FLASH_ATTN_MLA, FLASHMLA (+FP8), tiny model,
+#                K = 2 3 4, batch 1 and 8, and the negative control
+#   override     TRITON_MLA: vLLM's own hook against draftmeta's in its place, K = 3
+#   large        the DeepSeek-V3-sized model: FLASH_ATTN_MLA, FLASHMLA, K = 3, batch 1 and 8
+#   k1           K = 1 (no draft loop: the plugin has nothing to do), tiny model
+set -u
+. /root/vllm034/env.sh
+export PYTHONPATH=$PWD:$PYTHONPATH
+OUT=${OUT:-/tmp/h200-out}
+mkdir -p "$OUT"
+REPEATS=${REPEATS:-5}
+nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv,noheader
+e2e() {  # NAME TIMEOUT ARGS...
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" python3 -m draftmeta e2e --device cuda --repeats "$REPEATS" \
+    --out "$OUT/$name" "$@" 2>&1 | grep -v -e "^INFO" -e "^WARNING.*deprecated" \
+    | tee "$OUT/h200-e2e-$name.log"
+  echo "== e2e $name rc ${PIPESTATUS[0]}"
+}
+for stage in "$@"; do
+  case $stage in
+    equivalence)
+      timeout "${EQ_TIMEOUT:-240}" python3 benchmarks/h200/hook_equivalence.py \
+        --batches "${EQ_BATCHES:-30}" --out "$OUT" 2>&1 | tee "$OUT/h200-hook-equivalence.log"
+      echo "== equivalence rc ${PIPESTATUS[0]}";;
+    hopper) e2e hopper "${HOPPER_TIMEOUT:-560}" --backends FLASH_ATTN_MLA FLASHMLA \
+              --ks ${KS:-2 3 4} --fp8 --negative-control;;
+    override) e2e override "${OVERRIDE_TIMEOUT:-200}" --backends TRITON_MLA --ks 3;;
+    large) e2e large "${LARGE_TIMEOUT:-400}" --models large \
+             --backends FLASH_ATTN_MLA FLASHMLA --ks ${KS:-3};;
+    k1) e2e k1 "${K1_TIMEOUT:-200}" --backends FLASH_ATTN_MLA FLASHMLA --ks 1;;
+    *) echo "unknown stage $stage"; exit 2;;
+  esac
+done
+ls -R "$OUT"
+# the Markdown and PNG are made again here from the JSON (a call brings back 8 files at most)
+rm -f "$OUT"/*/e2e-cuda.md "$OUT"/*/e2e-cuda.png

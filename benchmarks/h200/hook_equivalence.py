@@ -1,0 +1,223 @@
+"""On the H200: draftmeta's hooks for Hopper's MLA builders against vLLM 0.34's own rebuild.
+
+For ``FLASH_ATTN_MLA``, ``FLASHMLA`` (bf16 and FP8 KV cache) and ``TRITON_MLA``, built by
+vLLM's real builders on CUDA with full CUDA graphs configured (the persistent scheduler buffers
+the captured kernels read), over random decode batches (1 to 64 requests, mixed lengths near
+block boundaries and the context limit, K = 2..8):
+
+1. **update == rebuild**: build at draft step 1; at every later step advance the draft state
+   (clamp, frozen host bound: what vLLM's fused loop does), run draftmeta's hook (the spec the
+   plugin binds to the builder), and compare field by field with a second builder's fresh
+   build from a copy of the state. FA3's scheduler metadata is a kernel's output, compared
+   exactly; FlashMLA's scheduler object is compared as an object, and then *used*: FlashMLA's
+   decode kernel runs on random queries and cache with the updated and with the rebuilt
+   metadata, and the outputs must be equal.
+2. **inside a captured graph**: the hook (and, for FlashMLA, the decode kernel after it) is
+   captured once in a CUDA graph, the state advanced on the device, the graph replayed, and
+   the result compared with an eager rebuild at the new lengths: what vLLM's fused draft loop
+   relies on.
+3. **negative controls**: the same checks with the scheduler left ``Unchanged`` must fail.
+
+Run on the H200 with vLLM 0.34 on the path (``.h200/run.sh install`` then
+``. /root/vllm034/env.sh``):  ``python3 benchmarks/h200/hook_equivalence.py --out $OUT``.
+Prints one line per builder and writes ``hook-equivalence.json``; exit 1 on any mismatch or an
+uncaught negative control.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_cuda import use_cuda  # noqa: E402
+
+harness = use_cuda()
+
+from draftmeta.advance import advance_state  # noqa: E402
+from draftmeta.integrations.vllm.catalogue import current_release  # noqa: E402
+from draftmeta.rules import Unchanged  # noqa: E402
+from draftmeta.spec import DraftSpec  # noqa: E402
+from draftmeta.testing import compare_metadata, random_state  # noqa: E402
+
+BUILDERS = (("FLASH_ATTN_MLA", "auto"), ("FLASHMLA", "auto"), ("FLASHMLA", "fp8"),
+            ("TRITON_MLA", "auto"))
+HEADS = 4  # query heads of the FlashMLA kernel check: the harness model's, as its builder has
+
+
+def make_config(max_model_len: int, block_size: int, kv_cache_dtype: str) -> Any:
+    from vllm.config.compilation import CUDAGraphMode
+
+    config = harness.make_vllm_config(max_model_len=max_model_len, block_size=block_size,
+                                      max_num_seqs=64)
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    config.compilation_config.max_cudagraph_capture_size = 64
+    config.cache_config.cache_dtype = kv_cache_dtype
+    return config
+
+
+def stale(spec: DraftSpec[Any]) -> DraftSpec[Any]:
+    """``spec`` with every scheduler field left unchanged: the negative control."""
+    rules = {p: r for p, r in spec.rules.items() if not p.startswith("decode.scheduler_metadata")}
+    rules["decode.scheduler_metadata"] = Unchanged()
+    nested = {p: c for p, c in spec.nested.items() if not p.startswith("decode.scheduler")}
+    return DraftSpec(spec.cls, rules, name=f"{spec.name}.stale", preconditions=spec.preconditions,
+                     nested=nested, dtypes=spec.dtypes, attributes=spec.attributes)
+
+
+class FlashMLAKernel:
+    """FlashMLA's dense decode on random queries over a random paged cache."""
+
+    def __init__(self, state: Any, block_size: int, fp8: bool, g: torch.Generator) -> None:
+        num_blocks = int(state.block_table.max()) + 1
+        self.fp8 = fp8
+        cache = torch.randn(num_blocks, block_size, 1, 576, generator=g, device="cuda",
+                            dtype=torch.bfloat16) / 4
+        self.cache = cache.to(torch.float8_e4m3fn) if fp8 else cache
+        b = state.seq_lens.shape[0]
+        self.q = torch.randn(b, 1, HEADS, 576, generator=g, device="cuda",
+                             dtype=torch.bfloat16) / 4
+        self.scale = 576 ** -0.5
+
+    def __call__(self, metadata: Any) -> torch.Tensor:
+        decode = metadata.decode
+        sched = decode.scheduler_metadata
+        if self.fp8:
+            from vllm.v1.attention.ops.flashmla import flash_mla_with_kvcache_fp8
+
+            one = torch.ones(1, device="cuda", dtype=torch.float32)
+            out, _ = flash_mla_with_kvcache_fp8(
+                self.q, self.cache, decode.block_table, decode.seq_lens, 512,
+                sched.tile_scheduler_metadata, sched.num_splits, softmax_scale=self.scale,
+                causal=True, descale_q=one, descale_k=one)
+        else:
+            from vllm.v1.attention.ops.flashmla import flash_mla_with_kvcache
+
+            out, _ = flash_mla_with_kvcache(
+                self.q, self.cache, decode.block_table, decode.seq_lens, 512, sched,
+                softmax_scale=self.scale, causal=True)
+        return out.clone()
+
+
+def check_case(name: str, kv: str, seed: int, *, wrong: bool) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda opts: opts[int(torch.randint(len(opts), (1,), generator=g))]  # noqa: E731
+    batch = pick([1, 1, 2, 3, 7, 16, 31, 64])
+    steps = int(torch.randint(2, 9, (1,), generator=g))
+    block_size = 64 if name == "FLASHMLA" else pick([16, 64])
+    max_model_len = pick([256, 1000, 4096])
+    config = make_config(max_model_len, block_size, kv)
+    updater = harness.make_builder(name, config, block_size=block_size, device="cuda")
+    rebuilder = harness.make_builder(name, config, block_size=block_size, device="cuda")
+    spec = current_release().entry(name).make_spec(policy="frozen", builder=updater)
+    if wrong:
+        spec = stale(spec)
+    state = random_state(g, batch_size=batch, block_size=block_size,
+                         max_model_len=max_model_len, steps=steps, device="cuda")
+    build = lambda b, s: harness.build_metadata(b, harness.common_metadata_for(s))  # noqa: E731
+    metadata = build(updater, state)
+    kernel = (FlashMLAKernel(state, block_size, kv == "fp8", torch.Generator("cuda")
+                             .manual_seed(seed)) if name == "FLASHMLA" else None)
+    mismatches: list[str] = []
+    if kernel is not None:
+        kernel(metadata)  # step 1's attention fills the scheduler object, as in the engine
+    for step in range(2, steps + 1):
+        advance_state(state, "clamp", "frozen")
+        spec.update(metadata, state)
+        rebuilt = build(rebuilder, state.clone())
+        mismatches += [f"step {step} {m}" for m in compare_metadata(metadata, rebuilt)]
+        if kernel is not None:
+            a, b = kernel(metadata), kernel(rebuilt)
+            if not torch.equal(a, b):
+                diff = (a.float() - b.float()).abs().max().item()
+                mismatches.append(f"step {step} FlashMLA output differs (max {diff:.3g})")
+    # inside a captured graph: capture the hook (and the kernel), advance, replay
+    captured = "-"
+    if steps >= 3 or wrong:
+        graph = torch.cuda.CUDAGraph()
+        out: list[torch.Tensor] = []
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            spec.update(metadata, state)  # warm-up outside capture
+            if kernel is not None:
+                kernel(metadata)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            spec.update(metadata, state)
+            if kernel is not None:
+                out.append(kernel(metadata))
+        advance_state(state, "clamp", "frozen")
+        graph.replay()
+        torch.cuda.synchronize()
+        rebuilt = build(rebuilder, state.clone())
+        if kernel is not None:
+            expected = kernel(rebuilt)
+            ok = torch.equal(out[0], expected)
+            captured = "kernel output equal" if ok else "kernel output DIFFERS"
+        else:
+            field = metadata.decode.scheduler_metadata if name == "FLASH_ATTN_MLA" else None
+            ok = field is None or torch.equal(field, rebuilt.decode.scheduler_metadata)
+            captured = "scheduler equal" if ok else "scheduler DIFFERS"
+        if not ok:
+            mismatches.append(f"after replay: {captured}")
+    return {"builder": name, "kv_cache_dtype": kv, "seed": seed, "batch": batch,
+            "steps": steps, "block_size": block_size, "max_model_len": max_model_len,
+            "wrong_spec": wrong, "mismatches": mismatches[:5], "captured": captured}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=40, help="random batches per builder")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    args = parser.parse_args()
+    import vllm
+
+    print(f"vLLM {vllm.__version__}, torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name()}", flush=True)
+    results: list[dict[str, Any]] = []
+    failed = False
+    for name, kv in BUILDERS:
+        start = time.perf_counter()
+        try:
+            cases = [check_case(name, kv, seed, wrong=False) for seed in range(args.batches)]
+            controls = [check_case(name, kv, seed, wrong=True) for seed in range(3)]
+        except Exception as exc:  # report the builder, go on with the next
+            print(f"{name} {kv}: ERROR {type(exc).__name__}: {exc}", flush=True)
+            results.append({"builder": name, "kv_cache_dtype": kv,
+                            "error": f"{type(exc).__name__}: {exc}"})
+            failed = True
+            continue
+        bad = [c for c in cases if c["mismatches"]]
+        caught = sum(1 for c in controls if c["mismatches"])
+        expect_caught = name != "TRITON_MLA"  # TRITON_MLA has no scheduler: nothing to break
+        steps = sum(c["steps"] - 1 for c in cases)
+        replays = [c["captured"] for c in cases if c["captured"] != "-"]
+        print(f"{name} {kv}: {len(cases)} batches, {steps} updated steps, "
+              f"{len(bad)} mismatched; captured+replayed {len(replays)} "
+              f"({sum('equal' in r for r in replays)} equal); negative control caught "
+              f"{caught}/{len(controls)} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for c in bad[:3]:
+            print(f"   mismatch: {c}", flush=True)
+        failed |= bool(bad) or (expect_caught and caught < len(controls))
+        results.append({"builder": name, "kv_cache_dtype": kv, "batches": len(cases),
+                        "updated_steps": steps, "mismatched": len(bad),
+                        "replayed": len(replays),
+                        "replayed_equal": sum("equal" in r for r in replays),
+                        "negative_control_caught": caught, "negative_controls": len(controls),
+                        "cases": cases, "controls": controls})
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "hook-equivalence.json").write_text(json.dumps(results, indent=1) + "\n")
+    print("hook equivalence:", "FAILED" if failed else "all equal, negative controls caught")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

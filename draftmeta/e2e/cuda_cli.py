@@ -1,0 +1,128 @@
+"""``draftmeta e2e --device cuda``: the CUDA matrix from command-line arguments.
+
+Exit codes as for the CPU run: 0 every timed configuration produced identical output and draft
+tokens (and the negative control, when asked for, differed); 1 otherwise or an engine failed;
+2 this environment cannot run it (no CUDA device, no vLLM 0.34 GPU runner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from draftmeta.e2e.cuda_matrix import CudaCase, CudaMatrixConfig
+from draftmeta.e2e.environment import CUDA_BACKENDS, MODEL_NAMES
+
+__all__ = [
+    "DEFAULT_BACKENDS",
+    "DEFAULT_BATCH_SIZES",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_MODELS",
+    "cases_from",
+    "run_cuda",
+]
+
+DEFAULT_BACKENDS = ["FLASH_ATTN_MLA", "FLASHMLA"]
+"""The backends ``--device cuda`` runs unless ``--backends`` says otherwise: Hopper's two."""
+DEFAULT_BATCH_SIZES = [1, 8]
+"""Prompts per generate unless ``--batch-sizes`` says otherwise."""
+DEFAULT_MAX_TOKENS = 256
+"""Tokens per prompt unless ``--max-tokens`` says otherwise."""
+DEFAULT_MODELS = ["tiny"]
+"""The models unless ``--models`` says otherwise."""
+
+
+def cases_from(models: list[str], backends: list[str], ks: list[int], *, fp8: bool,
+               negative_control: bool) -> tuple[CudaCase, ...]:
+    """The engine pairs for these options: every model x backend x K (``TRITON_MLA`` with
+    draftmeta's hook replacing vLLM's own), FlashMLA with an FP8 KV cache beside the bf16 one
+    when ``fp8``, and the negative control once (first model, first K >= 2).
+
+    Raises:
+        ValueError: an unknown model or backend, or a negative control without a K >= 2.
+    """
+    unknown = [m for m in models if m not in MODEL_NAMES] + [b for b in backends
+                                                        if b not in CUDA_BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown model(s) or CUDA backend(s) {unknown}; models: "
+                         f"{', '.join(MODEL_NAMES)}; backends: {', '.join(CUDA_BACKENDS)}")
+    cases = []
+    for model in models:
+        for backend in backends:
+            for k in ks:
+                cases.append(CudaCase(model, backend, k,
+                                      override_upstream=backend == "TRITON_MLA"))
+                if fp8 and backend == "FLASHMLA":
+                    cases.append(CudaCase(model, backend, k, kv_cache_dtype="fp8"))
+    if negative_control:
+        drafting = [k for k in ks if k >= 2]
+        if not drafting:
+            raise ValueError("the negative control needs a K of at least 2 (K = 1 has no "
+                             "draft loop); add one to --ks")
+        cases.append(CudaCase(models[0], "FLASHMLA", drafting[0], negative_control=True))
+    return tuple(cases)
+
+
+def run_cuda(args: argparse.Namespace,
+             engine_output: Callable[[], AbstractContextManager[None]]) -> int:
+    """Run ``draftmeta e2e --device cuda`` with parsed ``args``; returns the exit code.
+
+    ``engine_output`` wraps the engines' run (with ``--json``: everything written to stdout
+    goes to stderr, so stdout carries the JSON document alone).
+    """
+    from draftmeta.e2e.cuda_matrix import run_cuda_matrix
+    from draftmeta.e2e.cuda_report import cuda_markdown, cuda_summary, write_cuda_results
+    from draftmeta.e2e.errors import E2EError, E2EUnavailable
+
+    try:
+        config = CudaMatrixConfig(
+            cases=cases_from(args.models or DEFAULT_MODELS,
+                             args.backends or DEFAULT_BACKENDS, args.ks,
+                             fp8=args.fp8, negative_control=args.negative_control),
+            batch_sizes=tuple(dict.fromkeys(args.batch_sizes or DEFAULT_BATCH_SIZES)),
+            max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS,
+            warmups=args.warmups,
+            repeats=args.repeats,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        print(f"draftmeta e2e: {exc}", file=sys.stderr)
+        return 2
+
+    def progress(line: str) -> None:
+        if not args.quiet:
+            print(f"draftmeta e2e: {line}", file=sys.stderr, flush=True)
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-cuda-") as workdir, \
+                engine_output():
+            comparisons = run_cuda_matrix(config, workdir=Path(workdir), progress=progress)
+    except E2EUnavailable as exc:
+        print(f"draftmeta e2e: cannot run here: {exc}", file=sys.stderr)
+        return 2
+    except E2EError as exc:
+        print(f"draftmeta e2e: failed: {exc}", file=sys.stderr)
+        return 1
+    command = "draftmeta e2e " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    data = cuda_summary(comparisons, command=command)
+    paths = write_cuda_results(data, args.out)
+    if args.json:
+        print(json.dumps(data))
+    else:
+        print(cuda_markdown(data), end="")
+        for kind, path in paths.items():
+            print(f"wrote {kind}: {path}")
+    ok = data["output_tokens_identical"] and data["draft_tokens_identical"]
+    if not ok:
+        print("draftmeta e2e: plugin on and off disagree (see the table)", file=sys.stderr)
+    if data["negative_control_caught"] is False:
+        print("draftmeta e2e: the negative control's wrong spec went unnoticed: its draft "
+              "tokens equal plugin off's", file=sys.stderr)
+        ok = False
+    return 0 if ok else 1

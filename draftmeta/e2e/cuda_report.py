@@ -1,0 +1,166 @@
+"""The CUDA end-to-end results as JSON, a Markdown table and a PNG.
+
+:func:`cuda_summary` gives one JSON object: the machine, and one entry per case and batch size
+with both engines' tok/s (every measured generate, median, min, max), the ratio of medians, the
+draft loops the last measured generate took (fused replays, fused without a graph, rebuilt),
+the hook's calls and host time outside capture, whether vLLM chose the fused loop, and which
+builder served each attention group and whose hook it had.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from draftmeta.e2e.cuda_matrix import CudaComparison
+
+__all__ = ["cuda_markdown", "cuda_plot", "cuda_summary", "write_cuda_results"]
+
+JSONObject = dict[str, Any]
+
+
+def _spread(values: Iterable[float]) -> JSONObject | None:
+    values = list(values)
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 1), "min": round(min(values), 1),
+            "max": round(max(values), 1), "all": [round(v, 1) for v in values]}
+
+
+def _entry(c: CudaComparison) -> JSONObject:
+    speedup = c.speedup
+    return {
+        "model": c.case.model,
+        "backend": c.case.backend,
+        "k": c.case.k,
+        "kv_cache_dtype": c.case.kv_cache_dtype,
+        "override_upstream": c.case.override_upstream,
+        "negative_control": c.case.negative_control,
+        "batch_size": c.batch_size,
+        "output_tokens_identical": c.output_tokens_identical,
+        "draft_tokens_identical": c.draft_tokens_identical,
+        "differing_draft_tokens": c.differing_draft_tokens,
+        "fused_loop": {"off": c.off_fused, "on": c.on_fused},
+        "tokens_per_s": {"off": _spread(c.off_tokens_per_s), "on": _spread(c.on_tokens_per_s)},
+        "speedup": None if speedup is None else round(speedup, 3),
+        "draft_loops": {"off": attrs.asdict(c.off_loops), "on": attrs.asdict(c.on_loops)},
+        "groups": {"off": [attrs.asdict(g) for g in c.off_groups],
+                   "on": [attrs.asdict(g) for g in c.on_groups]},
+        "startup_seconds": [round(s, 1) for s in c.startup_seconds],
+    }
+
+
+def cuda_summary(comparisons: Sequence[CudaComparison], *, command: str = "") -> JSONObject:
+    """The JSON object of a CUDA run."""
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+    try:
+        import vllm
+
+        vllm_version = str(vllm.__version__)
+    except ImportError:
+        vllm_version = "not installed"
+    timed = [c for c in comparisons if not c.case.negative_control]
+    controls = [c for c in comparisons if c.case.negative_control]
+    return {
+        "device": device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "vllm": vllm_version,
+        "command": command,
+        "output_tokens_identical": all(c.output_tokens_identical for c in timed),
+        "draft_tokens_identical": all(c.draft_tokens_identical for c in timed),
+        "negative_control_caught": (all(not c.draft_tokens_identical for c in controls)
+                                    if controls else None),
+        "configurations": [_entry(c) for c in comparisons],
+    }
+
+
+def _fmt_rate(spread: JSONObject | None) -> str:
+    if spread is None:
+        return "-"
+    return f"{spread['median']:.0f} ({spread['min']:.0f}-{spread['max']:.0f})"
+
+
+def _loop_path(entry: JSONObject, side: str) -> str:
+    loops = entry["draft_loops"][side]
+    parts = [f"{n} {what}" for what, n in (("graph", loops["fused_replays"]),
+                                            ("fused eager", loops["fused_eager"]),
+                                            ("rebuilt", loops["rebuilt"])) if n]
+    return ", ".join(parts) or "-"
+
+
+def cuda_markdown(data: JSONObject) -> str:
+    """The table: one row per case and batch size."""
+    lines = [
+        f"vLLM {data['vllm']} on {data['device']} (torch {data['torch']}); tok/s: median "
+        "(min-max) of the measured generates; draft loops of the last measured generate.",
+        "",
+        "| case | batch | tokens, drafts | off tok/s | on tok/s | on/off | loops off | "
+        "loops on |",
+        "|---|---:|---|---:|---:|---:|---|---|",
+    ]
+    for e in data["configurations"]:
+        case = " ".join([e["model"], e["backend"], f"K={e['k']}"]
+                        + (["override"] if e["override_upstream"] else [])
+                        + ([e["kv_cache_dtype"]] if e["kv_cache_dtype"] != "auto" else [])
+                        + (["wrong spec"] if e["negative_control"] else []))
+        same = ("same" if e["output_tokens_identical"] and e["draft_tokens_identical"]
+                else f"DIFFER ({e['differing_draft_tokens']} drafts)")
+        ratio = "-" if e["speedup"] is None else f"{e['speedup']:.2f}x"
+        lines.append(
+            f"| {case} | {e['batch_size']} | {same} | {_fmt_rate(e['tokens_per_s']['off'])} | "
+            f"{_fmt_rate(e['tokens_per_s']['on'])} | {ratio} | {_loop_path(e, 'off')} | "
+            f"{_loop_path(e, 'on')} |")
+    return "\n".join(lines) + "\n"
+
+
+def cuda_plot(data: JSONObject, path: Path) -> Path | None:
+    """A bar chart of on/off tok/s ratios (one bar per timed case and batch size), with the
+    1.0 line; ``None`` without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    entries = [e for e in data["configurations"] if e["speedup"] is not None]
+    if not entries:
+        return None
+    labels = [f"{e['model']} {e['backend']}{' ovr' if e['override_upstream'] else ''} "
+              f"K={e['k']} b={e['batch_size']}" for e in entries]
+    ratios = [e["speedup"] for e in entries]
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(entries) + 1.2), dpi=110)
+    colors = ["#2a7" if r >= 1.0 else "#c44" for r in ratios]
+    ax.barh(range(len(entries)), ratios, color=colors)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_yticks(range(len(entries)), labels, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel("tok/s plugin on / plugin off (median of measured generates)", fontsize=10)
+    for i, r in enumerate(ratios):
+        ax.text(r, i, f" {r:.2f}x", va="center", fontsize=9)
+    ax.set_xlim(0, max(ratios) * 1.18)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_cuda_results(data: JSONObject, out: Path, stem: str = "e2e-cuda") -> dict[str, Path]:
+    """Write ``{stem}.json``, ``.md`` and ``.png`` into ``out``; returns the paths by kind."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md"}
+    paths["json"].write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    paths["markdown"].write_text(cuda_markdown(data), encoding="utf-8")
+    png = cuda_plot(data, out / f"{stem}.png")
+    if png is not None:
+        paths["png"] = png
+    return paths
