@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_cuda import use_cuda  # noqa: E402
+from vllm_cuda import use_cuda
 
 harness = use_cuda()
 

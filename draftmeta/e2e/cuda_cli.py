@@ -102,7 +102,8 @@ def run_cuda(args: argparse.Namespace,
     try:
         with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-cuda-") as workdir, \
                 engine_output():
-            comparisons = run_cuda_matrix(config, workdir=Path(workdir), progress=progress)
+            comparisons, failures = run_cuda_matrix(config, workdir=Path(workdir),
+                                                    progress=progress)
     except E2EUnavailable as exc:
         print(f"draftmeta e2e: cannot run here: {exc}", file=sys.stderr)
         return 2
@@ -110,7 +111,7 @@ def run_cuda(args: argparse.Namespace,
         print(f"draftmeta e2e: failed: {exc}", file=sys.stderr)
         return 1
     command = "draftmeta e2e " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
-    data = cuda_summary(comparisons, command=command)
+    data = cuda_summary(comparisons, failures, command=command)
     paths = write_cuda_results(data, args.out)
     if args.json:
         print(json.dumps(data))
@@ -119,6 +120,9 @@ def run_cuda(args: argparse.Namespace,
         for kind, path in paths.items():
             print(f"wrote {kind}: {path}")
     ok = data["output_tokens_identical"] and data["draft_tokens_identical"]
+    for failed in data["failed"]:
+        print(f"draftmeta e2e: {failed['case']} failed: {failed['error']}", file=sys.stderr)
+        ok = False
     if not ok:
         print("draftmeta e2e: plugin on and off disagree (see the table)", file=sys.stderr)
     if data["negative_control_caught"] is False:

@@ -53,6 +53,7 @@ __all__ = [
     "MODELS",
     "CudaCase",
     "CudaComparison",
+    "CudaFailure",
     "CudaMatrixConfig",
     "run_cuda_matrix",
     "stale_scheduler_spec",
@@ -230,14 +231,28 @@ def _free_gpu() -> None:
     torch.cuda.empty_cache()
 
 
+@attrs.frozen
+class CudaFailure:
+    """A case whose engines could not run (the others still do).
+
+    Attributes:
+        case: the engine pair.
+        error: what failed, as vLLM or the plugin said it.
+    """
+
+    case: CudaCase
+    error: str
+
+
 def run_cuda_matrix(config: CudaMatrixConfig, *, workdir: Path,
                     progress: Callable[[str], None] = lambda line: None
-                    ) -> list[CudaComparison]:
-    """Run every case of ``config``; returns one comparison per case and batch size.
+                    ) -> tuple[list[CudaComparison], list[CudaFailure]]:
+    """Run every case of ``config``; returns one comparison per case and batch size, and the
+    cases that failed (an engine that could not be created, a plugin that did not install,
+    an error inside vLLM), each with its error: one failing case does not stop the others.
 
     Raises:
         E2EUnavailable: no CUDA device, or a vLLM without the GPU model runner.
-        E2EError: an engine could not be created or the plugin did not install.
     """
     prepare_cuda_environment()
     import torch
@@ -247,35 +262,49 @@ def run_cuda_matrix(config: CudaMatrixConfig, *, workdir: Path,
                              "(run the CPU one without --device cuda)")
     prompts = make_prompts(max(config.batch_sizes), config.seed)
     results: list[CudaComparison] = []
+    failures: list[CudaFailure] = []
     with CudaRecorder() as recorder, reinitialized_weights(config.seed):
         for case in config.cases:
-            model_dir = write_model(workdir / case.model, MODELS[case.model])
-            overrides: Mapping[str, SpecOverride] | None = (
-                {"FLASHMLA": stale_scheduler_spec} if case.negative_control else None)
-
-            def settings(plugin: bool, case: CudaCase = case,
-                         overrides: Mapping[str, SpecOverride] | None = overrides
-                         ) -> CudaEngineSettings:
-                return CudaEngineSettings(
-                    backend=case.backend, k=case.k, plugin=plugin,
-                    override_upstream=case.override_upstream and plugin,
-                    kv_cache_dtype=case.kv_cache_dtype, seed=config.seed,
-                    spec_overrides=overrides if plugin else None)
-
-            progress(f"{case.label}: starting the plugin-off and plugin-on engines")
-            with open_cuda_engine(model_dir, settings(False), recorder) as off, \
-                    open_cuda_engine(model_dir, settings(True), recorder) as on:
-                progress(f"{case.label}: fused draft loop off={off.fused} on={on.fused}; "
-                         f"started in {off.startup_seconds:.0f} s and {on.startup_seconds:.0f} s")
-                for batch in config.batch_sizes:
-                    comparison = _compare(case, off, on, prompts[:batch], config, recorder)
-                    results.append(comparison)
-                    speed = (f"{statistics.median(comparison.off_tokens_per_s):.0f} vs "
-                             f"{statistics.median(comparison.on_tokens_per_s):.0f} tok/s"
-                             if comparison.speedup is not None else "not timed")
-                    progress(f"{case.label} batch {batch}: tokens identical "
-                             f"{comparison.output_tokens_identical}, drafts identical "
-                             f"{comparison.draft_tokens_identical} "
-                             f"({comparison.differing_draft_tokens} differ); {speed}")
+            try:
+                results += _run_case(case, config, workdir, recorder, prompts, progress)
+            except E2EUnavailable:
+                raise
+            except Exception as exc:  # one case's failure is reported, the others still run
+                error = f"{type(exc).__name__}: {exc}"
+                progress(f"{case.label}: FAILED: {error}")
+                failures.append(CudaFailure(case, error))
             _free_gpu()
+    return results, failures
+
+
+def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder: CudaRecorder,
+              prompts: Sequence[tuple[int, ...]], progress: Callable[[str], None]
+              ) -> list[CudaComparison]:
+    results: list[CudaComparison] = []
+    model_dir = write_model(workdir / case.model, MODELS[case.model])
+    overrides: Mapping[str, SpecOverride] | None = (
+        {"FLASHMLA": stale_scheduler_spec} if case.negative_control else None)
+
+    def settings(plugin: bool) -> CudaEngineSettings:
+        return CudaEngineSettings(
+            backend=case.backend, k=case.k, plugin=plugin,
+            override_upstream=case.override_upstream and plugin,
+            kv_cache_dtype=case.kv_cache_dtype, seed=config.seed,
+            spec_overrides=overrides if plugin else None)
+
+    progress(f"{case.label}: starting the plugin-off and plugin-on engines")
+    with open_cuda_engine(model_dir, settings(False), recorder) as off, \
+            open_cuda_engine(model_dir, settings(True), recorder) as on:
+        progress(f"{case.label}: fused draft loop off={off.fused} on={on.fused}; "
+                 f"started in {off.startup_seconds:.0f} s and {on.startup_seconds:.0f} s")
+        for batch in config.batch_sizes:
+            comparison = _compare(case, off, on, prompts[:batch], config, recorder)
+            results.append(comparison)
+            speed = (f"{statistics.median(comparison.off_tokens_per_s):.0f} vs "
+                     f"{statistics.median(comparison.on_tokens_per_s):.0f} tok/s"
+                     if comparison.speedup is not None else "not timed")
+            progress(f"{case.label} batch {batch}: tokens identical "
+                     f"{comparison.output_tokens_identical}, drafts identical "
+                     f"{comparison.draft_tokens_identical} "
+                     f"({comparison.differing_draft_tokens} differ); {speed}")
     return results

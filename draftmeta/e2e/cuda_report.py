@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from draftmeta.e2e.cuda_matrix import CudaComparison
+from draftmeta.e2e.cuda_matrix import CudaComparison, CudaFailure
 
 __all__ = ["cuda_markdown", "cuda_plot", "cuda_summary", "write_cuda_results"]
 
@@ -56,8 +56,9 @@ def _entry(c: CudaComparison) -> JSONObject:
     }
 
 
-def cuda_summary(comparisons: Sequence[CudaComparison], *, command: str = "") -> JSONObject:
-    """The JSON object of a CUDA run."""
+def cuda_summary(comparisons: Sequence[CudaComparison],
+                 failures: Sequence[CudaFailure] = (), *, command: str = "") -> JSONObject:
+    """The JSON object of a CUDA run (``failed``: the cases that could not run, with why)."""
     import torch
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
@@ -80,6 +81,7 @@ def cuda_summary(comparisons: Sequence[CudaComparison], *, command: str = "") ->
         "negative_control_caught": (all(not c.draft_tokens_identical for c in controls)
                                     if controls else None),
         "configurations": [_entry(c) for c in comparisons],
+        "failed": [{"case": f.case.label, "error": f.error} for f in failures],
     }
 
 
@@ -119,6 +121,8 @@ def cuda_markdown(data: JSONObject) -> str:
             f"| {case} | {e['batch_size']} | {same} | {_fmt_rate(e['tokens_per_s']['off'])} | "
             f"{_fmt_rate(e['tokens_per_s']['on'])} | {ratio} | {_loop_path(e, 'off')} | "
             f"{_loop_path(e, 'on')} |")
+    for failed in data.get("failed", []):
+        lines.append(f"| {failed['case']} | - | FAILED: {failed['error'][:200]} | | | | | |")
     return "\n".join(lines) + "\n"
 
 

@@ -85,8 +85,8 @@ LARGE_MODEL_CONFIG: Mapping[str, Any] = {
 """``config.json`` of a model with DeepSeek-V3's layer dimensions (hidden 7168, 128 heads,
 ``q_lora_rank`` 1536, ``kv_lora_rank`` 512, rope 64, nope 128, v 128), made small in depth: 3
 layers and the MTP layer, all dense like DeepSeek-V3's first three (MLP 18432, no experts);
-about 2.5 billion parameters. A draft step's share of the time is then closer to production's than with
-the tiny model (weights, not launches, bound each forward pass)."""
+about 2.5 billion parameters. A draft step's share of the time is then closer to production's
+than with the tiny model (weights, not launches, bound each forward pass)."""
 
 
 def write_model(folder: Path, config: Mapping[str, Any] = MODEL_CONFIG) -> Path:
