@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 import torch
 
-from draftmeta import DraftSpec, DraftState, SpecError, UpdateError, advance_state
+from draftmeta import (
+    DraftSpec,
+    DraftState,
+    PreconditionFailed,
+    SpecError,
+    UpdateError,
+    advance_state,
+)
 from draftmeta.backends.indexer import INDEXER_DECODE, INDEXER_METADATA, indexer_spec
 from draftmeta.backends.mla import MLASpec, mla_spec
 from draftmeta.backends.vllm_classes import (
@@ -348,7 +355,7 @@ def test_flashmla_fp8_tile_schedule_hook(seed: int) -> None:
                decode=decode_cls(block_table=state.block_table, seq_lens=state.seq_lens,
                                  dcp_tot_seq_lens=None,
                                  scheduler_metadata=sched_cls(
-                                     have_initialized=True, config="stale",
+                                     have_initialized=True, config=None,
                                      tile_scheduler_metadata=tiles, num_splits=splits)))
     for _ in range(7):
         advance_state(state, "wrap")
@@ -360,6 +367,13 @@ def test_flashmla_fp8_tile_schedule_hook(seed: int) -> None:
         assert sched.tile_scheduler_metadata is tiles and sched.num_splits is splits
         assert torch.equal(tiles[:, :5], want_tiles[:, :5]) and torch.equal(splits, want_splits)
         assert sched.have_initialized is False and sched.config is None
+    # a configured scheduler object is refused before anything is written
+    sched.config = "configured"
+    before = tiles.clone()
+    advance_state(state, "wrap")
+    with pytest.raises(PreconditionFailed, match="fp8_schedule_not_configured"):
+        spec.update(meta, state)
+    assert torch.equal(tiles, before) and sched.have_initialized is False
 
 
 class _FA3Builder:

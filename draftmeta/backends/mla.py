@@ -248,6 +248,11 @@ def mla_spec(
         rules.update(_decode_extras(factory.family, policy, dcp, fp8_kv_cache,
                                     num_q_tokens_per_head_k, tile_compute, flash_attn_compute,
                                     nested))
+        if factory.family == "flashmla" and fp8_kv_cache:
+            # FlashMLA's FP8 decode reads only the two tile tensors; nothing configures the
+            # object (vLLM builds it with config None), so config stays None between steps
+            preconditions.append(IsNone("decode.scheduler_metadata.config",
+                                        name="fp8_schedule_not_configured"))
     rules.update(factory.extra_rules)
     rules.update(bound)
     preconditions.extend(factory.extra_preconditions)
@@ -286,7 +291,7 @@ def _decode_extras(
         splits = "decode.scheduler_metadata.num_splits"
         return {
             "decode.scheduler_metadata.have_initialized": HostSet(False),
-            "decode.scheduler_metadata.config": HostSet(None),
+            "decode.scheduler_metadata.config": Unchanged(),
             tiles: Recompute(
                 FlashMLAFp8TileSchedule(q_tokens, tile_compute), ("decode.seq_lens",),
                 also=(splits,),

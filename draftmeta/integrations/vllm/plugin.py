@@ -450,9 +450,15 @@ def _hook_init(
         if not _exactly(self, cls):
             return
         dcp = getattr(self, "dcp_world_size", 1) > 1
-        spec = spec_for(entry, overrides, policy="frozen", dcp=dcp, builder=self)
-        self._draftmeta_spec = spec
         self._draftmeta_states = _StateCache()
+        try:
+            spec = spec_for(entry, overrides, policy="frozen", dcp=dcp, builder=self)
+        except DraftMetaError as exc:  # fail closed: this builder keeps vLLM's behaviour
+            self._draftmeta_spec = None
+            logger.warning("draftmeta: %s keeps vLLM's behaviour: its spec bound to this "
+                           "builder does not fit (%s)", entry.name, exc)
+            return
+        self._draftmeta_spec = spec
         # the spec bound to this builder (FA3's head configuration, FlashMLA's FP8 cache) is
         # decided here: vLLM captures the hook, so a bound spec must be capture-safe too
         conditions = (spec.supported and spec.capture_safe
@@ -519,13 +525,13 @@ def _hook_update(decision: Decision) -> Callable[..., None]:
     original: Callable[..., None] = getattr(cls, "update_draft_decode_metadata")  # noqa: B009
 
     def update_draft_decode_metadata(self: Any, metadata: Any) -> None:
-        if not _exactly(self, cls):
+        spec: DraftSpec[Any] | None = self.__dict__.get("_draftmeta_spec")
+        if spec is None or not _exactly(self, cls):  # not bound (a subclass, a spec refused)
             original(self, metadata)
             return
         if getattr(metadata, "num_decode_tokens", 1) == 0:
             return
         cache: _StateCache = self._draftmeta_states
-        spec: DraftSpec[Any] = self._draftmeta_spec
         state = cache.get(metadata)
         if state is None:
             uncovered = spec.uncovered(metadata)
