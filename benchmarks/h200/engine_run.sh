@@ -6,8 +6,10 @@
 #   bash benchmarks/h200/engine_run.sh STAGE...
 # Stages:
 #   equivalence  hook_equivalence.py: update == vLLM's rebuild on CUDA, captured and replayed
-#   hopper       draftmeta e2e --device cuda: FLASH_ATTN_MLA, FLASHMLA (+FP8), tiny model,
+#   hopper       draftmeta e2e --device cuda: FLASH_ATTN_MLA, FLASHMLA, tiny model,
 #                K = 2 3 4, batch 1 and 8, and the negative control
+#   fp8          FLASHMLA with an FP8 KV cache, tiny model, K = 3
+#   cudatests    the CUDA tests of the suite (tests/test_cuda.py, step graph, loop, codegen)
 #   override     TRITON_MLA: vLLM's own hook against draftmeta's in its place, K = 3
 #   large        the DeepSeek-V3-sized model: FLASH_ATTN_MLA, FLASHMLA, K = 3, batch 1 and 8
 #   k1           K = 1 (no draft loop: the plugin has nothing to do), tiny model
@@ -32,7 +34,14 @@ for stage in "$@"; do
         --batches "${EQ_BATCHES:-30}" --out "$OUT" 2>&1 | tee "$OUT/h200-hook-equivalence.log"
       echo "== equivalence rc ${PIPESTATUS[0]}";;
     hopper) e2e hopper "${HOPPER_TIMEOUT:-560}" --backends FLASH_ATTN_MLA FLASHMLA \
-              --ks ${KS:-2 3 4} --fp8 --negative-control;;
+              --ks ${KS:-2 3 4} --negative-control;;
+    fp8) e2e fp8 "${FP8_TIMEOUT:-150}" --backends FLASHMLA --ks 3 --kv-cache-dtype fp8;;
+    cudatests)
+      # without vLLM on the path, as CI's CUDA-free runs are split (the harness would hide CUDA)
+      PYTHONPATH=$PWD timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -rs -p no:cacheprovider \
+        tests/test_cuda.py tests/test_step_graph.py tests/test_loop.py tests/test_codegen.py \
+        2>&1 | tail -25 | tee "$OUT/h200-pytest.log"
+      echo "== pytest rc ${PIPESTATUS[0]}";;
     override) e2e override "${OVERRIDE_TIMEOUT:-200}" --backends TRITON_MLA --ks 3;;
     large) e2e large "${LARGE_TIMEOUT:-400}" --models large \
              --backends FLASH_ATTN_MLA FLASHMLA --ks ${KS:-3};;

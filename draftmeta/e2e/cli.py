@@ -57,8 +57,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "on cuda compares vLLM's own hook with draftmeta's in its place)")
     p.add_argument("--models", nargs="+", choices=MODEL_NAMES, default=None,
                    help="cuda only: tiny (default) and/or large (DeepSeek-V3 layer dimensions)")
-    p.add_argument("--fp8", action="store_true",
-                   help="cuda only: also FLASHMLA with an FP8 KV cache")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
+                   help="cuda only: vLLM's kv_cache_dtype (fp8: FLASHMLA takes it, "
+                        "FLASH_ATTN_MLA does not)")
     p.add_argument("--negative-control", action="store_true",
                    help="cuda only: also FLASHMLA with a deliberately wrong spec (its draft "
                         "tokens must differ)")
@@ -107,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         from draftmeta.e2e.cuda_cli import run_cuda
 
         return run_cuda(args, _stdout_to_stderr if args.json else contextlib.nullcontext)
-    cuda_only = [name for name, given in (("--models", args.models), ("--fp8", args.fp8),
+    cuda_only = [name for name, given in (("--models", args.models),
+                                          ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
                                           ("--negative-control", args.negative_control))
                  if given]
     wrong = [b for b in args.backends or () if b not in BACKENDS]

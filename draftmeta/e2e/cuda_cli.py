@@ -38,34 +38,36 @@ DEFAULT_MODELS = ["tiny"]
 """The models unless ``--models`` says otherwise."""
 
 
-def cases_from(models: list[str], backends: list[str], ks: list[int], *, fp8: bool,
-               negative_control: bool) -> tuple[CudaCase, ...]:
+def cases_from(models: list[str], backends: list[str], ks: list[int], *,
+               kv_cache_dtype: str = "auto", negative_control: bool = False
+               ) -> tuple[CudaCase, ...]:
     """The engine pairs for these options: every model x backend x K (``TRITON_MLA`` with
-    draftmeta's hook replacing vLLM's own), FlashMLA with an FP8 KV cache beside the bf16 one
-    when ``fp8``, and the negative control once (first model, first K >= 2).
+    draftmeta's hook replacing vLLM's own), each with ``kv_cache_dtype``, and the negative
+    control once (first model, first K >= 2).
 
     Raises:
-        ValueError: an unknown model or backend, or a negative control without a K >= 2.
+        ValueError: an unknown model or backend, an FP8 cache for a backend that takes none,
+            or a negative control without a K >= 2.
     """
     unknown = [m for m in models if m not in MODEL_NAMES] + [b for b in backends
                                                         if b not in CUDA_BACKENDS]
     if unknown:
         raise ValueError(f"unknown model(s) or CUDA backend(s) {unknown}; models: "
                          f"{', '.join(MODEL_NAMES)}; backends: {', '.join(CUDA_BACKENDS)}")
-    cases = []
-    for model in models:
-        for backend in backends:
-            for k in ks:
-                cases.append(CudaCase(model, backend, k,
-                                      override_upstream=backend == "TRITON_MLA"))
-                if fp8 and backend == "FLASHMLA":
-                    cases.append(CudaCase(model, backend, k, kv_cache_dtype="fp8"))
+    if kv_cache_dtype == "fp8" and set(backends) - {"FLASHMLA"}:
+        raise ValueError(f"--kv-cache-dtype fp8 is for FLASHMLA; vLLM's "
+                         f"{', '.join(sorted(set(backends) - {'FLASHMLA'}))} take no FP8 cache "
+                         "here: run them without it")
+    cases = [CudaCase(model, backend, k, override_upstream=backend == "TRITON_MLA",
+                      kv_cache_dtype=kv_cache_dtype)
+             for model in models for backend in backends for k in ks]
     if negative_control:
         drafting = [k for k in ks if k >= 2]
         if not drafting:
             raise ValueError("the negative control needs a K of at least 2 (K = 1 has no "
                              "draft loop); add one to --ks")
-        cases.append(CudaCase(models[0], "FLASHMLA", drafting[0], negative_control=True))
+        cases.append(CudaCase(models[0], "FLASHMLA", drafting[0], negative_control=True,
+                              kv_cache_dtype=kv_cache_dtype))
     return tuple(cases)
 
 
@@ -84,7 +86,8 @@ def run_cuda(args: argparse.Namespace,
         config = CudaMatrixConfig(
             cases=cases_from(args.models or DEFAULT_MODELS,
                              args.backends or DEFAULT_BACKENDS, args.ks,
-                             fp8=args.fp8, negative_control=args.negative_control),
+                             kv_cache_dtype=args.kv_cache_dtype,
+                             negative_control=args.negative_control),
             batch_sizes=tuple(dict.fromkeys(args.batch_sizes or DEFAULT_BATCH_SIZES)),
             max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS,
             warmups=args.warmups,
