@@ -118,8 +118,9 @@ class FlashMLAKernel:
                             dtype=torch.bfloat16) / 4
         self.cache = cache.to(torch.float8_e4m3fn) if fp8 else cache
         b = state.seq_lens.shape[0]
-        self.q = torch.randn(b, 1, HEADS, 576, generator=g, device="cuda",
-                             dtype=torch.bfloat16) / 4
+        q = torch.randn(b, 1, HEADS, 576, generator=g, device="cuda", dtype=torch.bfloat16) / 4
+        # with an FP8 cache vLLM quantizes the query too (MLA's supports_quant_query_input)
+        self.q = q.to(torch.float8_e4m3fn) if fp8 else q
         self.scale = 576 ** -0.5
 
     def __call__(self, metadata: Any) -> torch.Tensor:
