@@ -83,8 +83,27 @@ def fa3_read_entries(schedule: torch.Tensor, batch: int) -> torch.Tensor:
     return schedule[torch.tensor([*index, n - 1], device=schedule.device)]
 
 
+FP8_TILES = "decode.scheduler_metadata.tile_scheduler_metadata"
+FP8_TILE_FIELDS = 5
+"""FlashMLA's FP8 tile metadata rows have 8 slots (TileSchedulerMetaDataSize); its scheduler
+kernel writes the first 5 (begin/end request and block, first split) and leaves 5..7 as
+``torch.empty`` gave them, in vLLM's rebuild as here; its decode kernel reads the first 5."""
+
+
 def compare(metadata: Any, rebuilt: Any, name: str, batch: int) -> list[str]:
-    """Field by field; FA3's scheduler on the entries its kernels read."""
+    """Field by field; FA3's scheduler and FlashMLA's FP8 tiles on the entries kernels read."""
+    if name == "FLASHMLA":
+        found = [str(m) for m in compare_metadata(metadata, rebuilt,
+                                                  ignore=lambda p: p == FP8_TILES)]
+        sched, other = metadata.decode.scheduler_metadata, rebuilt.decode.scheduler_metadata
+        ours = getattr(sched, "tile_scheduler_metadata", None)
+        theirs = getattr(other, "tile_scheduler_metadata", None)
+        if ours is None or theirs is None:
+            return found if ours is theirs else [*found, f"{FP8_TILES}: one side is None"]
+        if ours.shape != theirs.shape or not torch.equal(ours[:, :FP8_TILE_FIELDS],
+                                                         theirs[:, :FP8_TILE_FIELDS]):
+            found.append(f"{FP8_TILES}: the {FP8_TILE_FIELDS} fields its kernel reads differ")
+        return found
     if name != "FLASH_ATTN_MLA":
         return [str(m) for m in compare_metadata(metadata, rebuilt)]
     path = "decode.scheduler_metadata"
