@@ -139,11 +139,17 @@ def cuda_plot(data: JSONObject, path: Path) -> Path | None:
     entries = [e for e in data["configurations"] if e["speedup"] is not None]
     if not entries:
         return None
-    labels = [f"{e['model']} {e['backend']}{' ovr' if e['override_upstream'] else ''} "
-              f"K={e['k']} b={e['batch_size']}" for e in entries]
+    def label(e: JSONObject) -> str:
+        extra = (" override" if e["override_upstream"] else "") + (
+            f" {e['kv_cache_dtype']}" if e["kv_cache_dtype"] != "auto" else "")
+        loopless = " (no draft loop)" if e["k"] == 1 else ""
+        return f"{e['model']} {e['backend']}{extra} K={e['k']} b={e['batch_size']}{loopless}"
+
+    labels = [label(e) for e in entries]
     ratios = [e["speedup"] for e in entries]
     fig, ax = plt.subplots(figsize=(8, 0.32 * len(entries) + 1.2), dpi=110)
-    colors = ["#2a7" if r >= 1.0 else "#c44" for r in ratios]
+    colors = ["#999" if e["k"] == 1 else "#2a7" if r >= 1.0 else "#c44"
+              for e, r in zip(entries, ratios)]
     ax.barh(range(len(entries)), ratios, color=colors)
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_yticks(range(len(entries)), labels, fontsize=9)
