@@ -215,6 +215,7 @@ class DraftSpec(Generic[M]):
         self._check_rules_fit()
         self._check_complete()
         self._check_references()
+        self._check_hook_outputs()
         self._check_written_by()
         self._check_formulas()
         self._check_frozen()
@@ -586,6 +587,61 @@ class DraftSpec(Generic[M]):
                         "check host scalars only",
                     )
 
+    def _check_hook_outputs(self) -> None:
+        """What a ``Recompute`` lists in ``also=``: distinct tensor fields of the metadata,
+        other than its own field and its inputs, each refilled by one hook only."""
+        owners: dict[str, str] = {}
+        for path, rule in self.rules.items():
+            outputs = rule.also_writes()
+            for i, extra in enumerate(outputs):
+                if extra == path:
+                    raise self._fail(
+                        path,
+                        "lists its own field in also=, but a Recompute always refills its own "
+                        "field; also= names the hook's other outputs",
+                        f"remove {path!r} from also=",
+                    )
+                if extra in outputs[:i]:
+                    raise self._fail(
+                        path, f"lists {extra!r} twice in also=", f"list {extra!r} once",
+                    )
+                if is_state_ref(extra):
+                    raise self._fail(
+                        path,
+                        f"lists the draft-state buffer {extra!r} in also=, but a hook refills "
+                        "metadata buffers only (the draft loop advances the state)",
+                        f"remove {extra!r} from also=",
+                    )
+                info = self._fields.get(extra)
+                if info is None:
+                    raise self._unknown(extra, f"also= of {path!r}")
+                if info.kind is not FieldKind.TENSOR:
+                    raise self._fail(
+                        path,
+                        f"lists {extra!r} in also=, which is "
+                        f"{_describe_kind(info, self.dtype_of(extra))}; a hook refills tensor "
+                        "buffers only",
+                        f"remove {extra!r} from also= and give it a rule of its own",
+                    )
+                first = owners.setdefault(extra, path)
+                if first != path:
+                    raise self._fail(
+                        extra,
+                        f"is listed in also= of both {first!r} and {path!r}, but one kernel "
+                        "call refills a buffer",
+                        f"keep {extra!r} in the also= of the hook that computes it and remove "
+                        "it from the other's",
+                    )
+                read = next((r for r in rule.reads() if _overlaps(r, extra)), None)
+                if read is not None:
+                    raise self._fail(
+                        path,
+                        f"reads {read!r}, which its own hook refills (also={extra!r}), so the "
+                        "kernel would read a buffer while overwriting it",
+                        f"remove {read!r} from the inputs of {path!r}: compute the hook from the "
+                        "fields or draft-state buffers that buffer is computed from",
+                    )
+
     def _check_written_by(self) -> None:
         for path, rule in self.rules.items():
             owner_path = rule.written_by
@@ -689,17 +745,30 @@ class DraftSpec(Generic[M]):
         written = [p for p, r in self.rules.items() if r.writes]
         outputs = {p: self._writer(p) for p in self.rules if self._writer(p)}
         deps: dict[str, list[str]] = {}
+        via: dict[tuple[str, str], str] = {}  # (reader, writer) -> the output it reads
         for path in written:
             reads = [r for r in self.rules[path].reads() if not is_state_ref(r)]
-            found = {
-                writer
-                for out, writer in outputs.items()
-                if writer and writer != path and any(_overlaps(out, r) for r in reads)
-            }
+            found: set[str] = set()
+            for out, writer in outputs.items():
+                read = next((r for r in reads if _overlaps(out, r)), None)
+                if writer and writer != path and read is not None:
+                    found.add(writer)
+                    via.setdefault((path, writer), out if out != writer else read)
             deps[path] = [w for w in written if w in found]
+
+        def reads_text(reader: str, writer: str) -> str:
+            out = via[(reader, writer)]
+            if out == writer or _overlaps(out, writer):
+                return f"reads {out!r}"
+            return f"reads {out!r}, which the recompute hook of {writer!r} refills"
+
         cycle = _find_cycle(deps)
         if cycle:
             chain = " -> ".join(repr(p) for p in cycle)
+            hooks = [f"{a!r} {reads_text(a, b)}" for a, b in zip(cycle, cycle[1:])
+                     if "recompute hook" in reads_text(a, b)]
+            if hooks:
+                chain += f" ({'; '.join(hooks)})"
             raise self._fail(
                 cycle[0],
                 f"derived fields depend on each other in a cycle: {chain}",
@@ -711,8 +780,8 @@ class DraftSpec(Generic[M]):
                 if order[dep] > order[path]:
                     raise self._fail(
                         path,
-                        f"reads {dep!r}, which is also updated but declared later, so it is "
-                        "ambiguous whether the old or the new value is meant",
+                        f"{reads_text(path, dep)}, but {dep!r} is also updated and declared "
+                        "later, so it is ambiguous whether the old or the new value is meant",
                         f"declare {dep!r} before {path!r}; updates run in declaration order and "
                         "always read values already updated this step",
                     )
