@@ -21,15 +21,25 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import keyword
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+import attrs
 import torch
 
 from draftmeta.conditions import Precondition
 from draftmeta.errors import SpecError
-from draftmeta.fields import FieldInfo, FieldKind, class_fields, classify, is_record_class
+from draftmeta.fields import (
+    FieldInfo,
+    FieldKind,
+    _resolved_hints,
+    class_fields,
+    classify,
+    is_record_class,
+)
 from draftmeta.refs import STATE_PREFIX, is_state_ref
 from draftmeta.rules import Rule
 from draftmeta.state import DraftState
@@ -201,6 +211,17 @@ class DraftSpec(Generic[M]):
             )
         if not isinstance(self.name, str) or not self.name:
             raise self._fail("", f"name= is {self.name!r}", "name the spec with a non-empty str")
+        origin = typing.get_origin(self.cls)
+        if is_record_class(origin):
+            assert isinstance(origin, type)
+            raise self._fail(
+                "",
+                f"{_alias_text(self.cls)} is a parameterized alias of the generic "
+                f"{_record_kind(origin)} {origin.__qualname__}, not a class a spec can cover",
+                f"declare the spec for {origin.__qualname__} itself, with the concrete classes "
+                f"of its TypeVar fields: "
+                f"DraftSpec({origin.__qualname__}, ..., {_nested_for(self.cls)})",
+            )
         if not is_record_class(self.cls):
             raise self._fail(
                 "",
@@ -237,6 +258,16 @@ class DraftSpec(Generic[M]):
                     f"nested= maps it to an instance of {type(klass).__qualname__}, not a class",
                     f"map it to the class itself: nested={{{path!r}: "
                     f"{type(klass).__qualname__}}}",
+                )
+            origin = typing.get_origin(klass)
+            if is_record_class(origin):
+                assert isinstance(origin, type)
+                raise self._fail(
+                    path,
+                    f"nested= maps it to {_alias_text(klass)}, a parameterized alias of the "
+                    f"generic {_record_kind(origin)} {origin.__qualname__}, not a class",
+                    f"map it to {origin.__qualname__} itself, and its TypeVar fields by their "
+                    f"paths: {_nested_for(klass, path + '.', {path: origin})}",
                 )
             if not is_record_class(klass):
                 raise self._fail(
@@ -765,7 +796,7 @@ class DraftSpec(Generic[M]):
         cycle = _find_cycle(deps)
         if cycle:
             chain = " -> ".join(repr(p) for p in cycle)
-            hooks = [f"{a!r} {reads_text(a, b)}" for a, b in zip(cycle, cycle[1:])
+            hooks = [f"{a!r} {reads_text(a, b)}" for a, b in itertools.pairwise(cycle)
                      if "recompute hook" in reads_text(a, b)]
             if hooks:
                 chain += f" ({'; '.join(hooks)})"
@@ -822,6 +853,55 @@ def _find_cycle(deps: Mapping[str, Sequence[str]]) -> list[str] | None:
             if found:
                 return found
     return None
+
+
+def _alias_text(alias: object) -> str:
+    """``Top[Dec]`` for a parameterized generic alias (without module prefixes)."""
+    origin = typing.get_origin(alias)
+    args = ", ".join(getattr(a, "__qualname__", str(a)) for a in typing.get_args(alias))
+    return f"{getattr(origin, '__qualname__', origin)}[{args}]"
+
+
+def _record_kind(cls: type) -> str:
+    return "attrs class" if attrs.has(cls) else "dataclass"
+
+
+def _type_var_of(annotation: object) -> object:
+    """The TypeVar a field annotation names (through ``Optional`` and ``Annotated``), or None."""
+    for _ in range(3):
+        if isinstance(annotation, TypeVar):
+            return annotation
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) < 1:
+            return None
+        annotation = args[0]
+    return None
+
+
+def _nested_for(alias: object, prefix: str = "", found: dict[str, type] | None = None
+                ) -> str:
+    """The ``nested=`` (or ``dtypes=``) arguments that declare what the parameterized generic
+    ``alias`` means: each field typed by one of its TypeVars, mapped to the class given for it
+    (a tensor field to its dtype)."""
+    origin = typing.get_origin(alias)
+    assert isinstance(origin, type)
+    bound = dict(zip(getattr(origin, "__parameters__", ()), typing.get_args(alias)))
+    nested: dict[str, type] = dict(found or {})
+    tensors: list[str] = []
+    hints = _resolved_hints(origin)
+    for info in class_fields(origin):
+        arg = bound.get(_type_var_of(hints.get(info.name)))
+        if isinstance(arg, type) and is_record_class(arg):
+            nested[prefix + info.name] = arg
+        elif arg is torch.Tensor:
+            tensors.append(prefix + info.name)
+    parts = []
+    if nested or not tensors:
+        parts.append("nested={" + ", ".join(f"{p!r}: {k.__qualname__}"
+                                            for p, k in nested.items()) + "}")
+    if tensors:
+        parts.append("dtypes={" + ", ".join(f"{p!r}: its dtype" for p in tensors) + "}")
+    return ", ".join(parts)
 
 
 def _frozen(cls: type) -> bool:

@@ -2,12 +2,13 @@
 
 Each hook calls a *compute* function that returns the kernel's result for the current sequence
 lengths and copies it into the persistent buffer the metadata references, zeroing any tail (so
-stale entries from a larger batch are never read). Each hook's ``check`` refuses, before the
-update writes anything, every buffer its ``apply`` could not fill: a wrong dtype or rank, a
-buffer on another device than the lengths, a ``num_splits`` shorter than the batch; ``apply``
-checks all of a kernel's results against their buffers before writing any. By default the compute function is the
-backend's own kernel, imported lazily (DeepGEMM, FlashMLA, FlashAttention 3); tests and machines
-without those kernels pass a reference implementation instead
+stale entries from a larger batch are never read). The DeepGEMM and FlashMLA hooks' ``check``
+refuses, before the update writes anything, every buffer ``apply`` could not fill: a wrong
+dtype or rank, a buffer on another device than the lengths, a ``num_splits`` shorter than the
+batch; their ``apply`` checks all of a kernel's results against their buffers before writing
+any. By default the
+compute function is the backend's own kernel, imported lazily (DeepGEMM, FlashMLA, FlashAttention
+3); tests and machines without those kernels pass a reference implementation instead
 (:mod:`draftmeta.testing.reference_schedules`).
 """
 
