@@ -5,7 +5,7 @@ backend hooks (:class:`Recompute`, :class:`WrittenBy`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, cast
 
 import attrs
 import torch
@@ -183,8 +183,9 @@ class Advance(Rule):
     relative: ClassVar[bool] = True
     overflow: Overflow = attrs.field(validator=attrs.validators.instance_of((Clamp, Wrap)))
     by: int = attrs.field(default=1, validator=_positive)
-    rows: str | None = attrs.field(default="num_reqs",
-                                   validator=attrs.validators.optional(_identifier))
+    rows: str | None = attrs.field(
+        default=cast("str | None", "num_reqs"), validator=attrs.validators.optional(_identifier)
+    )
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.overflow, Wrap) and self.overflow.restart < 0:
