@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from draftmeta.arguments import integer_in, non_negative, positive, seed
+from draftmeta.arguments import folder_problem, integer_in, non_negative, positive, seed
 from draftmeta.e2e.environment import BACKENDS
 
 __all__ = ["DEFAULT_OUT", "add_parser", "run"]
@@ -90,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
     from draftmeta.e2e.compare import MatrixConfig, run_matrix
     from draftmeta.e2e.report import markdown, summary, write_results
 
+    problem = folder_problem("--out", Path(args.out))  # before the engines, not after them
+    if problem is not None:
+        print(f"draftmeta e2e: {problem}", file=sys.stderr)
+        return 2
     try:
         config = MatrixConfig(
             backends=tuple(dict.fromkeys(args.backends)),
