@@ -593,14 +593,6 @@ class DraftSpec(Generic[M]):
                         "derive the field from other fields or the draft state; use Advance "
                         "for a field that grows from its own value",
                     )
-            if rule.advances_padded_rows:
-                raise self._fail(
-                    path,
-                    f"rule {rule.kind} advances rows at or past state.num_reqs (padding), but "
-                    "the source advance leaves padded rows where they are, so the field would "
-                    "drift from the state in padded rows",
-                    rule.padded_rows_fix,
-                )
             for bound in rule.bounds():
                 info = _STATE_FIELDS.get(bound)
                 if info is None or info.kind is not FieldKind.INT:
@@ -611,6 +603,14 @@ class DraftSpec(Generic[M]):
                         "the draft state",
                         f"bound by one of {', '.join(ints)}",
                     )
+            if rule.advances_padded_rows:
+                raise self._fail(
+                    path,
+                    f"rule {rule.kind} advances rows at or past state.num_reqs (padding), but "
+                    "the source advance leaves padded rows where they are, so the field would "
+                    "drift from the state in padded rows",
+                    rule.padded_rows_fix,
+                )
         for cond in self.preconditions:
             if not isinstance(cond, Precondition):
                 raise self._fail(
