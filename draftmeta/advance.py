@@ -147,21 +147,12 @@ def check_policy(spec: DraftSpec[Any], policy: OverflowPolicy) -> None:
     """Refuse a spec whose own advances move differently from the loop's source advance.
 
     A clamp spec in a wrap loop (or the reverse) would update without complaint and drift from
-    the state at ``max_model_len``; an advance of every row would drift in padded rows.
+    the state at ``max_model_len``. (An advance of padded rows is refused earlier, when the
+    spec is declared.)
 
     Raises:
         SpecError: naming the field, its policy and the loop's.
     """
-    for path, rule in spec.rules.items():
-        if rule.advances_padded_rows:
-            raise SpecError(
-                spec.name,
-                path,
-                "advances every row, but the draft loop's source advance leaves padded rows "
-                "(rows >= num_reqs) where they are, so the field would drift from the state "
-                "in padded rows",
-                "declare it Advance(..., rows='num_reqs')",
-            )
     for path, own in overflow_policies(spec).items():
         if own != policy:
             raise SpecError(

@@ -24,10 +24,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from draftmeta.arguments import integer_in, positive, seed
+from draftmeta.arguments import folder_problem, integer_in, positive, seed
 
-__all__ = ["HelpFormatter", "Progress", "UsageError", "main", "markdown_reference", "parser",
-           "version"]
+__all__ = ["BENCH_MAX_BATCH_SIZE", "HelpFormatter", "Progress", "UsageError", "main",
+           "markdown_reference", "parser", "version"]
 
 NOISY_MODULES = ("torch", "vllm", "transformers", "triton", "huggingface_hub", "flashinfer",
                  "cutlass")
@@ -359,13 +359,9 @@ def _bench(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise UsageError("--device cuda needs a CUDA device")
     out = Path(args.out)
-    for folder in (out, *out.parents):  # fail before the run, not after it
-        if folder.exists():
-            if not folder.is_dir():
-                raise UsageError(
-                    f"--out {out}: {folder} is a file, not a folder; name a folder for the results"
-                )
-            break
+    problem = folder_problem("--out", out)  # fail before the run, not after it
+    if problem is not None:
+        raise UsageError(problem)
     config = BenchConfig(
         device=args.device,
         batch_sizes=tuple(args.batch_sizes),
@@ -395,6 +391,12 @@ def _infer(args: argparse.Namespace) -> int:
 
 
 _steps = integer_in(2, 16)
+
+BENCH_MAX_BATCH_SIZE = 2048
+"""The largest ``bench --batch-sizes`` value: the CPU bench configures vLLM with
+``max_num_seqs`` = the largest batch, and vLLM's scheduler refuses more requests than its
+default token budget (2048 tokens, one per decode request)."""
+_bench_batch = integer_in(1, BENCH_MAX_BATCH_SIZE, what="a batch size")
 
 
 def _add_common(p: argparse.ArgumentParser, *, quiet: bool = True) -> None:
@@ -482,8 +484,9 @@ def parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu times vLLM's builders; cuda the plain-torch models (no vLLM needed)")
-    b.add_argument("--batch-sizes", type=positive, nargs="+", default=[1, 8, 64, 256],
-                   help="requests per batch")
+    b.add_argument("--batch-sizes", type=_bench_batch, nargs="+", default=[1, 8, 64, 256],
+                   help=f"requests per batch (1 to {BENCH_MAX_BATCH_SIZE}: vLLM's scheduler "
+                        "takes at most as many requests as its token budget)")
     b.add_argument("--max-steps", type=_steps, default=8, help="K runs from 2 to this")
     b.add_argument("--repeats", type=positive, default=12, help="timed runs per configuration")
     b.add_argument(

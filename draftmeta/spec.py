@@ -21,15 +21,25 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import keyword
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+import attrs
 import torch
 
 from draftmeta.conditions import Precondition
 from draftmeta.errors import SpecError
-from draftmeta.fields import FieldInfo, FieldKind, class_fields, classify, is_record_class
+from draftmeta.fields import (
+    FieldInfo,
+    FieldKind,
+    _resolved_hints,
+    class_fields,
+    classify,
+    is_record_class,
+)
 from draftmeta.refs import STATE_PREFIX, is_state_ref
 from draftmeta.rules import Rule
 from draftmeta.state import DraftState
@@ -201,6 +211,17 @@ class DraftSpec(Generic[M]):
             )
         if not isinstance(self.name, str) or not self.name:
             raise self._fail("", f"name= is {self.name!r}", "name the spec with a non-empty str")
+        origin = typing.get_origin(self.cls)
+        if is_record_class(origin):
+            assert isinstance(origin, type)
+            raise self._fail(
+                "",
+                f"{_alias_text(self.cls)} is a parameterized alias of the generic "
+                f"{_record_kind(origin)} {origin.__qualname__}, not a class a spec can cover",
+                f"declare the spec for {origin.__qualname__} itself, with the concrete classes "
+                f"of its TypeVar fields: "
+                f"DraftSpec({origin.__qualname__}, ..., {_nested_for(self.cls)})",
+            )
         if not is_record_class(self.cls):
             raise self._fail(
                 "",
@@ -215,6 +236,7 @@ class DraftSpec(Generic[M]):
         self._check_rules_fit()
         self._check_complete()
         self._check_references()
+        self._check_hook_outputs()
         self._check_written_by()
         self._check_formulas()
         self._check_frozen()
@@ -236,6 +258,16 @@ class DraftSpec(Generic[M]):
                     f"nested= maps it to an instance of {type(klass).__qualname__}, not a class",
                     f"map it to the class itself: nested={{{path!r}: "
                     f"{type(klass).__qualname__}}}",
+                )
+            origin = typing.get_origin(klass)
+            if is_record_class(origin):
+                assert isinstance(origin, type)
+                raise self._fail(
+                    path,
+                    f"nested= maps it to {_alias_text(klass)}, a parameterized alias of the "
+                    f"generic {_record_kind(origin)} {origin.__qualname__}, not a class",
+                    f"map it to {origin.__qualname__} itself, and its TypeVar fields by their "
+                    f"paths: {_nested_for(klass, path + '.', {path: origin})}",
                 )
             if not is_record_class(klass):
                 raise self._fail(
@@ -571,6 +603,14 @@ class DraftSpec(Generic[M]):
                         "the draft state",
                         f"bound by one of {', '.join(ints)}",
                     )
+            if rule.advances_padded_rows:
+                raise self._fail(
+                    path,
+                    f"rule {rule.kind} advances rows at or past state.num_reqs (padding), but "
+                    "the source advance leaves padded rows where they are, so the field would "
+                    "drift from the state in padded rows",
+                    rule.padded_rows_fix,
+                )
         for cond in self.preconditions:
             if not isinstance(cond, Precondition):
                 raise self._fail(
@@ -584,6 +624,61 @@ class DraftSpec(Generic[M]):
                         f"precondition {cond.name!r} compares the tensor {ref!r} on the host, "
                         "which would wait for the device",
                         "check host scalars only",
+                    )
+
+    def _check_hook_outputs(self) -> None:
+        """What a ``Recompute`` lists in ``also=``: distinct tensor fields of the metadata,
+        other than its own field and its inputs, each refilled by one hook only."""
+        owners: dict[str, str] = {}
+        for path, rule in self.rules.items():
+            outputs = rule.also_writes()
+            for i, extra in enumerate(outputs):
+                if extra == path:
+                    raise self._fail(
+                        path,
+                        "lists its own field in also=, but a Recompute always refills its own "
+                        "field; also= names the hook's other outputs",
+                        f"remove {path!r} from also=",
+                    )
+                if extra in outputs[:i]:
+                    raise self._fail(
+                        path, f"lists {extra!r} twice in also=", f"list {extra!r} once",
+                    )
+                if is_state_ref(extra):
+                    raise self._fail(
+                        path,
+                        f"lists the draft-state buffer {extra!r} in also=, but a hook refills "
+                        "metadata buffers only (the draft loop advances the state)",
+                        f"remove {extra!r} from also=",
+                    )
+                info = self._fields.get(extra)
+                if info is None:
+                    raise self._unknown(extra, f"also= of {path!r}")
+                if info.kind is not FieldKind.TENSOR:
+                    raise self._fail(
+                        path,
+                        f"lists {extra!r} in also=, which is "
+                        f"{_describe_kind(info, self.dtype_of(extra))}; a hook refills tensor "
+                        "buffers only",
+                        f"remove {extra!r} from also= and give it a rule of its own",
+                    )
+                first = owners.setdefault(extra, path)
+                if first != path:
+                    raise self._fail(
+                        extra,
+                        f"is listed in also= of both {first!r} and {path!r}, but one kernel "
+                        "call refills a buffer",
+                        f"keep {extra!r} in the also= of the hook that computes it and remove "
+                        "it from the other's",
+                    )
+                read = next((r for r in rule.reads() if _overlaps(r, extra)), None)
+                if read is not None:
+                    raise self._fail(
+                        path,
+                        f"reads {read!r}, which its own hook refills (also={extra!r}), so the "
+                        "kernel would read a buffer while overwriting it",
+                        f"remove {read!r} from the inputs of {path!r}: compute the hook from the "
+                        "fields or draft-state buffers that buffer is computed from",
                     )
 
     def _check_written_by(self) -> None:
@@ -689,17 +784,30 @@ class DraftSpec(Generic[M]):
         written = [p for p, r in self.rules.items() if r.writes]
         outputs = {p: self._writer(p) for p in self.rules if self._writer(p)}
         deps: dict[str, list[str]] = {}
+        via: dict[tuple[str, str], str] = {}  # (reader, writer) -> the output it reads
         for path in written:
             reads = [r for r in self.rules[path].reads() if not is_state_ref(r)]
-            found = {
-                writer
-                for out, writer in outputs.items()
-                if writer and writer != path and any(_overlaps(out, r) for r in reads)
-            }
+            found: set[str] = set()
+            for out, writer in outputs.items():
+                read = next((r for r in reads if _overlaps(out, r)), None)
+                if writer and writer != path and read is not None:
+                    found.add(writer)
+                    via.setdefault((path, writer), out if out != writer else read)
             deps[path] = [w for w in written if w in found]
+
+        def reads_text(reader: str, writer: str) -> str:
+            out = via[(reader, writer)]
+            if out == writer or _overlaps(out, writer):
+                return f"reads {out!r}"
+            return f"reads {out!r}, which the recompute hook of {writer!r} refills"
+
         cycle = _find_cycle(deps)
         if cycle:
             chain = " -> ".join(repr(p) for p in cycle)
+            hooks = [f"{a!r} {reads_text(a, b)}" for a, b in itertools.pairwise(cycle)
+                     if "recompute hook" in reads_text(a, b)]
+            if hooks:
+                chain += f" ({'; '.join(hooks)})"
             raise self._fail(
                 cycle[0],
                 f"derived fields depend on each other in a cycle: {chain}",
@@ -711,8 +819,8 @@ class DraftSpec(Generic[M]):
                 if order[dep] > order[path]:
                     raise self._fail(
                         path,
-                        f"reads {dep!r}, which is also updated but declared later, so it is "
-                        "ambiguous whether the old or the new value is meant",
+                        f"{reads_text(path, dep)}, but {dep!r} is also updated and declared "
+                        "later, so it is ambiguous whether the old or the new value is meant",
                         f"declare {dep!r} before {path!r}; updates run in declaration order and "
                         "always read values already updated this step",
                     )
@@ -753,6 +861,55 @@ def _find_cycle(deps: Mapping[str, Sequence[str]]) -> list[str] | None:
             if found:
                 return found
     return None
+
+
+def _alias_text(alias: object) -> str:
+    """``Top[Dec]`` for a parameterized generic alias (without module prefixes)."""
+    origin = typing.get_origin(alias)
+    args = ", ".join(getattr(a, "__qualname__", str(a)) for a in typing.get_args(alias))
+    return f"{getattr(origin, '__qualname__', origin)}[{args}]"
+
+
+def _record_kind(cls: type) -> str:
+    return "attrs class" if attrs.has(cls) else "dataclass"
+
+
+def _type_var_of(annotation: object) -> object:
+    """The TypeVar a field annotation names (through ``Optional`` and ``Annotated``), or None."""
+    for _ in range(3):
+        if isinstance(annotation, TypeVar):
+            return annotation
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) < 1:
+            return None
+        annotation = args[0]
+    return None
+
+
+def _nested_for(alias: object, prefix: str = "", found: dict[str, type] | None = None
+                ) -> str:
+    """The ``nested=`` (or ``dtypes=``) arguments that declare what the parameterized generic
+    ``alias`` means: each field typed by one of its TypeVars, mapped to the class given for it
+    (a tensor field to its dtype)."""
+    origin = typing.get_origin(alias)
+    assert isinstance(origin, type)
+    bound = dict(zip(getattr(origin, "__parameters__", ()), typing.get_args(alias)))
+    nested: dict[str, type] = dict(found or {})
+    tensors: list[str] = []
+    hints = _resolved_hints(origin)
+    for info in class_fields(origin):
+        arg = bound.get(_type_var_of(hints.get(info.name)))
+        if isinstance(arg, type) and is_record_class(arg):
+            nested[prefix + info.name] = arg
+        elif arg is torch.Tensor:
+            tensors.append(prefix + info.name)
+    parts = []
+    if nested or not tensors:
+        parts.append("nested={" + ", ".join(f"{p!r}: {k.__qualname__}"
+                                            for p, k in nested.items()) + "}")
+    if tensors:
+        parts.append("dtypes={" + ", ".join(f"{p!r}: its dtype" for p in tensors) + "}")
+    return ", ".join(parts)
 
 
 def _frozen(cls: type) -> bool:

@@ -116,7 +116,8 @@ def test_specs_declared_after_explain_use_vllms_own_classes_again() -> None:
         (["verify", "--batches", "0"], "must be a positive integer, got 0"),
         (["verify", "--steps", "1"], "must be an integer from 2 to 16, got 1"),
         (["verify", "--device", "tpu"], "invalid choice: 'tpu'"),
-        (["bench", "--batch-sizes", "-4"], "must be a positive integer, got -4"),
+        (["bench", "--batch-sizes", "-4"], "a batch size must be an integer from 1 to 2048, got -4"
+         ),
         ([], "the following arguments are required: COMMAND"),
     ],
 )

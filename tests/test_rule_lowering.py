@@ -214,7 +214,7 @@ def test_a_new_rule_kind_with_an_overflow_policy_is_held_to_the_loops() -> None:
     with pytest.raises(SpecError, match=r"budget.*wrap overflow policy, but the draft loop's "
                                         r"source advance uses clamp"):
         check_policy(spec, "clamp")
-    with pytest.raises(SpecError, match=r"budget.*advances every row"):
+    with pytest.raises(SpecError, match=r"budget.*advances rows at or past state\.num_reqs"):
         check_policy(_budgeted_spec(budget=LoopCountDown(padded=True)), "wrap")
 
 

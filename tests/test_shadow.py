@@ -168,11 +168,9 @@ def test_a_clamp_spec_in_a_wrap_loop_is_refused() -> None:
     DraftLoop([_group(toy_spec(rules=toy_rules("wrap")), state)], state, policy="wrap", shadow=0)
 
 
-def test_a_spec_advancing_padded_rows_is_refused_by_the_loop() -> None:
-    state = _state()
+def test_a_spec_advancing_padded_rows_cannot_reach_the_loop() -> None:
     for overflow in (Clamp("max_model_len", -1), Wrap("max_model_len", -1)):
         rules = toy_rules()
-        rules["positions"] = Advance(overflow)
-        with pytest.raises(SpecError, match="rows='num_reqs'"):
-            DraftLoop([_group(toy_spec(rules=rules), state)], state,
-                      policy=overflow.kind, shadow=0)  # type: ignore[arg-type]
+        rules["positions"] = Advance(overflow, rows=None)
+        with pytest.raises(SpecError, match="omit rows="):
+            toy_spec(rules=rules)

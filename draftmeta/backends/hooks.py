@@ -2,9 +2,13 @@
 
 Each hook calls a *compute* function that returns the kernel's result for the current sequence
 lengths and copies it into the persistent buffer the metadata references, zeroing any tail (so
-stale entries from a larger batch are never read). By default the compute function is the
-backend's own kernel, imported lazily (DeepGEMM, FlashMLA, FlashAttention 3); tests and machines
-without those kernels pass a reference implementation instead
+stale entries from a larger batch are never read). The DeepGEMM and FlashMLA hooks' ``check``
+refuses, before the update writes anything, every buffer ``apply`` could not fill: a wrong
+dtype or rank, a buffer on another device than the lengths, a ``num_splits`` shorter than the
+batch; their ``apply`` checks all of a kernel's results against their buffers before writing
+any. By default the
+compute function is the backend's own kernel, imported lazily (DeepGEMM, FlashMLA, FlashAttention
+3); tests and machines without those kernels pass a reference implementation instead
 (:mod:`draftmeta.testing.reference_schedules`).
 """
 
@@ -32,16 +36,36 @@ FlashAttnCompute = Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor
 metadata``."""
 
 
+def _misfit(out: torch.Tensor, result: torch.Tensor, what: str) -> str | None:
+    """Why the kernel's ``result`` cannot be copied into the persistent buffer ``out``, or
+    ``None``: it must have at most as many rows and the same trailing shape."""
+    if result.shape[0] > out.shape[0] or result.shape[1:] != out.shape[1:]:
+        return (f"{what}: the kernel returned {tuple(result.shape)}, which does not fit the "
+                f"persistent buffer {tuple(out.shape)}; capture with a larger buffer")
+    return None
+
+
 def _copy_rows(out: torch.Tensor, result: torch.Tensor, what: str) -> None:
+    problem = _misfit(out, result, what)
+    if problem is not None:
+        raise RuntimeError(problem)
     rows = result.shape[0]
-    if rows > out.shape[0] or result.shape[1:] != out.shape[1:]:
-        raise RuntimeError(
-            f"{what}: the kernel returned {tuple(result.shape)}, which does not fit the "
-            f"persistent buffer {tuple(out.shape)}; capture with a larger buffer"
-        )
     out[:rows].copy_(result)
     if rows < out.shape[0]:
         out[rows:].zero_()
+
+
+def _lengths_problem(seq_lens: object, out: torch.Tensor, what: str) -> str | None:
+    """What is wrong with the sequence lengths a schedule kernel reads (int32, on the buffer's
+    device), or ``None``."""
+    if not isinstance(seq_lens, torch.Tensor):
+        return f"seq_lens must be a tensor, got {type(seq_lens).__qualname__}"
+    if seq_lens.dtype is not torch.int32:
+        return f"seq_lens must be int32 (the kernel's input), got {seq_lens.dtype}"
+    if seq_lens.device != out.device:
+        return (f"seq_lens are on {seq_lens.device} but the {what} on {out.device}; keep the "
+                "persistent buffer on the device of the lengths")
+    return None
 
 
 def _deep_gemm_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
@@ -76,12 +100,22 @@ class DeepGemmPagedMqaSchedule(RecomputeHook):
     def check(
         self, out: torch.Tensor, *inputs: object, also: tuple[torch.Tensor, ...] = ()
     ) -> str | None:
+        if also:
+            return ("the paged-MQA schedule has one output, but the rule lists "
+                    f"{len(also)} more in also=; remove also=")
+        if out.dtype is not torch.int32 or out.dim() != 2 or out.shape[1] != 2:
+            return (f"schedule buffer must be int32 [slots + 1, 2], got {out.dtype} "
+                    f"{tuple(out.shape)}")
+        if out.shape[0] < 2:
+            return (f"schedule buffer has {out.shape[0]} row(s), but the kernel needs at least "
+                    "one SM slot ([slots + 1, 2] with slots >= 1)")
+        problem = _lengths_problem(inputs[0] if inputs else None, out, "schedule")
+        if problem is not None:
+            return problem
         seq_lens = inputs[0]
         assert isinstance(seq_lens, torch.Tensor)
-        if out.dtype is not torch.int32 or out.dim() != 2 or out.shape[1] != 2:
-            return f"schedule buffer must be int32 [slots + 1, 2], got {tuple(out.shape)}"
-        if seq_lens.device != out.device:
-            return f"seq_lens on {seq_lens.device} but the schedule on {out.device}"
+        if seq_lens.dim() not in (1, 2) or (seq_lens.dim() == 2 and seq_lens.shape[1] == 0):
+            return f"seq_lens must be [B] or [B, next_n], got {tuple(seq_lens.shape)}"
         return None
 
     def _compute(self, out: torch.Tensor) -> PagedMqaCompute | None:
@@ -146,7 +180,24 @@ class FlashMLAFp8TileSchedule(RecomputeHook):
         if len(also) != 1 or not isinstance(also[0], torch.Tensor):
             return "the FP8 path needs both tile_scheduler_metadata and num_splits buffers"
         if out.dim() != 2 or out.shape[1] != 8 or out.dtype != torch.int32:
-            return f"tile metadata must be int32 [parts, 8], got {tuple(out.shape)}"
+            return f"tile metadata must be int32 [parts, 8], got {out.dtype} {tuple(out.shape)}"
+        if out.shape[0] < 1:
+            return "tile metadata has no rows; the kernel writes one per SM part"
+        problem = _lengths_problem(inputs[0] if inputs else None, out, "tile metadata")
+        if problem is not None:
+            return problem
+        seq_lens, splits = inputs[0], also[0]
+        assert isinstance(seq_lens, torch.Tensor)
+        if seq_lens.dim() != 1:
+            return f"seq_lens must be [B], got {tuple(seq_lens.shape)}"
+        if splits.dtype != torch.int32 or splits.dim() != 1:
+            return f"num_splits must be int32 [B + 1], got {splits.dtype} {tuple(splits.shape)}"
+        if splits.device != out.device:
+            return (f"num_splits is on {splits.device} but the tile metadata on {out.device}; "
+                    "keep both persistent buffers on one device")
+        if splits.shape[0] < seq_lens.shape[0] + 1:
+            return (f"num_splits has {splits.shape[0]} entries, fewer than batch + 1 = "
+                    f"{seq_lens.shape[0] + 1}; capture with a buffer of max_num_seqs + 1")
         return None
 
     def apply(
@@ -159,8 +210,15 @@ class FlashMLAFp8TileSchedule(RecomputeHook):
         seq_lens = inputs[0]
         assert isinstance(seq_lens, torch.Tensor)
         tiles, splits = (self.compute or _flashmla_fp8)(seq_lens, self.num_q_tokens_per_head_k)
+        # both results are checked against their buffers before either is written, so a kernel
+        # whose output does not fit leaves both buffers as they were
+        out_splits, splits = also[0].view(-1, 1), splits.view(-1, 1)
+        problem = (_misfit(out, tiles, self.name)
+                   or _misfit(out_splits, splits, self.name + ".num_splits"))
+        if problem is not None:
+            raise RuntimeError(problem)
         _copy_rows(out, tiles, self.name)
-        _copy_rows(also[0].view(-1, 1), splits.view(-1, 1), self.name + ".num_splits")
+        _copy_rows(out_splits, splits, self.name + ".num_splits")
 
 
 @attrs.frozen

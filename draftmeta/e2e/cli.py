@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from draftmeta.arguments import integer_in, non_negative, positive, seed
+from draftmeta.arguments import folder_problem, integer_in, non_negative, positive, seed
 from draftmeta.e2e.environment import BACKENDS, CUDA_BACKENDS, MODEL_NAMES
 
 __all__ = ["DEFAULT_OUT", "add_parser", "run"]
@@ -104,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
     from draftmeta.e2e.errors import E2EError, E2EUnavailable
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    problem = folder_problem("--out", Path(args.out))  # before the engines, not after them
+    if problem is not None:
+        print(f"draftmeta e2e: {problem}", file=sys.stderr)
+        return 2
     if args.device == "cuda":
         from draftmeta.e2e.cuda_cli import run_cuda
 

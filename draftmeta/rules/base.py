@@ -256,9 +256,15 @@ class Rule(abc.ABC):
     @property
     def advances_padded_rows(self) -> bool:
         """Whether the rule advances rows at or past ``state.num_reqs`` (padding), which the
-        draft loop's source advance leaves where they are
-        (:func:`~draftmeta.advance.check_policy` refuses such a rule)."""
+        draft loop's source advance leaves where they are (:class:`~draftmeta.DraftSpec`
+        refuses such a rule when it is declared)."""
         return False
+
+    @property
+    def padded_rows_fix(self) -> str:
+        """How to declare the rule so that it leaves padded rows alone (the fix
+        :class:`~draftmeta.DraftSpec` proposes when :attr:`advances_padded_rows`)."""
+        return "make the rule leave rows at or past state.num_reqs as they are"
 
     @property
     def unsupported_reason(self) -> str | None:

@@ -5,7 +5,7 @@ backend hooks (:class:`Recompute`, :class:`WrittenBy`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, cast
 
 import attrs
 import torch
@@ -170,9 +170,11 @@ class Advance(Rule):
     Attributes:
         overflow: what happens at the limit (:class:`Clamp` or :class:`Wrap`).
         by: the increment per step (a positive int).
-        rows: a host int of the draft state (``"num_reqs"``): only that many leading rows
-            advance and the rest (padding) keep their values, as vLLM's runners leave padded
-            rows at 0; ``None`` advances every row.
+        rows: the host int of the draft state that counts the real rows, ``"num_reqs"``
+            (the default): only that many leading rows advance and the rest (padding) keep
+            their values, as the draft loop's source advance and vLLM's runners leave them.
+            Any other value (``None``: every row) would drift from the state in padded rows,
+            so :class:`~draftmeta.DraftSpec` refuses it.
     """
 
     kind: ClassVar[str] = "advance"
@@ -181,7 +183,9 @@ class Advance(Rule):
     relative: ClassVar[bool] = True
     overflow: Overflow = attrs.field(validator=attrs.validators.instance_of((Clamp, Wrap)))
     by: int = attrs.field(default=1, validator=_positive)
-    rows: str | None = attrs.field(default=None, validator=attrs.validators.optional(_identifier))
+    rows: str | None = attrs.field(
+        default=cast("str | None", "num_reqs"), validator=attrs.validators.optional(_identifier)
+    )
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.overflow, Wrap) and self.overflow.restart < 0:
@@ -201,6 +205,10 @@ class Advance(Rule):
     @property
     def advances_padded_rows(self) -> bool:
         return self.rows != "num_reqs"
+
+    @property
+    def padded_rows_fix(self) -> str:
+        return f"omit rows={self.rows!r}: a plain Advance advances the state.num_reqs real rows"
 
     @property
     def fusable(self) -> bool:
