@@ -372,6 +372,40 @@ def test_the_hook_refuses_metadata_carrying_an_uncovered_attribute(
         plugin.unregister()
 
 
+def _refused_when_bound(*, policy: Any, dcp: bool = False, builder: Any = None) -> Any:
+    """CPU_MLA's spec, refused once bound to a live builder (as a builder-bound spec that
+    does not fit that builder would be): the plan accepts it, the builder's init does not."""
+    from draftmeta import SpecError
+
+    if builder is not None:
+        raise SpecError("CPU_MLA.bound", "decode", "does not fit this builder (test)",
+                        "bind it to a builder it fits")
+    return RELEASE.entry("CPU_MLA").make_spec(policy=policy, dcp=dcp)
+
+
+def test_a_spec_that_does_not_fit_its_builder_leaves_that_builder_to_vllm(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register(spec_overrides={"CPU_MLA": _refused_when_bound})
+    try:
+        assert "CPU_MLA" in plugin.installed().hook  # type: ignore[union-attr]
+        config = harness.cached_vllm_config(max_model_len=512, block_size=16)
+        with caplog.at_level(logging.WARNING, logger="draftmeta.vllm"):
+            builder = harness.make_builder("CPU_MLA", config, block_size=16)  # no raise
+        assert builder.supports_draft_decode_metadata_update is False  # vLLM's own value
+        assert any("CPU_MLA keeps vLLM's behaviour" in r.getMessage() and
+                   "does not fit this builder" in r.getMessage() for r in caplog.records)
+        state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                             max_model_len=512, steps=4)
+        metadata = builder.build(0, _cad(state))
+        with pytest.raises(NotImplementedError):  # vLLM's base hook, not draftmeta's
+            builder.update_draft_decode_metadata(metadata)
+    finally:
+        plugin.unregister()
+
+
 def _stale_cpu_mla(*, policy: Any, dcp: bool = False, builder: Any = None) -> Any:
     """CPU_MLA's spec with its host ``max_seq_len`` frozen: deliberately stale."""
     from draftmeta import DraftSpec, HostConstant

@@ -1,0 +1,116 @@
+"""``draftmeta e2e --device cuda``: what runs without a GPU (cases, reports, refusals).
+
+The engines themselves need vLLM 0.34's GPU runner and an NVIDIA GPU; their results are
+``benchmarks/results/e2e-cuda.*`` (``benchmarks/h200/engine_run.sh`` on the H200).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from draftmeta.cli import main
+from draftmeta.e2e.cuda_cli import cases_from
+from draftmeta.e2e.cuda_engine import GroupInfo, LoopCounts
+from draftmeta.e2e.cuda_matrix import CudaCase, CudaComparison, CudaFailure
+from draftmeta.e2e.cuda_report import cuda_markdown, cuda_summary, write_cuda_results
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+
+def test_cases_cover_every_model_backend_and_k_with_triton_mla_as_the_override() -> None:
+    cases = cases_from(["tiny", "large"], ["FLASHMLA", "TRITON_MLA"], [2, 3])
+    assert [(c.model, c.backend, c.k) for c in cases] == [
+        (m, b, k) for m in ("tiny", "large") for b in ("FLASHMLA", "TRITON_MLA") for k in (2, 3)]
+    assert all(c.override_upstream == (c.backend == "TRITON_MLA") for c in cases)
+    assert not any(c.negative_control for c in cases)
+
+
+def test_the_negative_control_runs_once_at_the_first_k_with_two_draft_steps() -> None:
+    cases = cases_from(["tiny"], ["FLASH_ATTN_MLA"], [2, 4, 3], negative_control=True)
+    (control,) = [c for c in cases if c.negative_control]
+    assert (control.model, control.backend, control.k) == ("tiny", "FLASHMLA", 4)
+    with pytest.raises(ValueError, match="needs a K of at least 3"):
+        cases_from(["tiny"], ["FLASHMLA"], [1, 2], negative_control=True)
+
+
+def test_an_fp8_cache_is_refused_for_a_backend_that_takes_none() -> None:
+    assert all(c.kv_cache_dtype == "fp8"
+               for c in cases_from(["tiny"], ["FLASHMLA"], [3], kv_cache_dtype="fp8"))
+    with pytest.raises(ValueError, match="FLASH_ATTN_MLA take no FP8 cache"):
+        cases_from(["tiny"], ["FLASHMLA", "FLASH_ATTN_MLA"], [3], kv_cache_dtype="fp8")
+
+
+def test_unknown_models_and_backends_are_named() -> None:
+    with pytest.raises(ValueError, match=r"\['huge', 'CPU_MLA'\]"):
+        cases_from(["huge"], ["CPU_MLA"], [3])
+
+
+def _comparison(case: CudaCase, *, drafts_same: bool, off: float, on: float,
+                batch: int = 1) -> CudaComparison:
+    group = GroupInfo("FLASHMLA", "FlashMLAMetadataBuilder", True, "draftmeta")
+    timed = not case.negative_control
+    return CudaComparison(
+        case=case, batch_size=batch, output_tokens_identical=True,
+        draft_tokens_identical=drafts_same, differing_draft_tokens=0 if drafts_same else 2,
+        off_tokens_per_s=(off, off * 1.1) if timed else (),
+        on_tokens_per_s=(on, on * 1.1) if timed else (),
+        off_loops=LoopCounts(rebuilt=255), on_loops=LoopCounts(fused_replays=255),
+        off_fused=False, on_fused=True, off_groups=(), on_groups=(group,),
+        startup_seconds=(9.0, 1.5))
+
+
+def test_the_summary_pools_identity_over_timed_cases_and_reports_the_control_apart() -> None:
+    good = _comparison(CudaCase("tiny", "FLASHMLA", 3), drafts_same=True, off=100, on=130)
+    control = _comparison(CudaCase("tiny", "FLASHMLA", 3, negative_control=True),
+                          drafts_same=False, off=0, on=0)
+    data = cuda_summary([good, control])
+    assert data["draft_tokens_identical"] is True  # the control's difference is expected
+    assert data["negative_control_caught"] is True
+    (entry, _) = data["configurations"]
+    assert entry["speedup"] == pytest.approx(1.3)
+    assert entry["tokens_per_s"]["on"]["median"] == pytest.approx(136.5)
+    assert entry["draft_loops"]["on"]["fused_replays"] == 255
+    assert entry["groups"]["on"][0]["hook_owner"] == "draftmeta"
+    missed = _comparison(CudaCase("tiny", "FLASHMLA", 3, negative_control=True),
+                         drafts_same=True, off=0, on=0)
+    assert cuda_summary([good, missed])["negative_control_caught"] is False
+    broken = _comparison(CudaCase("tiny", "FLASHMLA", 3), drafts_same=False, off=1, on=1)
+    assert cuda_summary([broken])["draft_tokens_identical"] is False
+
+
+def test_a_failed_case_is_listed_with_its_error_in_json_and_table(tmp_path: Path) -> None:
+    good = _comparison(CudaCase("tiny", "FLASHMLA", 3), drafts_same=True, off=100, on=130)
+    failure = CudaFailure(CudaCase("tiny", "FLASHMLA", 3, kv_cache_dtype="fp8"), "E2EError: x")
+    data = cuda_summary([good], [failure])
+    assert data["failed"] == [{"case": "tiny FLASHMLA K=3 fp8", "error": "E2EError: x"}]
+    table = cuda_markdown(data)
+    assert "| tiny FLASHMLA K=3 fp8 | - | FAILED: E2EError: x |" in table
+    assert "| tiny FLASHMLA K=3 | 1 | same | 105 (100-110) | 136 (130-143) | 1.30x |" in table
+    paths = write_cuda_results(data, tmp_path)
+    assert json.loads(paths["json"].read_text())["failed"] == data["failed"]
+    assert paths["png"].stat().st_size > 1000
+
+
+def test_cuda_only_options_are_refused_on_the_cpu_run(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    assert main(["e2e", "--models", "large"]) == 2
+    assert main(["e2e", "--backends", "FLASHMLA"]) == 2
+    err = capsys.readouterr().err
+    assert "--models need(s) --device cuda" in err and "FLASHMLA need(s) --device cuda" in err
+
+
+def test_the_committed_gpu_results_are_identical_and_the_control_was_caught() -> None:
+    data: dict[str, Any] = json.loads((RESULTS / "e2e-cuda.json").read_text())
+    assert data["vllm"] == "0.34.0" and "H200" in data["device"]
+    assert data["output_tokens_identical"] and data["draft_tokens_identical"]
+    assert data["negative_control_caught"] is True and data["failed"] == []
+    hopper = [e for e in data["configurations"]
+              if e["backend"] in ("FLASH_ATTN_MLA", "FLASHMLA") and e["k"] >= 2
+              and not e["negative_control"]]
+    assert hopper and all(e["fused_loop"] == {"off": False, "on": True} for e in hopper)
+    assert all(e["draft_loops"]["on"]["rebuilt"] == 0 for e in hopper)
+    assert cuda_markdown(data) == (RESULTS / "e2e-cuda.md").read_text()
