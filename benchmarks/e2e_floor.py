@@ -66,42 +66,48 @@ def floor_update() -> Iterator[None]:
 
 
 def instrument_phases(samples: dict[str, list[float]]) -> Callable[[], None]:
-    """Compile generated updates with a ``perf_counter_ns`` stamp at every phase comment;
-    returns the function that undoes it."""
+    """Compile generated functions (the update, the seal and the step) with a
+    ``perf_counter_ns`` stamp at every phase comment and before every ``return``; returns the
+    function that undoes it. Samples are keyed ``"<part> <phase> <first|later>"``: ``first`` is
+    a function's first call on an object (a new draft loop's), ``later`` the calls after it."""
     import draftmeta.codegen as codegen
 
-    original = codegen.compile_spec
+    original = codegen._compile
 
-    def compile_spec(spec: Any, part: Any = "full", skip: Any = frozenset()) -> Any:
+    def compile_part(spec: Any, part: Any, skip: Any = frozenset()) -> Any:
         fname, source, namespace = codegen._generate(spec, part, skip)
         lines = source.splitlines()
         body = next(i for i, line in enumerate(lines) if line.strip() == '"""' and i > 1) + 1
         out = [*lines[:body], "    _T = [(_now(), 'call')]"]
+        end = "_T.append((_now(), 'end')); _record(_T, metadata)"
         for line in lines[body:]:
             if line.startswith("    # ") and line[6:7].isdigit():
                 out.append(f"    _T.append((_now(), {line[6:].split(' ')[0]!r}))")
+            stripped = line.lstrip()
+            if stripped.startswith("return ") or stripped == "return":
+                out.append(line[: len(line) - len(stripped)] + end)
             out.append(line)
-        out.append("    _T.append((_now(), 'end')); _record(_T, metadata)")
+        out.append(f"    {end}")
         namespace["_now"] = time.perf_counter_ns
-
         seen: list[object] = [None]
 
         def record(stamps: list[tuple[int, str]], metadata: object) -> None:
-            # the first update of an object (a new draft loop) apart from the later ones
             when = "later" if seen[0] is metadata else "first"
             seen[0] = metadata
             for (t0, phase), (t1, _) in itertools.pairwise(stamps):
-                samples.setdefault(f"{phase} {when}", []).append((t1 - t0) / 1000)
-            samples.setdefault(f"total {when}", []).append((stamps[-1][0] - stamps[0][0]) / 1000)
+                samples.setdefault(f"{part} {phase} {when}", []).append((t1 - t0) / 1000)
+            samples.setdefault(f"{part} total {when}", []).append(
+                (stamps[-1][0] - stamps[0][0]) / 1000)
 
         namespace["_record"] = record
-        exec(compile("\n".join(out) + "\n", f"<instrumented {spec.name}>", "exec"), namespace)
+        exec(compile("\n".join(out) + "\n", f"<instrumented {part} {spec.name}>", "exec"),
+             namespace)
         return namespace[fname]
 
-    codegen.compile_spec = compile_spec
+    codegen._compile = compile_part
 
     def undo() -> None:
-        codegen.compile_spec = original
+        codegen._compile = original
 
     return undo
 

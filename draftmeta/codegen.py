@@ -342,11 +342,9 @@ class _Generator:
     def seal(self) -> None:
         """The seal's return: the records, tensors and state buffers the checks verified."""
         records, tensors, state = self.sealed_refs()
-        memory = self.ns.bind(_memory, "memory")
         self.emit("# the seal: what draft_step_ compares with at every later step")
-        items = [self.locals[p] for p in records] + [self.ref(p) for p in tensors]
-        for name in state:
-            items += [f"state.{name}", f"{memory}(state.{name})"]
+        items = ([self.locals[p] for p in records] + [self.ref(p) for p in tensors]
+                 + [f"state.{name}" for name in state])
         if not items:
             self.emit("return ()")
             return
@@ -373,9 +371,8 @@ class _Generator:
             self.emit("):")
             self.emit("return False", 2)
         for j, name in enumerate(state):
-            at = k + 2 * j
-            self.emit(f"if state.{name} is not seal[{at}] and "
-                      f"{memory}(state.{name}) != seal[{at + 1}]:")
+            self.emit(f"if state.{name} is not seal[{k + j}] and "
+                      f"{memory}(state.{name}) != {memory}(seal[{k + j}]):")
             self.emit("return False", 2)
 
     def finish(self) -> str:
@@ -614,7 +611,8 @@ def _text(value: str) -> str:
 
 def _memory(t: object) -> object:
     """Where a tensor lies, as the seal compares it: address, shape, strides, dtype and device
-    (a new view of the same memory has the same; ``None`` and non-tensors are themselves)."""
+    (a new view of the same memory has the same; ``None`` and non-tensors are themselves).
+    The seal holds the tensor it verified, so its address cannot be reused meanwhile."""
     if not isinstance(t, torch.Tensor):
         return t
     return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)

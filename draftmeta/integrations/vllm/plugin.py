@@ -381,7 +381,8 @@ def _older_build_for_drafting(
     def build_for_drafting(self: Any, common_attn_metadata: Any, draft_index: int) -> Any:
         # The hot path (draft index >= 2) runs right after the draft model's forward pass, with
         # the host caches cold: every attribute read costs, so it reads as few as it can.
-        if not _exactly(self, cls):  # a subclass: its own entry, or vLLM's behaviour
+        builder: Any = self  # (type(self) narrowed by mypy would lose the attributes below)
+        if type(builder) is not cls:  # a subclass: its own entry, or vLLM's behaviour
             return original(self, common_attn_metadata, draft_index)
         loop: tuple[Any, Any, _OlderBuilder, Any] | None = self.__dict__.get("_draftmeta_loop")
         if draft_index > 1 and loop is not None and loop[0] is common_attn_metadata:
