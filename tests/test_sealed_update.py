@@ -81,7 +81,7 @@ def _refused(spec: Any, meta: Any, state: DraftState, sealed: tuple[object, ...]
 
 
 def test_another_object_of_the_same_class_is_not_sealed() -> None:
-    spec, state, meta, sealed = _sealed()
+    spec, state, _, sealed = _sealed()
     advance_state(state, "clamp")
     other = toy_metadata(state)
     _refused(spec, other, state, sealed)
@@ -100,7 +100,7 @@ def test_a_tensor_field_swapped_after_the_seal_is_checked_again() -> None:
     advance_state(state, "clamp")
     meta.slot_mapping = meta.slot_mapping.clone()
     _refused(spec, meta, state, sealed)
-    with pytest.raises(UpdateError, match="slot_mapping.*no longer shares storage"):
+    with pytest.raises(UpdateError, match=r"slot_mapping.*no longer shares storage"):
         spec.update(meta, state)
 
 
@@ -109,7 +109,7 @@ def test_a_state_buffer_in_other_memory_is_checked_again() -> None:
     advance_state(state, "clamp")
     state.seq_lens = state.seq_lens.clone()  # the metadata's alias no longer views it
     _refused(spec, meta, state, sealed)
-    with pytest.raises(UpdateError, match="decode.seq_lens.*no longer shares storage"):
+    with pytest.raises(UpdateError, match=r"decode\.seq_lens.*no longer shares storage"):
         spec.update(meta, state)
 
 
@@ -176,6 +176,6 @@ def test_the_seal_raises_what_the_full_update_raises() -> None:
     meta.slot_mapping = meta.slot_mapping.clone()
     seal, _ = spec.sealed
     before = _snapshot(meta, state)
-    with pytest.raises(UpdateError, match="slot_mapping.*no longer shares storage"):
+    with pytest.raises(UpdateError, match=r"slot_mapping.*no longer shares storage"):
         seal(meta, state)
     assert _snapshot(meta, state) == before
