@@ -8,7 +8,10 @@ plan :func:`~draftmeta.integrations.vllm.plan.make_plan` makes, **per builder**:
 
 * **older proposer** (0.32 and 0.33: ``build_for_drafting`` at every draft index): the metadata
   built at draft index 1 is kept and, at later indices of the same draft loop, updated in place
-  instead of rebuilt. With ``DRAFTMETA_CARRY_OVER=1`` (opt-in), at draft index 1 of the next
+  instead of rebuilt. Right after vLLM builds it at index 1 its structure is checked once and
+  sealed (:attr:`~draftmeta.spec.DraftSpec.sealed`); the later indices run the sealed step,
+  which re-checks at every step what can change between steps and falls back to the full
+  update (every check again) where the object no longer holds what was sealed. With ``DRAFTMETA_CARRY_OVER=1`` (opt-in), at draft index 1 of the next
   loop, where the catalogue declares what the builder's build reads (``carry_over``:
   ``CPU_MLA``, ``TRITON_MLA``) and the new loop's batch
   matches the last one in all of it (same buffer views, same host structure; see
