@@ -66,36 +66,48 @@ def floor_update() -> Iterator[None]:
 
 
 def instrument_phases(samples: dict[str, list[float]]) -> Callable[[], None]:
-    """Compile generated updates with a ``perf_counter_ns`` stamp at every phase comment;
-    returns the function that undoes it."""
+    """Compile generated functions (the update, the seal and the step) with a
+    ``perf_counter_ns`` stamp at every phase comment and before every ``return``; returns the
+    function that undoes it. Samples are keyed ``"<part> <phase> <first|later>"``: ``first`` is
+    a function's first call on an object (a new draft loop's), ``later`` the calls after it."""
     import draftmeta.codegen as codegen
 
-    original = codegen.compile_spec
+    original = codegen._compile
 
-    def compile_spec(spec: Any, part: Any = "full", skip: Any = frozenset()) -> Any:
+    def compile_part(spec: Any, part: Any, skip: Any = frozenset()) -> Any:
         fname, source, namespace = codegen._generate(spec, part, skip)
         lines = source.splitlines()
         body = next(i for i, line in enumerate(lines) if line.strip() == '"""' and i > 1) + 1
         out = [*lines[:body], "    _T = [(_now(), 'call')]"]
+        end = "_T.append((_now(), 'end')); _record(_T, metadata)"
         for line in lines[body:]:
             if line.startswith("    # ") and line[6:7].isdigit():
                 out.append(f"    _T.append((_now(), {line[6:].split(' ')[0]!r}))")
+            stripped = line.lstrip()
+            if stripped.startswith("return ") or stripped == "return":
+                out.append(line[: len(line) - len(stripped)] + end)
             out.append(line)
-        out.append("    _T.append((_now(), 'end')); _record(_T)")
+        out.append(f"    {end}")
         namespace["_now"] = time.perf_counter_ns
+        seen: list[object] = [None]
 
-        def record(stamps: list[tuple[int, str]]) -> None:
+        def record(stamps: list[tuple[int, str]], metadata: object) -> None:
+            when = "later" if seen[0] is metadata else "first"
+            seen[0] = metadata
             for (t0, phase), (t1, _) in itertools.pairwise(stamps):
-                samples.setdefault(phase, []).append((t1 - t0) / 1000)
+                samples.setdefault(f"{part} {phase} {when}", []).append((t1 - t0) / 1000)
+            samples.setdefault(f"{part} total {when}", []).append(
+                (stamps[-1][0] - stamps[0][0]) / 1000)
 
         namespace["_record"] = record
-        exec(compile("\n".join(out) + "\n", f"<instrumented {spec.name}>", "exec"), namespace)
+        exec(compile("\n".join(out) + "\n", f"<instrumented {part} {spec.name}>", "exec"),
+             namespace)
         return namespace[fname]
 
-    codegen.compile_spec = compile_spec
+    codegen._compile = compile_part
 
     def undo() -> None:
-        codegen.compile_spec = original
+        codegen._compile = original
 
     return undo
 
@@ -109,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="measured generates per mode, after one warm-up (default 8)")
     parser.add_argument("--phases", action="store_true",
                         help="also time each phase of the generated update")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated modes to run (default {','.join(MODES)})")
     parser.add_argument("--out", type=Path, help="write e2e-floor.json into this folder")
     args = parser.parse_args(argv)
+    modes = tuple(m for m in MODES if m in args.modes.split(","))
 
     from draftmeta.e2e.environment import prepare_environment, require_vllm_cpu
 
@@ -123,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
     phases: dict[str, list[float]] = {}
     undo = instrument_phases(phases) if args.phases else None
-    per_index: dict[str, dict[int, list[float]]] = {m: {} for m in MODES}
+    per_index: dict[str, dict[int, list[float]]] = {m: {} for m in modes}
     identical = True
     prompts = make_prompts(args.batch_size, 0)
     with tempfile.TemporaryDirectory(prefix="draftmeta-floor-") as tmp, \
@@ -133,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             folder, EngineSettings("CPU_MLA", args.k, plugin=on))) for on in (False, True)}
         reference = None
         for repeat in range(args.repeats + 1):
-            for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
+            for mode in modes if repeat % 2 == 0 else modes[::-1]:
                 with floor_update() if mode == "floor" else contextlib.nullcontext():
                     generated = engines[mode == "on"].generate(prompts, args.max_tokens, recorder)
                 tokens = (generated.output_tokens, generated.record.draft_tokens)
@@ -159,11 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         "us_per_call_by_draft_index": medians,
         "us_per_in_place_step": later,
         "us_per_refresh_step": refresh,
-        "ratio_off_over_on_in_place": round(later["off"] / later["on"], 2),
-        "ratio_off_over_floor_in_place": round(later["off"] / later["floor"], 2),
-        "ratio_off_over_on_all_refreshes": round(refresh["off"] / refresh["on"], 2),
-        "ratio_off_over_floor_all_refreshes": round(refresh["off"] / refresh["floor"], 2),
     }
+    for other in ("on", "floor"):
+        if "off" in later and other in later:
+            result[f"ratio_off_over_{other}_in_place"] = round(later["off"] / later[other], 2)
+            result[f"ratio_off_over_{other}_all_refreshes"] = round(
+                refresh["off"] / refresh[other], 2)
     if phases:
         result["update_phase_us"] = {p: round(statistics.median(v), 2) for p, v in phases.items()}
     print(json.dumps(result, indent=2))

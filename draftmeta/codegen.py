@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 import torch
 
 from draftmeta.errors import PreconditionFailed, UpdateError, WriteFailed
-from draftmeta.fields import FieldInfo
-from draftmeta.layout import LayoutGuard, Written
+from draftmeta.fields import FieldInfo, FieldKind
+from draftmeta.layout import STATE_BUFFERS, LayoutGuard, Written
 from draftmeta.refs import identifier, is_state_ref
 from draftmeta.rules import Rule
 from draftmeta.state import DraftState
@@ -42,7 +42,8 @@ from draftmeta.state import DraftState
 if TYPE_CHECKING:
     from draftmeta.spec import DraftSpec
 
-__all__ = ["Part", "UpdateFunction", "compile_spec", "explain"]
+__all__ = ["Part", "SealFunction", "StepFunction", "UpdateFunction", "compile_sealed",
+           "compile_spec", "explain"]
 
 M_contra = TypeVar("M_contra", contravariant=True)
 M = TypeVar("M")
@@ -53,6 +54,22 @@ class UpdateFunction(Protocol[M_contra]):
 
     def __call__(self, metadata: M_contra, state: DraftState, /) -> None:
         """Update ``metadata`` in place for the step ``state`` describes."""
+
+
+class SealFunction(Protocol[M_contra]):
+    """The signature of a generated seal: ``seal(metadata, state) -> seal``."""
+
+    def __call__(self, metadata: M_contra, state: DraftState, /) -> tuple[object, ...]:
+        """Check ``metadata``'s structure against ``state``; return what was verified."""
+
+
+class StepFunction(Protocol[M_contra]):
+    """The signature of a generated step: ``step(metadata, state, seal) -> bool``."""
+
+    def __call__(
+        self, metadata: M_contra, state: DraftState, seal: tuple[object, ...], /
+    ) -> bool:
+        """Update a sealed ``metadata`` in place; ``False``, writing nothing, if it changed."""
 
 
 def _one_line(text: object) -> str:
@@ -112,9 +129,13 @@ def _raised(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-Part = Literal["full", "check", "finish"]
+Part = Literal["full", "check", "finish", "seal", "step"]
 """Which phases a generated function runs: all of them; only the checks (phases 0-3); or
-everything after the checks (phases 3-5) minus the tensor writes done elsewhere (fused)."""
+everything after the checks (phases 3-5) minus the tensor writes done elsewhere (fused);
+``"seal"``: the checks that depend only on the object's structure and the tensors it holds
+(phases 0, 1, 2 and 3c), returning a seal of what they verified; ``"step"``: the update of a
+sealed object, with phases 2 and 3c replaced by a comparison with its seal (identity of every
+record and tensor verified; a state buffer that is a new object must lie in the same memory)."""
 
 
 class _RuleEmitter:
@@ -215,14 +236,18 @@ class _Generator:
 
     def generate(self) -> tuple[str, str]:
         spec = self.spec
-        prefix = {"full": "draft_update_", "check": "draft_check_", "finish": "draft_finish_"}
+        prefix = {"full": "draft_update_", "check": "draft_check_", "finish": "draft_finish_",
+                  "seal": "draft_seal_", "step": "draft_step_"}
         fname = prefix[self.part] + identifier(spec.name)
-        self.emit(f"def {fname}(metadata, state):", 0)
+        args = "metadata, state, seal" if self.part == "step" else "metadata, state"
+        self.emit(f"def {fname}({args}):", 0)
         cls = _one_line(spec.cls.__qualname__)
         what = {
             "full": f"Update a {cls} in place for one draft step.",
             "check": f"Check that a {cls} can be updated; write nothing.",
             "finish": f"Finish updating a {cls} after its checks passed.",
+            "seal": f"Check a {cls}'s structure once; write nothing; return its seal.",
+            "step": f"Update a sealed {cls} in place; False (nothing written) if it changed.",
         }[self.part]
         self.emit(f'"""{what}')
         self.emit()
@@ -233,6 +258,14 @@ class _Generator:
         elif self.part == "check":
             self.emit(f"{origin}; it runs every check of")
             self.emit("the update and writes nothing.")
+        elif self.part == "seal":
+            self.emit(f"{origin}. It runs the checks that")
+            self.emit("depend only on the object's structure and the tensors it holds, and returns")
+            self.emit("what they verified, for draft_step_" + identifier(spec.name) + ".")
+        elif self.part == "step":
+            self.emit(f"{origin}. ``seal`` is what")
+            self.emit(f"draft_seal_{identifier(spec.name)} returned for this object; every check")
+            self.emit("that can change between steps runs here, before the first write.")
         else:
             self.emit(f"{origin}. It checks nothing: call it")
             self.emit(f"only after {'draft_check_' + identifier(spec.name)} passed for this step.")
@@ -241,25 +274,106 @@ class _Generator:
             reasons = "; ".join(f"{p}: {r}" for p, r in spec.unsupported_reasons)
             self.emit(f"raise _PreconditionFailed(_SPEC, 'unsupported', {reasons!r})")
             return fname, self.finish()
-        if self.part != "finish":
+        part = self.part
+        if part != "finish":
             self.object_check()
             self.preconditions()
         self.containers()
-        if self.part != "finish":
+        if part in ("full", "check", "seal"):
             self.checks()
+        if part == "step":
+            self.sealed()
+        if part != "finish":
             self.host_operands()
-        self.host_phase()
-        if self.part != "finish":
+        if part != "seal":
+            self.host_phase()
+        if part in ("full", "check", "step"):
             self.formula_checks()
+        if part in ("full", "check", "seal"):
             self.layout()
-        if self.part != "check":
+        if part in ("full", "finish", "step"):
             self.tensor_phase()
             self.store_phase()
-        if self.part == "full":
+        if part == "seal":
+            self.seal()
+        if part in ("full", "step"):
             self.untouched()
+        if part == "step":
+            self.emit("return True")
         elif self.skip:
             self.comment(f"fused elsewhere: {', '.join(sorted(self.skip))}")
         return fname, self.finish()
+
+    # -- the seal: structure checked once per object ----------------------------------------
+
+    def sealed_refs(self) -> tuple[list[str], list[str], list[str]]:
+        """What a seal holds: the nested records and the metadata's tensor fields that phases
+        2 and 3c read (compared by identity), and the state buffers they read (by identity, or
+        a new object in the same memory), in a fixed order."""
+        spec = self.spec
+        records = [p for p in spec.containers() if p in self.locals]
+        tensors: list[str] = []
+        state: list[str] = []
+        em = self.lower()
+
+        def add(ref: str) -> None:
+            if is_state_ref(ref):
+                name = ref.split(".", 1)[1]
+                if name in STATE_BUFFERS and name not in state:
+                    state.append(name)
+            elif (ref in spec.fields and spec.fields[ref].kind is FieldKind.TENSOR
+                  and ref not in tensors and em.readable(ref)):
+                tensors.append(ref)
+
+        layout = False
+        for path, rule in spec.rules.items():
+            if rule.touches_field:
+                for ref in (path, *rule.reads()):
+                    add(ref)
+            for written, _ in rule.memory(em, path):
+                add(written.path)
+                layout = True
+        if layout:
+            for name in STATE_BUFFERS:
+                if name not in state:
+                    state.append(name)
+        return records, tensors, state
+
+    def seal(self) -> None:
+        """The seal's return: the records, tensors and state buffers the checks verified."""
+        records, tensors, state = self.sealed_refs()
+        self.emit("# the seal: what draft_step_ compares with at every later step")
+        items = ([self.locals[p] for p in records] + [self.ref(p) for p in tensors]
+                 + [f"state.{name}" for name in state])
+        if not items:
+            self.emit("return ()")
+            return
+        self.emit("return (")
+        for item in items:
+            self.emit(f"{item},", 2)
+        self.emit(")")
+
+    def sealed(self) -> None:
+        """Phase 2 of a step: the object still holds what its seal verified."""
+        records, tensors, state = self.sealed_refs()
+        memory = self.ns.bind(_memory, "memory")
+        self.emit("# 2b. sealed: the records and tensors the seal verified, the same objects; a "
+                  "state buffer")
+        self.emit("# that is a new object lies in the same memory (else nothing is written: the "
+                  "caller runs the full update)")
+        tests = [f"{self.locals[p]} is not seal[{i}]" for i, p in enumerate(records)]
+        tests += [f"{self.ref(p)} is not seal[{len(records) + i}]" for i, p in enumerate(tensors)]
+        k = len(records) + len(tensors)
+        if tests:
+            self.emit("if (")
+            for i, test in enumerate(tests):
+                self.emit(test + (" or" if i < len(tests) - 1 else ""), 2)
+            self.emit("):")
+            self.emit("return False", 2)
+        for j, name in enumerate(state):
+            self.emit(f"if state.{name} is not seal[{k + j}] and "
+                      f"{memory}(state.{name}) != {memory}(seal[{k + j}]):")
+            self.emit("return False", 2)
 
     def finish(self) -> str:
         return "\n".join(self.lines) + "\n"
@@ -495,6 +609,20 @@ def _text(value: str) -> str:
     return repr(value.replace("{", "{{").replace("}", "}}"))[1:-1]
 
 
+def _memory(t: object) -> object:
+    """Where a tensor lies, as the seal compares it: address, shape, strides, dtype and device
+    (a new view of the same memory has the same; ``None`` and non-tensors are themselves).
+    The seal holds the tensor it verified, so its address cannot be reused meanwhile."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+
+
+_memory.__draftmeta_describe__ = (  # type: ignore[attr-defined]
+    "(tensor) -> (address, shape, strides, dtype, device): where it lies, for the seal"
+)
+
+
 def _coverage(spec: DraftSpec[Any]) -> Callable[[object], str]:
     """Why phase 0 refused an object: it is not exactly the spec's class, or it (or a nested
     record) carries something the spec has no rule for. Called only after the check failed."""
@@ -607,6 +735,18 @@ def compile_spec(
     (done by a fused kernel). Prefer :attr:`DraftSpec.update` for the whole update, which
     compiles once and caches the result.
     """
+    return cast("UpdateFunction[M]", _compile(spec, part, skip))
+
+
+def compile_sealed(spec: DraftSpec[M]) -> tuple[SealFunction[M], StepFunction[M]]:
+    """Generate, compile and register the seal and step functions of ``spec`` (see
+    :attr:`DraftSpec.sealed`, which compiles once and caches them)."""
+    return (cast("SealFunction[M]", _compile(spec, "seal")),
+            cast("StepFunction[M]", _compile(spec, "step")))
+
+
+def _compile(spec: DraftSpec[M], part: Part, skip: frozenset[str] = frozenset()
+             ) -> types.FunctionType:
     fname, source, namespace = _generate(spec, part, skip)
     digest = hashlib.sha1(source.encode()).hexdigest()[:10]
     filename = f"<draftmeta generated {part} {spec.name} {digest}>".replace(" full ", " update ")
@@ -617,7 +757,7 @@ def compile_spec(
     assert isinstance(fn, types.FunctionType)
     fn.__module__ = "draftmeta.generated"
     fn.__draftmeta_source__ = source  # type: ignore[attr-defined]
-    return cast("UpdateFunction[M]", fn)
+    return fn
 
 
 

@@ -45,7 +45,7 @@ from draftmeta.rules import Rule
 from draftmeta.state import DraftState
 
 if TYPE_CHECKING:
-    from draftmeta.codegen import UpdateFunction
+    from draftmeta.codegen import SealFunction, StepFunction, UpdateFunction
 
 __all__ = ["DraftSpec"]
 
@@ -117,6 +117,7 @@ class DraftSpec(Generic[M]):
         self._fields: dict[str, FieldInfo] = {}
         self._records: dict[str, type] = {}
         self._compiled: UpdateFunction[M] | None = None
+        self._sealed: tuple[SealFunction[M], StepFunction[M]] | None = None
         self._uncovered_memo: dict[
             tuple[tuple[type, tuple[str, ...]] | None, ...], tuple[str, ...]
         ] = {}
@@ -192,6 +193,28 @@ class DraftSpec(Generic[M]):
 
             self._compiled = compile_spec(self)
         return self._compiled
+
+    @property
+    def sealed(self) -> tuple[SealFunction[M], StepFunction[M]]:
+        """``(seal, step)``: the update split for a caller that updates one object at many
+        steps (compiled once).
+
+        ``seal(metadata, state)`` runs, once per object, every check that depends only on its
+        structure and the tensors it holds (phases 0, 1, 2 and 3c of :attr:`update`), writes
+        nothing, and returns a seal of what it verified; it raises what :attr:`update` raises.
+        ``step(metadata, state, seal)`` then updates that object at a later step: it runs every
+        check that can change between steps (the exact classes and attribute names of the
+        object and its records, the preconditions, the state's bounds, new host values,
+        formula checks) and, instead of phases 2 and 3c, compares the object with its seal:
+        the same records and tensors, and the state's buffers the same objects or new ones in
+        the same memory. Where anything differs it writes nothing and returns ``False``: call
+        :attr:`update`, which checks everything again.
+        """
+        if self._sealed is None:
+            from draftmeta.codegen import compile_sealed
+
+            self._sealed = compile_sealed(self)
+        return self._sealed
 
     def __repr__(self) -> str:
         return f"<DraftSpec {self.name!r} for {self.cls.__qualname__}: {len(self.rules)} rules>"

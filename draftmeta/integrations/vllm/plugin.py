@@ -8,10 +8,13 @@ plan :func:`~draftmeta.integrations.vllm.plan.make_plan` makes, **per builder**:
 
 * **older proposer** (0.32 and 0.33: ``build_for_drafting`` at every draft index): the metadata
   built at draft index 1 is kept and, at later indices of the same draft loop, updated in place
-  instead of rebuilt. With ``DRAFTMETA_CARRY_OVER=1`` (opt-in), at draft index 1 of the next
-  loop, where the catalogue declares what the builder's build reads (``carry_over``:
-  ``CPU_MLA``, ``TRITON_MLA``) and the new loop's batch
-  matches the last one in all of it (same buffer views, same host structure; see
+  instead of rebuilt. Right after vLLM builds it at index 1 its structure is checked once and
+  sealed (:attr:`~draftmeta.spec.DraftSpec.sealed`); the later indices run the sealed step,
+  which re-checks at every step what can change between steps and falls back to the full
+  update (every check again) where the object no longer holds what was sealed. With
+  ``DRAFTMETA_CARRY_OVER=1`` (opt-in), at draft index 1 of the next loop, where the catalogue
+  declares what the builder's build reads (``carry_over``: ``CPU_MLA``, ``TRITON_MLA``) and the
+  new loop's batch matches the last one in all of it (same buffer views, same host structure; see
   :mod:`~draftmeta.integrations.vllm.carry_over`), the last loop's object is carried over and
   refreshed in place instead of built; a new batch shape builds. The first time a builder's
   metadata is seen, the spec must cover every attribute of the built object (subclass fields,
@@ -56,6 +59,7 @@ from typing import Any
 
 import attrs
 
+from draftmeta.codegen import SealFunction, StepFunction
 from draftmeta.errors import DraftMetaError, UpdateError
 from draftmeta.integrations.patching import Patches
 from draftmeta.integrations.vllm.carry_over import (
@@ -236,20 +240,22 @@ class _OlderBuilder:
     """What the plugin keeps per builder instance on the older proposer path.
 
     A draft loop itself is one tuple on the builder, ``_draftmeta_loop = (common metadata,
-    metadata built or carried over at index 1)``, set at index 1 (creating an object per loop
-    costs more host time than the update saves) and dropped after the loop's last index, so
-    the loop's objects die with vLLM's references to them, not during the next loop.
+    metadata built or carried over at index 1, this record, its seal or None)``, set at index 1
+    (creating an object per loop costs more host time than the update saves) and dropped after
+    the loop's last index, so the loop's objects die with vLLM's references to them, not
+    during the next loop.
     """
 
     spec: DraftSpec[Any]
     state: DraftState  # rebound to each draft step's common metadata (_rebind)
     sentinel: Sentinel
     last_index: int  # the last draft index of a loop (K - 1): the loop ends there
+    # the spec's (seal, step) pair, looked up once: a property call per step costs in the engine
+    sealed: tuple[SealFunction[Any], StepFunction[Any]]
     carry: Callable[[object], str | None] | None = None  # unchanged-field check, if it carries
     checked: bool = False  # the first built object was checked for uncovered attributes
     refused: bool = False  # it carried something the spec does not cover: always rebuild
-    loop: Any = None  # the common metadata of the draft loop set up below (identity only)
-    shadowed: bool = False  # that loop also rebuilds and compares (DRAFTMETA_SHADOW)
+    shadowed: bool = False  # the current loop also rebuilds and compares (DRAFTMETA_SHADOW)
 
 
 @attrs.define
@@ -296,7 +302,7 @@ def _last_draft_index(builder: Any) -> int:
     """``K - 1``: the older proposer builds at draft indices 1 .. K - 1 of every loop."""
     speculative = getattr(builder.vllm_config, "speculative_config", None)
     k = getattr(speculative, "num_speculative_tokens", None)
-    return k - 1 if type(k) is int and k > 2 else _NO_LAST_INDEX
+    return k - 1 if type(k) is int and k >= 1 else _NO_LAST_INDEX
 
 
 def _older_build_for_drafting(
@@ -309,9 +315,9 @@ def _older_build_for_drafting(
     declared = entry.carry_over if carry_over_enabled() else None
 
     def bound(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
-        """At a draft loop's first in-place step: the builder's spec and state (made at its
-        first update), its first built object checked once for uncovered attributes, whether
-        the loop is shadowed; ``None`` if this builder must rebuild."""
+        """At a draft loop's index 1: the builder's spec and state (made at its first loop),
+        its first built object checked once for uncovered attributes, whether the loop is
+        shadowed; ``None`` if this builder must rebuild."""
         kept: _OlderBuilder | None = builder.__dict__.get("_draftmeta_older_builder")
         if kept is None:
             spec = spec_for(entry, overrides, policy="advance", builder=builder)
@@ -324,7 +330,7 @@ def _older_build_for_drafting(
                     logger.info("draftmeta: %s builds at every draft loop's index 1: %s",
                                 entry.name, refused)
             kept = _OlderBuilder(spec, _state_from_cad(cad, builder), sentinel_for(entry.name),
-                                 _last_draft_index(builder), carry=carry)
+                                 _last_draft_index(builder), spec.sealed, carry=carry)
             builder._draftmeta_older_builder = kept
         if not kept.checked:
             kept.checked = True
@@ -337,7 +343,6 @@ def _older_build_for_drafting(
                 )
         if kept.refused or kept.sentinel.switched_off:
             return None
-        kept.loop = cad
         kept.shadowed = kept.sentinel.enabled and kept.sentinel.should_check()
         return kept
 
@@ -356,37 +361,55 @@ def _older_build_for_drafting(
         except DraftMetaError as exc:
             logger.info("draftmeta: %s builds this draft loop: %s", entry.name, exc)
             return None
-        builder._draftmeta_loop = (cad, carried.metadata)
+        builder._draftmeta_loop = (cad, carried.metadata, kept, None)  # no seal: full updates
         if kept.shadowed:
             return _shadow_step(builder, original, kept, cad, carried.metadata, 1)
         counters.carried_over += 1
         return carried.metadata
 
+    def seal(builder: Any, cad: Any, metadata: Any) -> None:
+        """Draft index 1, right after vLLM built ``metadata``: check once everything about it
+        that cannot change while the loop runs unless something replaces it (the seal), so
+        that the later steps compare with the seal instead of checking again."""
+        kept = bound(builder, cad, metadata)
+        if kept is None or kept.last_index < 2:  # rebuilds, or no later step to update
+            return
+        try:
+            sealed = kept.sealed[0](metadata, _rebind(kept.state, cad))
+        except DraftMetaError as exc:
+            logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
+            return
+        builder._draftmeta_loop = (cad, metadata, kept, sealed)
+
     def build_for_drafting(self: Any, common_attn_metadata: Any, draft_index: int) -> Any:
         # The hot path (draft index >= 2) runs right after the draft model's forward pass, with
         # the host caches cold: every attribute read costs, so it reads as few as it can.
-        if not _exactly(self, cls):  # a subclass: its own entry, or vLLM's behaviour
+        builder: Any = self  # (type(self) narrowed by mypy would lose the attributes below)
+        if type(builder) is not cls:  # a subclass: its own entry, or vLLM's behaviour
             return original(self, common_attn_metadata, draft_index)
-        loop: tuple[Any, Any] | None = self.__dict__.get("_draftmeta_loop")
+        loop: tuple[Any, Any, _OlderBuilder, Any] | None = self.__dict__.get("_draftmeta_loop")
         if draft_index > 1 and loop is not None and loop[0] is common_attn_metadata:
-            metadata = loop[1]
-            kept: _OlderBuilder | None = self.__dict__.get("_draftmeta_older_builder")
-            if kept is None or kept.loop is not common_attn_metadata:  # the loop's first step
-                kept = bound(self, common_attn_metadata, metadata)
-            if kept is not None:
-                try:
-                    kept.spec.update(metadata, _rebind(kept.state, common_attn_metadata))
-                except DraftMetaError as exc:
-                    logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
+            _, metadata, kept, sealed = loop
+            state = _rebind(kept.state, common_attn_metadata)
+            try:
+                if sealed is None or not kept.sealed[1](metadata, state, sealed):
+                    # no seal (carried over), or the object changed since it was sealed: every
+                    # check again, then seal what passed
+                    kept.spec.update(metadata, state)
+                    if sealed is not None:
+                        self._draftmeta_loop = (common_attn_metadata, metadata, kept,
+                                                kept.sealed[0](metadata, state))
+            except DraftMetaError as exc:
+                logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
+            else:
+                if kept.shadowed:
+                    metadata = _shadow_step(self, original, kept, common_attn_metadata,
+                                            metadata, draft_index)
                 else:
-                    if kept.shadowed:
-                        metadata = _shadow_step(self, original, kept, common_attn_metadata,
-                                                metadata, draft_index)
-                    else:
-                        counters.in_place += 1
-                    if draft_index >= kept.last_index:  # the loop ends: let go of it
-                        self._draftmeta_loop = kept.loop = None
-                    return metadata
+                    counters.in_place += 1
+                if draft_index >= kept.last_index:  # the loop ends: let go of it
+                    self._draftmeta_loop = None
+                return metadata
             self._draftmeta_loop = None
         # index 1 starts a draft loop (DCP > 1: the older proposer keeps DCP-local lengths in
         # the builder, so those loops rebuild)
@@ -398,9 +421,12 @@ def _older_build_for_drafting(
         if draft_index > 1:
             counters.rebuilt += 1
         metadata = original(self, common_attn_metadata, draft_index)
-        self._draftmeta_loop = (common_attn_metadata, metadata) if starts else None
-        if starts and declared is not None:
-            self._draftmeta_carried = _Carried(declared.snapshot(common_attn_metadata), metadata)
+        self._draftmeta_loop = None
+        if starts:
+            seal(self, common_attn_metadata, metadata)
+            if declared is not None:
+                self._draftmeta_carried = _Carried(declared.snapshot(common_attn_metadata),
+                                                   metadata)
         return metadata
 
     build_for_drafting.__qualname__ = f"{cls.__qualname__}.build_for_drafting"

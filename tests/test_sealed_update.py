@@ -1,0 +1,181 @@
+"""Seal once, step after (``DraftSpec.sealed``): what the seal checked is re-checked whenever the
+object could have changed.
+
+The seal checks an object's structure once (classes, attribute names, aliases, memory layout);
+a step trusts it only while the object still holds exactly what was sealed: the same records and
+tensors, no attribute outside the spec, state buffers that are the same objects or new views of
+the same memory. Anything else writes nothing: an attribute outside the spec raises (as the full
+update does), anything the seal no longer vouches for returns ``False`` so the caller runs the
+full update, which checks everything again.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from draftmeta import DraftState, advance_state
+from draftmeta.errors import UpdateError
+from draftmeta.testing import compare_metadata, random_state
+from tests.test_atomicity import _snapshot
+from tests.toy import Scheduler, ToyDecode, ToyMeta, toy_metadata, toy_spec
+
+
+def _state(seed: int = 0) -> DraftState:
+    return random_state(torch.Generator().manual_seed(seed), batch_size=6, block_size=4,
+                        max_model_len=32, steps=6)
+
+
+def _opaque(obj: object) -> bool:
+    return isinstance(obj, Scheduler)
+
+
+def _sealed(seed: int = 0) -> tuple[Any, DraftState, ToyMeta[ToyDecode], tuple[object, ...]]:
+    spec = toy_spec()
+    state = _state(seed)
+    meta = toy_metadata(state)
+    seal, _ = spec.sealed
+    return spec, state, meta, seal(meta, state)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_steps_of_a_sealed_object_equal_the_rebuild_at_every_step(seed: int) -> None:
+    spec, state, meta, sealed = _sealed(seed)
+    _, step = spec.sealed
+    for k in range(1, 6):
+        advance_state(state, "clamp")
+        assert step(meta, state, sealed) is True
+        assert compare_metadata(meta, toy_metadata(state), opaque=_opaque) == [], (seed, k)
+
+
+def test_a_step_equals_the_full_update_on_a_copy() -> None:
+    spec, state, meta, sealed = _sealed()
+    _, step = spec.sealed
+    other_state, other = copy.deepcopy((state, meta))
+    advance_state(state, "clamp")
+    advance_state(other_state, "clamp")
+    assert step(meta, state, sealed)
+    spec.update(other, other_state)
+    assert compare_metadata(meta, other, opaque=_opaque) == []
+
+
+def test_a_new_view_of_the_same_state_buffer_is_still_sealed() -> None:
+    """vLLM's older proposer re-slices the slot mapping every step: the same memory passes."""
+    spec, state, meta, sealed = _sealed()
+    _, step = spec.sealed
+    advance_state(state, "clamp")
+    state.slot_mapping = state.slot_mapping[:]
+    assert all(state.slot_mapping is not x for x in sealed)  # a new object
+    assert step(meta, state, sealed) is True
+
+
+def _refused(spec: Any, meta: Any, state: DraftState, sealed: tuple[object, ...]) -> None:
+    """The step writes nothing and sends the caller to the full update."""
+    _, step = spec.sealed
+    before = _snapshot(meta, state)
+    assert step(meta, state, sealed) is False
+    assert _snapshot(meta, state) == before
+
+
+def test_another_object_of_the_same_class_is_not_sealed() -> None:
+    spec, state, _, sealed = _sealed()
+    advance_state(state, "clamp")
+    other = toy_metadata(state)
+    _refused(spec, other, state, sealed)
+
+
+def test_a_nested_record_replaced_after_the_seal_is_checked_again() -> None:
+    spec, state, meta, sealed = _sealed()
+    advance_state(state, "clamp")
+    meta.decode = copy.copy(meta.decode)
+    _refused(spec, meta, state, sealed)
+
+
+def test_a_tensor_field_swapped_after_the_seal_is_checked_again() -> None:
+    """A copy of an aliased field would go stale: the step refuses, the full update raises."""
+    spec, state, meta, sealed = _sealed()
+    advance_state(state, "clamp")
+    meta.slot_mapping = meta.slot_mapping.clone()
+    _refused(spec, meta, state, sealed)
+    with pytest.raises(UpdateError, match=r"slot_mapping.*no longer shares storage"):
+        spec.update(meta, state)
+
+
+def test_a_state_buffer_in_other_memory_is_checked_again() -> None:
+    spec, state, meta, sealed = _sealed()
+    advance_state(state, "clamp")
+    state.seq_lens = state.seq_lens.clone()  # the metadata's alias no longer views it
+    _refused(spec, meta, state, sealed)
+    with pytest.raises(UpdateError, match=r"decode\.seq_lens.*no longer shares storage"):
+        spec.update(meta, state)
+
+
+def test_a_state_buffer_resliced_to_another_shape_is_checked_again() -> None:
+    """Same address, another extent: the memory check's verdict may differ."""
+    spec, state, meta, sealed = _sealed()
+    advance_state(state, "clamp")
+    state.slot_mapping = state.slot_mapping[:2]
+    _refused(spec, meta, state, sealed)
+
+
+def test_an_attribute_set_after_the_seal_is_refused_at_the_next_step() -> None:
+    spec, state, meta, sealed = _sealed()
+    _, step = spec.sealed
+    advance_state(state, "clamp")
+    before = _snapshot(meta, state)
+    meta.extra = torch.zeros(3)  # type: ignore[attr-defined]
+    with pytest.raises(UpdateError, match="extra"):
+        step(meta, state, sealed)
+    del meta.extra  # type: ignore[attr-defined]
+    assert _snapshot(meta, state) == before
+
+
+def test_an_attribute_set_on_a_nested_record_after_the_seal_is_refused() -> None:
+    spec, state, meta, sealed = _sealed()
+    _, step = spec.sealed
+    advance_state(state, "clamp")
+    assert meta.decode is not None
+    meta.decode.extra = 1  # type: ignore[attr-defined]
+    with pytest.raises(UpdateError, match="extra"):
+        step(meta, state, sealed)
+
+
+def test_a_field_deleted_and_another_added_after_the_seal_is_refused() -> None:
+    """Same number of attributes, another set of names: still an attribute outside the spec."""
+    spec, state, meta, sealed = _sealed()
+    _, step = spec.sealed
+    advance_state(state, "clamp")
+    del meta.causal
+    meta.extra = True  # type: ignore[attr-defined]
+    with pytest.raises(UpdateError, match="extra"):
+        step(meta, state, sealed)
+
+
+def test_host_values_and_preconditions_are_checked_at_every_step() -> None:
+    from draftmeta.errors import PreconditionFailed
+
+    spec, state, meta, sealed = _sealed()
+    _, step = spec.sealed
+    advance_state(state, "clamp")
+    meta.num_prefills = 1
+    with pytest.raises(PreconditionFailed, match="decode_only"):
+        step(meta, state, sealed)
+    meta.num_prefills = 0
+    state.max_model_len = 0  # a bound out of range
+    with pytest.raises(UpdateError, match="max_model_len"):
+        step(meta, state, sealed)
+
+
+def test_the_seal_raises_what_the_full_update_raises() -> None:
+    spec = toy_spec()
+    state = _state()
+    meta = toy_metadata(state)
+    meta.slot_mapping = meta.slot_mapping.clone()
+    seal, _ = spec.sealed
+    before = _snapshot(meta, state)
+    with pytest.raises(UpdateError, match=r"slot_mapping.*no longer shares storage"):
+        seal(meta, state)
+    assert _snapshot(meta, state) == before
