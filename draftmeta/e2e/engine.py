@@ -159,6 +159,10 @@ def plugin_session(on: bool, spec_overrides: Mapping[str, SpecOverride] | None =
     previous_level = logger.level
     logger.setLevel(logging.INFO)
     os.environ[env] = "1"
+    # the comparison measures draftmeta's in-place path, also where it measured slower than
+    # vLLM's and the plugin would leave the builder to vLLM by default
+    forced = os.environ.get(plugin.FORCE_ENV)
+    os.environ[plugin.FORCE_ENV] = "1"
     try:
         plugin.register(spec_overrides=dict(spec_overrides) if spec_overrides else None)
         if plugin.installed() is None:
@@ -172,6 +176,10 @@ def plugin_session(on: bool, spec_overrides: Mapping[str, SpecOverride] | None =
         logger.setLevel(previous_level)
         plugin.unregister()
         os.environ[env] = "0"
+        if forced is None:
+            os.environ.pop(plugin.FORCE_ENV, None)
+        else:
+            os.environ[plugin.FORCE_ENV] = forced
 
 
 @attrs.define

@@ -28,6 +28,7 @@ from draftmeta.integrations.vllm.catalogue import (
 from draftmeta.spec import DraftSpec
 
 __all__ = [
+    "FORCE_ENV",
     "OVERRIDE_ENV",
     "Decision",
     "Plan",
@@ -37,6 +38,11 @@ __all__ = [
 
 OVERRIDE_ENV = "DRAFTMETA_VLLM_OVERRIDE_UPSTREAM"
 """Set to ``1`` to install draftmeta's hook also on builders vLLM covers itself."""
+
+FORCE_ENV = "DRAFTMETA_VLLM_FORCE"
+"""Set to ``1`` to install draftmeta's update also where it measured slower than vLLM's own
+path inside a real engine (:attr:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.measured`):
+by default such a builder is left to vLLM on that path."""
 
 SpecOverride = Callable[..., DraftSpec[Any]]
 """A replacement spec factory for one builder (tests inject deliberately wrong specs with it):
@@ -101,6 +107,22 @@ def _override_upstream() -> bool:
     return os.environ.get(OVERRIDE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _forced() -> bool:
+    return os.environ.get(FORCE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _measured_slower(entry: BuilderEntry, path: DraftPath, cls: type | None,
+                     fallback: CoveredBy) -> Decision | None:
+    """The decision to leave ``entry`` to vLLM on ``path``, where its in-place path measured
+    slower than vLLM's inside a real engine and :data:`FORCE_ENV` does not force it."""
+    slower = entry.slower_on(path)
+    if slower is None or _forced():
+        return None
+    return Decision(entry, path, fallback,
+                    f"left to vLLM: draftmeta's in-place path measured slower inside the "
+                    f"engine ({slower.figure}); {FORCE_ENV}=1 installs it anyway", cls)
+
+
 def _import_class(entry: BuilderEntry) -> type | None:
     try:
         return import_class(entry.builder)
@@ -137,6 +159,9 @@ def _older_proposer(entry: BuilderEntry, cls: type | None,
     if not spec.supported:
         reasons = "; ".join(r for _, r in spec.unsupported_reasons)
         return Decision(entry, "older_proposer", "none", f"rebuilt: {reasons}", cls)
+    slower = _measured_slower(entry, "older_proposer", cls, "none")
+    if slower is not None:
+        return slower
     carries = entry.carry_over is not None and carry_over_enabled()
     where = ("in place at every draft index; index 1 carried over between loops of one batch "
              "shape" if carries else "in place after draft index 1")
@@ -166,6 +191,9 @@ def _hook(entry: BuilderEntry, cls: type | None,
     unsafe = spec.capture_unsafe_reason
     if unsafe is not None:
         return Decision(entry, "hook", "none", f"no hook: not capture-safe: {unsafe}", cls)
+    slower = _measured_slower(entry, "hook", cls, "vllm" if upstream != "none" else "none")
+    if slower is not None:
+        return slower
     return Decision(entry, "hook", "draftmeta",
                     f"draftmeta's generated hook (spec {spec.name})", cls)
 

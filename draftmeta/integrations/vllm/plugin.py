@@ -69,6 +69,7 @@ from draftmeta.integrations.vllm.carry_over import (
 )
 from draftmeta.integrations.vllm.carry_over import enabled as carry_over_enabled
 from draftmeta.integrations.vllm.plan import (
+    FORCE_ENV,
     OVERRIDE_ENV,
     Decision,
     Plan,
@@ -83,6 +84,7 @@ from draftmeta.state import DraftState
 
 __all__ = [
     "DISABLE_ENV",
+    "FORCE_ENV",
     "OVERRIDE_ENV",
     "BuilderStats",
     "Installed",

@@ -24,6 +24,7 @@ __all__ = [
     "BuilderEntry",
     "DraftPath",
     "HarnessRecipe",
+    "Measured",
     "Release",
     "Upstream",
     "class_ref",
@@ -69,6 +70,22 @@ class HarnessRecipe:
 
 
 @attrs.frozen
+class Measured:
+    """What a builder's in-place path measured inside a real vLLM engine, on one draft path.
+
+    Attributes:
+        path: the draft path measured.
+        slower: draftmeta's in-place path cost more than vLLM's own: the plugin then leaves
+            the builder to vLLM on that path unless ``DRAFTMETA_VLLM_FORCE=1``.
+        figure: the measurement, with where and how (shown by ``draftmeta coverage``).
+    """
+
+    path: DraftPath
+    slower: bool
+    figure: str
+
+
+@attrs.frozen
 class BuilderEntry:
     """One metadata builder of one vLLM release.
 
@@ -87,6 +104,7 @@ class BuilderEntry:
         gpu_harness: how the harness builds it on a CUDA device, where it needs one
             (``FLASHMLA``, ``FLASH_ATTN_MLA``: their builders call CUDA kernels); the GPU
             equivalence checks (``benchmarks/h200/hook_equivalence.py``) use it.
+        measured: what its in-place paths measured inside a real engine of this release.
     """
 
     name: str
@@ -97,6 +115,14 @@ class BuilderEntry:
     classes: tuple[ClassRef, ...] = ()
     carry_over: CarryOver | None = None
     gpu_harness: HarnessRecipe | None = None
+    measured: tuple[Measured, ...] = ()
+
+    def slower_on(self, path: DraftPath) -> Measured | None:
+        """The measurement showing its in-place path on ``path`` slower than vLLM's, if any."""
+        for m in self.measured:
+            if m.path == path and m.slower:
+                return m
+        return None
 
     def make_spec(
         self, *, policy: HostBoundPolicy = "advance", dcp: bool = False, builder: Any = None
