@@ -150,3 +150,19 @@ def test_the_readme_headline_figures_are_the_committed_json() -> None:
             assert f"{entry['speedup']:.2f}" == ratio, row
             checked += 1
     assert checked == 12
+
+
+def test_the_catalogues_gpu_figures_are_the_committed_json() -> None:
+    import re
+
+    from draftmeta.integrations.vllm.catalogue import release
+
+    data: dict[str, Any] = json.loads((RESULTS / "e2e-cuda.json").read_text())
+    for name in ("FLASH_ATTN_MLA", "FLASHMLA"):
+        (measured,) = release("0.34").entry(name).measured
+        assert measured.path == "hook" and not measured.slower
+        shown = re.findall(r"([\d.]+)x tok/s at batch 1, ([\d.]+)x at batch 8", measured.figure)
+        want = {e["batch_size"]: f"{e['speedup']:.2f}" for e in data["configurations"]
+                if (e["model"], e["backend"], e["k"], e["kv_cache_dtype"],
+                    e["negative_control"]) == ("tiny", name, 3, "auto", False)}
+        assert shown == [(want[1], want[8])], name

@@ -194,8 +194,10 @@ def _hook(entry: BuilderEntry, cls: type | None,
     slower = _measured_slower(entry, "hook", cls, "vllm" if upstream != "none" else "none")
     if slower is not None:
         return slower
+    measured = [m.figure for m in entry.measured if m.path == "hook" and not m.slower]
+    also = f"; measured inside the engine: {measured[0]}" if measured else ""
     return Decision(entry, "hook", "draftmeta",
-                    f"draftmeta's generated hook (spec {spec.name})", cls)
+                    f"draftmeta's generated hook (spec {spec.name}){also}", cls)
 
 
 def make_plan(

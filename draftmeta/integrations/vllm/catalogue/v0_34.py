@@ -14,7 +14,7 @@ import attrs
 from draftmeta.backends.mla import MLASpec
 from draftmeta.conditions import Equals, IsNone
 from draftmeta.integrations.vllm.catalogue import v0_33
-from draftmeta.integrations.vllm.catalogue.model import BuilderEntry, Release
+from draftmeta.integrations.vllm.catalogue.model import BuilderEntry, Measured, Release
 from draftmeta.rules import HostConstant, Unchanged
 
 __all__ = ["RELEASE"]
@@ -40,11 +40,23 @@ def _with_shardq(entry: BuilderEntry) -> BuilderEntry:
 _SPARSE = ("FLASHMLA_SPARSE", "FLASH_ATTN_MLA_SPARSE", "FLASHINFER_MLA_SPARSE",
            "FLASHINFER_MLA_SPARSE_SM120")
 
+def _measured_on_h200(name: str, batch1: str, batch8: str) -> BuilderEntry:
+    """``name``'s entry with what its hook measured in vLLM 0.34's GPU engine on an H200
+    (``benchmarks/results/e2e-cuda.json``: tiny MTP model, K = 3, plugin on over off)."""
+    return attrs.evolve(v0_33.RELEASE.entry(name), measured=(Measured("hook", slower=False, figure=(
+        f"vLLM takes its captured draft loop: {batch1} tok/s at batch 1, {batch8} at batch "
+        "8, tiny MTP model, K = 3, one H200, draftmeta e2e --device cuda")),))
+
+
 RELEASE: Release = v0_33.RELEASE.evolve(
     version="0.34",
     paths=("hook",),
     notes=("pip install 'draftmeta[vllm]', then pip install --no-deps vllm==0.34.0 "
            "(0.34 pins a FlashInfer release some registries lack; draftmeta never imports it)"),
-    replace={name: _with_shardq(v0_33.RELEASE.entry(name)) for name in _SPARSE},
+    replace={
+        **{name: _with_shardq(v0_33.RELEASE.entry(name)) for name in _SPARSE},
+        "FLASH_ATTN_MLA": _measured_on_h200("FLASH_ATTN_MLA", "1.42x", "1.27x"),
+        "FLASHMLA": _measured_on_h200("FLASHMLA", "1.15x", "1.24x"),
+    },
 )
 """vLLM 0.34's builders."""
