@@ -108,10 +108,16 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"draftmeta e2e: {problem}", file=sys.stderr)
         return 2
+
+    def progress(line: str) -> None:
+        if not args.quiet:
+            print(f"draftmeta e2e: {line}", file=sys.stderr, flush=True)
+
     if args.device == "cuda":
         from draftmeta.e2e.cuda_cli import run_cuda
 
-        return run_cuda(args, _stdout_to_stderr if args.json else contextlib.nullcontext)
+        return run_cuda(args, _stdout_to_stderr if args.json else contextlib.nullcontext,
+                        progress)
     cuda_only = [name for name, given in (("--models", args.models),
                                           ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
                                           ("--negative-control", args.negative_control))
@@ -137,10 +143,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"draftmeta e2e: {exc}", file=sys.stderr)
         return 2
-
-    def progress(line: str) -> None:
-        if not args.quiet:
-            print(f"draftmeta e2e: {line}", file=sys.stderr, flush=True)
 
     try:
         with _stdout_to_stderr() if args.json else contextlib.nullcontext():

@@ -75,11 +75,13 @@ def cases_from(models: list[str], backends: list[str], ks: list[int], *,
 
 
 def run_cuda(args: argparse.Namespace,
-             engine_output: Callable[[], AbstractContextManager[None]]) -> int:
+             engine_output: Callable[[], AbstractContextManager[None]],
+             progress: Callable[[str], None]) -> int:
     """Run ``draftmeta e2e --device cuda`` with parsed ``args``; returns the exit code.
 
     ``engine_output`` wraps the engines' run (with ``--json``: everything written to stdout
-    goes to stderr, so stdout carries the JSON document alone).
+    goes to stderr, so stdout carries the JSON document alone); ``progress`` takes the
+    progress lines (the command's, shared with the CPU run).
     """
     from draftmeta.e2e.cuda_matrix import run_cuda_matrix
     from draftmeta.e2e.cuda_report import cuda_markdown, cuda_summary, write_cuda_results
@@ -100,10 +102,6 @@ def run_cuda(args: argparse.Namespace,
     except ValueError as exc:
         print(f"draftmeta e2e: {exc}", file=sys.stderr)
         return 2
-
-    def progress(line: str) -> None:
-        if not args.quiet:
-            print(f"draftmeta e2e: {line}", file=sys.stderr, flush=True)
 
     try:
         with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-cuda-") as workdir, \
