@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 import io
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -182,6 +183,47 @@ def test_coverage_says_which_vllm_it_found_and_who_covers_each_builder(
     assert any(line.split()[:3] == ["FLASHMLA", "hook", "draftmeta"] for line in lines)
     assert any(line.split()[:3] == ["FLASHINFER_MLA", "hook", "none"] for line in lines)
     assert max(len(line) for line in lines) <= 100
+
+
+@needs_vllm
+def test_coverage_with_the_plugin_off_says_nothing_is_covered_by_draftmeta(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTMETA_VLLM_PLUGIN", "0")
+    assert main(["coverage", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["plugin"]["active"] is False
+    rows = report["builders"]
+    assert not [r for r in rows if r["covered_by"] == "draftmeta"]
+    would = [r for r in rows if r["with_plugin"] == "draftmeta"]
+    assert would and all(r["reason"].startswith("plugin inactive (turned off by "
+                                                 "DRAFTMETA_VLLM_PLUGIN); with it active: ")
+                         for r in would)
+    assert main(["coverage"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("covered: ") and "draftmeta 0" in lines[2]
+    assert not any(line.split()[2:3] == ["draftmeta"] for line in lines[4:])
+
+
+@needs_vllm
+def test_coverage_sums_up_each_path_and_says_how_each_builder_is_proven(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTMETA_VLLM_PLUGIN", "1")
+    assert main(["coverage", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(["coverage"]) == 0
+    summary = capsys.readouterr().out.splitlines()[2]
+    for path in {r["path"] for r in report["builders"]}:
+        rows = [r for r in report["builders"] if r["path"] == path]
+        counts = ", ".join(f"{who} {sum(r['covered_by'] == who for r in rows)}"
+                           for who in ("draftmeta", "vllm", "none"))
+        assert f"{path}: {counts}" in summary
+    proven = {r["backend"]: r["proven"] for r in report["builders"]}
+    assert proven["CPU_MLA"] == "CI" and proven["CUTLASS_MLA"] == "fields"
+    unimported = [r for r in report["builders"] if "does not import here" in r["reason"]]
+    assert all(re.search(r"does not import here \(\w+(Error|Exception)?: .+\)", r["reason"])
+               for r in unimported)
 
 
 @needs_vllm

@@ -12,7 +12,23 @@ from typing import Any
 
 from draftmeta.integrations.vllm.catalogue import DEFAULT_RELEASE, installed_version, release
 
-__all__ = ["coverage", "coverage_table"]
+__all__ = ["PROOF", "coverage", "coverage_table"]
+
+PROOF = {
+    "CI": "equal to vLLM's own rebuild over random batches, in CI (CPU)",
+    "H200": "equal to vLLM 0.34's own rebuild on an H200, captured and replayed too "
+            "(benchmarks/h200/hook_equivalence.py)",
+    "fields": "checked against the installed classes for missing or unknown fields only",
+}
+"""What each value of a row's ``proven`` says."""
+
+
+def _proof(entry: Any, release_version: str) -> str:
+    if entry.harness is not None:
+        return "CI"
+    if entry.gpu_harness is not None and release_version == "0.34":
+        return "H200"
+    return "fields"
 
 
 def _plugin_state(version: str | None) -> dict[str, Any]:
@@ -53,8 +69,10 @@ def coverage() -> dict[str, Any]:
     Keys: ``vllm_version`` (``None`` without vLLM), ``release`` (the catalogue used),
     ``supported`` (the supported releases), ``plugin`` (``installed``, ``enabled``, ``active``,
     ``reason``), ``builders`` (one object per builder and draft path: ``backend``, ``builder``,
-    ``path``, ``covered_by``, ``reason``) and ``blocking_full_capture`` (builders that keep
-    vLLM's new runner rebuilding every group, and so from capturing the whole draft loop).
+    ``path``, ``covered_by`` (what runs now: ``draftmeta`` only while the plugin is active),
+    ``with_plugin`` (what would run with it active), ``reason``, ``proven`` (a key of
+    :data:`PROOF`)) and ``blocking_full_capture`` (builders that keep vLLM's new runner
+    rebuilding every group, and so from capturing the whole draft loop).
     """
     from draftmeta.integrations.vllm.catalogue import releases
     from draftmeta.integrations.vllm.plan import Unsupported, make_plan
@@ -82,14 +100,32 @@ def coverage() -> dict[str, Any]:
         report["plugin"]["reason"] = str(exc)
         return report
     report["release"] = plan.release.version
+    plugin = report["plugin"]
     for d in plan.decisions:
+        covered, reason = d.covered_by, d.reason
+        if covered == "draftmeta" and not plugin["active"]:  # what runs is vLLM's own path
+            covered = "vllm" if d.path == "hook" and d.entry.hook != "none" else "none"
+            reason = f"plugin inactive ({plugin['reason']}); with it active: {d.reason}"
         report["builders"].append({
             "backend": d.entry.name, "builder": d.entry.builder.qualname, "path": d.path,
-            "covered_by": d.covered_by, "reason": d.reason,
+            "covered_by": covered, "with_plugin": d.covered_by, "reason": reason,
+            "proven": _proof(d.entry, plan.release.version),
         })
     if "hook" in plan.release.paths:
-        report["blocking_full_capture"] = list(plan.blocking_full_capture())
+        report["blocking_full_capture"] = [r["backend"] for r in report["builders"]
+                                           if r["path"] == "hook" and r["covered_by"] == "none"]
     return report
+
+
+def _summary(report: dict[str, Any]) -> str:
+    """``older_proposer: draftmeta 9, vllm 0, none 5; hook: ...`` (what runs now)."""
+    parts = []
+    for path in dict.fromkeys(r["path"] for r in report["builders"]):
+        rows = [r for r in report["builders"] if r["path"] == path]
+        counts = ", ".join(f"{who} {sum(r['covered_by'] == who for r in rows)}"
+                           for who in ("draftmeta", "vllm", "none"))
+        parts.append(f"{path}: {counts}")
+    return "covered: " + "; ".join(parts)
 
 
 def coverage_table(report: dict[str, Any] | None = None, *, width: int = 100) -> str:
@@ -104,14 +140,23 @@ def coverage_table(report: dict[str, Any] | None = None, *, width: int = 100) ->
         f"{plugin['reason']}",
         "",
     ]
-    head = f"{'backend':<28} {'path':<15} {'covered by':<10} "
+    if report["builders"]:
+        lines[2:2] = textwrap.wrap(_summary(report), width)
+    head = f"{'backend':<28} {'path':<15} {'covered by':<10} {'proven':<6} "
     lines.append(head + "reason")
     indent = " " * len(head)
     for row in report["builders"]:
-        first = f"{row['backend']:<28} {row['path']:<15} {row['covered_by']:<10} "
+        first = (f"{row['backend']:<28} {row['path']:<15} {row['covered_by']:<10} "
+                 f"{row.get('proven', ''):<6} ")
         wrapped = textwrap.wrap(row["reason"], width - len(head)) or [""]
         lines.append(first + wrapped[0])
         lines.extend(indent + more for more in wrapped[1:])
+    proofs = sorted({row.get("proven", "") for row in report["builders"]} & PROOF.keys())
+    if proofs:
+        lines.append("")
+        for proof in proofs:
+            lines.extend(textwrap.wrap(f"proven {proof}: {PROOF[proof]}", width,
+                                       subsequent_indent="  "))
     if report["blocking_full_capture"]:
         blockers = ", ".join(report["blocking_full_capture"])
         lines.append("")

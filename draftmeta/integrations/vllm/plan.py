@@ -123,11 +123,14 @@ def _measured_slower(entry: BuilderEntry, path: DraftPath, cls: type | None,
                     f"engine ({slower.figure}); {FORCE_ENV}=1 installs it anyway", cls)
 
 
-def _import_class(entry: BuilderEntry) -> type | None:
+def _import_class(entry: BuilderEntry) -> tuple[type | None, str]:
+    """The builder class, or ``None`` with why it does not import on this machine."""
     try:
-        return import_class(entry.builder)
-    except Exception:  # any failure to import means "not on this machine", said in the plan
-        return None
+        return import_class(entry.builder), ""
+    except Exception as exc:  # any failure to import means "not on this machine", said in the plan
+        said = (str(exc).splitlines() or [""])[0].split(". ")[0]  # its first sentence
+        said = said if len(said) <= 100 else said[:97] + "..."
+        return None, f"{type(exc).__name__}: {said}"
 
 
 def spec_for(
@@ -146,11 +149,11 @@ def spec_for(
     return entry.make_spec(policy=policy, dcp=dcp, builder=builder)
 
 
-def _older_proposer(entry: BuilderEntry, cls: type | None,
+def _older_proposer(entry: BuilderEntry, cls: type | None, why: str,
                     overrides: Mapping[str, SpecOverride] | None) -> Decision:
     if cls is None:
         return Decision(entry, "older_proposer", "none",
-                        f"{entry.builder.qualname} does not import here: rebuilt")
+                        f"{entry.builder.qualname} does not import here ({why}): rebuilt")
     try:
         spec = spec_for(entry, overrides, policy="advance")
     except SpecError as exc:
@@ -168,7 +171,7 @@ def _older_proposer(entry: BuilderEntry, cls: type | None,
     return Decision(entry, "older_proposer", "draftmeta", f"{where} (spec {spec.name})", cls)
 
 
-def _hook(entry: BuilderEntry, cls: type | None,
+def _hook(entry: BuilderEntry, cls: type | None, why: str,
           overrides: Mapping[str, SpecOverride] | None) -> Decision:
     upstream = entry.hook
     if upstream != "none" and not _override_upstream():
@@ -176,7 +179,7 @@ def _hook(entry: BuilderEntry, cls: type | None,
     if cls is None:
         fallback: CoveredBy = "vllm" if upstream != "none" else "none"
         return Decision(entry, "hook", fallback,
-                        f"{entry.builder.qualname} does not import here", cls)
+                        f"{entry.builder.qualname} does not import here ({why})", cls)
     if entry.name == "KPOOL_TAIL":
         return Decision(entry, "hook", "vllm" if upstream != "none" else "none",
                         "its metadata does not reference the block table draftmeta's spec "
@@ -230,9 +233,9 @@ def make_plan(
                 )
     decisions = []
     for entry in catalogue.builders:
-        cls = _import_class(entry)
+        cls, why = _import_class(entry)
         if "older_proposer" in catalogue.paths:
-            decisions.append(_older_proposer(entry, cls, overrides))
+            decisions.append(_older_proposer(entry, cls, why, overrides))
         if "hook" in catalogue.paths:
-            decisions.append(_hook(entry, cls, overrides))
+            decisions.append(_hook(entry, cls, why, overrides))
     return Plan(version, catalogue, tuple(decisions))
