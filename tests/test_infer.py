@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -175,3 +176,27 @@ def test_a_builder_class_resolves_to_its_catalogue_name() -> None:
         resolve("NO_SUCH_BUILDER")
 
 
+
+
+def test_infer_prints_a_ruff_clean_module_alone_on_stdout_and_its_verdict_on_stderr(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("vllm", reason="needs vLLM for catalogue names")
+    from draftmeta.cli import main
+
+    assert main(["infer", "CPU_MLA", "--batches", "3"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[-1].startswith("verified: update equals rebuild")
+    spec_py = tmp_path / "spec.py"
+    spec_py.write_text(captured.out)
+    compile(captured.out, str(spec_py), "exec")  # stdout is one valid module
+    ruff = shutil.which("ruff") or shutil.which("ruff", path=str(Path(sys.executable).parent))
+    if ruff is None:
+        pytest.skip("ruff is not installed here")
+    done = subprocess.run([ruff, "check", "--isolated", "--select", "E,F,W,I", str(spec_py)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout

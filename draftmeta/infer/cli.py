@@ -1,5 +1,8 @@
 """The ``draftmeta infer`` command (wired into ``draftmeta.cli`` with :func:`add_parser`).
 
+Standard output carries the inferred spec as a Python module and nothing else
+(``draftmeta infer CPU_MLA > spec.py``); whether it verified goes to standard error.
+
 Exit codes: 0 the inferred spec verified; 1 it did not (or fields are unsettled); 2 the builder
 cannot be resolved or constructed here.
 """
@@ -45,21 +48,25 @@ def run(args: argparse.Namespace) -> int:
     except (LookupError, ImportError, ValueError) as exc:
         print(f"draftmeta infer: {exc}", file=sys.stderr)
         return 2
-    print(inference.source(), end="")
+    print(inference.source(), end="", flush=True)  # stdout: the module alone (> spec.py)
+
+    def report(line: str) -> None:  # the verdict goes to stderr
+        print(line, file=sys.stderr)
+
     if inference.unsettled:
-        print("not verified: fields infer could not settle:")
+        report("not verified: fields infer could not settle:")
         for v in inference.unsettled:
-            print(f"  {v.path}: {v.evidence}")
+            report(f"  {v.path}: {v.evidence}")
         return 1
     if args.no_verify:
-        print("not verified (--no-verify)")
+        report("not verified (--no-verify)")
         return 1
     result = verify_vllm(name, inference.spec(), batches=args.batches, seed=args.seed)
     if result.ok:
-        print(f"verified: update equals rebuild over {result.batches} random batches "
-              f"({result.seconds:.1f} s)")
+        report(f"verified: update equals rebuild over {result.batches} random batches "
+               f"({result.seconds:.1f} s)")
         return 0
-    print(f"not verified: {len(result.failures)} of {result.batches} batches differ; first:")
+    report(f"not verified: {len(result.failures)} of {result.batches} batches differ; first:")
     for what, problem in result.failures[:5]:
-        print(f"  {what}: {problem}")
+        report(f"  {what}: {problem}")
     return 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Mapping, Sequence
 
@@ -34,6 +35,33 @@ def _import(obj: object, imports: set[tuple[str, str]]) -> str:
 
 def _stub_name(path: str) -> str:
     return "Todo" + "".join(p.capitalize() for p in identifier(path).split("_")) + "Hook"
+
+
+def _import_lines(imports: set[tuple[str, str]], width: int = 88) -> list[str]:
+    """The import block as isort (and ruff's ``I`` rules) lay it out in a user's project: the
+    standard library, then everything else (draftmeta and vLLM are third-party there), each
+    section ``import x`` lines first, then ``from x import ...`` lines, sorted, wrapped in
+    parentheses past ``width`` columns."""
+    sections: list[list[str]] = []
+    for stdlib in (True, False):
+        modules = sorted({m for m, _ in imports
+                          if (m.split(".")[0] in sys.stdlib_module_names) == stdlib})
+        plain = [f"import {m}" for m in modules if (m, "") in imports]
+        froms = []
+        for module in modules:
+            names = sorted(n for m, n in imports if m == module and n)
+            if not names:
+                continue
+            line = f"from {module} import {', '.join(names)}"
+            if len(line) > width:
+                line = f"from {module} import (\n" + "".join(f"    {n},\n" for n in names) + ")"
+            froms.append(line)
+        if plain or froms:
+            sections.append(plain + froms)
+    out: list[str] = []
+    for section in sections:
+        out += [*section, ""]
+    return out[:-1]
 
 
 def render_rule(rule: Rule, imports: set[tuple[str, str]], stubs: list[str]) -> str:
@@ -122,13 +150,7 @@ def source(
         imports.add(("draftmeta.derivations", "RecomputeHook"))
     lines = [f'"""{header or f"Spec of {name}, inferred by draftmeta infer."}"""', "",
              "from __future__ import annotations", ""]
-    grouped: dict[str, list[str]] = {}
-    for module, item in sorted(imports):
-        grouped.setdefault(module, [])
-        if item:
-            grouped[module].append(item)
-    for module, items in grouped.items():
-        lines.append(f"from {module} import {', '.join(items)}" if items else f"import {module}")
+    lines += _import_lines(imports)
     text = "\n".join(lines) + "\n" + "".join(stubs)
     text += f'''
 
