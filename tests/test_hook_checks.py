@@ -13,7 +13,11 @@ import pytest
 import torch
 
 from draftmeta import Alias, CopyFrom, Derive, DraftSpec, Recompute, WrittenBy, advance_state
-from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule, FlashMLAFp8TileSchedule
+from draftmeta.backends.hooks import (
+    DeepGemmPagedMqaSchedule,
+    FlashAttnSchedule,
+    FlashMLAFp8TileSchedule,
+)
 from draftmeta.errors import UpdateError, WriteFailed
 from draftmeta.testing import random_state
 from draftmeta.testing.reference_schedules import (
@@ -84,9 +88,41 @@ DEEPGEMM_CASES: list[Case] = [
     ("an extra output in also=", lambda: (_i32(9, 2), (_lens(),), (_i32(B),)), "remove also="),
 ]
 
+def _fa3(seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_seq_len: int,
+         max_num_splits: int) -> torch.Tensor:
+    """A stand-in FA3 schedule: one entry per request and a semaphore."""
+    return torch.cat([seq_lens, seq_lens.new_zeros(1)])
+
+
+def _qsl(n: int = B, **kw: Any) -> torch.Tensor:
+    return torch.arange(n + 1, dtype=kw.pop("dtype", torch.int32), **kw)
+
+
+FA3_CASES: list[Case] = [
+    ("schedule int64", lambda: (_i32(B + 1, dtype=torch.int64), (_lens(), _qsl(), 64, 0), ()),
+     "must be int32 [n >= 1]"),
+    ("schedule two-dimensional", lambda: (_i32(B + 1, 1), (_lens(), _qsl(), 64, 0), ()),
+     "must be int32 [n >= 1]"),
+    ("schedule empty", lambda: (_i32(0), (_lens(), _qsl(), 64, 0), ()), "[n >= 1]"),
+    ("schedule on another device",
+     lambda: (_i32(B + 1, device="meta"), (_lens(), _qsl(), 64, 0), ()),
+     "seq_lens are on cpu but the flash_attn_scheduler on meta"),
+    ("seq_lens int64", lambda: (_i32(B + 1), (_lens(dtype=torch.int64), _qsl(), 64, 0), ()),
+     "seq_lens must be int32"),
+    ("query_start_loc one short", lambda: (_i32(B + 1), (_lens(), _qsl(B - 1), 64, 0), ()),
+     "query_start_loc must be int32 [batch + 1] = [6]"),
+    ("query_start_loc int64",
+     lambda: (_i32(B + 1), (_lens(), _qsl(dtype=torch.int64), 64, 0), ()),
+     "query_start_loc must be int32"),
+    ("query_start_loc on another device",
+     lambda: (_i32(B + 1), (_lens(), _qsl(device="meta"), 64, 0), ()),
+     "query_start_loc is on meta"),
+]
+
 HOOKS: dict[str, tuple[Any, list[Case]]] = {
     "flashmla_fp8": (FlashMLAFp8TileSchedule(16, _tiles), FLASHMLA_CASES),
     "deep_gemm": (DeepGemmPagedMqaSchedule(64, paged_mqa_schedule_reference), DEEPGEMM_CASES),
+    "flash_attn": (FlashAttnSchedule(_fa3), FA3_CASES),
 }
 
 
@@ -108,7 +144,8 @@ def test_a_shipped_hook_refuses_a_buffer_it_cannot_fill_in_its_check(
     [pytest.param(HOOKS["flashmla_fp8"][0], _i32(PARTS, 8), (_i32(B + 1),), id="flashmla_fp8"),
      pytest.param(HOOKS["flashmla_fp8"][0], _i32(PARTS, 8), (_i32(64 + 1),),
                   id="flashmla_fp8 with a longer num_splits"),
-     pytest.param(HOOKS["deep_gemm"][0], _i32(9, 2), (), id="deep_gemm")],
+     pytest.param(HOOKS["deep_gemm"][0], _i32(9, 2), (), id="deep_gemm"),
+     pytest.param(HOOKS["flash_attn"][0], _i32(B + 1), (), id="flash_attn")],
 )
 def test_a_shipped_hook_accepts_and_fills_the_buffers_it_checks(
     hook: Any, out: torch.Tensor, also: tuple[torch.Tensor, ...]
@@ -116,8 +153,9 @@ def test_a_shipped_hook_accepts_and_fills_the_buffers_it_checks(
     out.fill_(-7)
     for splits in also:
         splits.fill_(-7)
-    assert hook.check(out, _lens(), also=also) is None
-    hook.apply(out, _lens(), workspace=Workspace(), also=also)
+    inputs = (_lens(), _qsl(), 64, 0) if isinstance(hook, FlashAttnSchedule) else (_lens(),)
+    assert hook.check(out, *inputs, also=also) is None
+    hook.apply(out, *inputs, workspace=Workspace(), also=also)
     assert not (out == -7).any() and all(not (s == -7).any() for s in also)
 
 

@@ -252,8 +252,25 @@ class FlashAttnSchedule(RecomputeHook):
             return ("FA3's scheduler is not bound to a builder's head configuration: declare "
                     "the spec with builder=<the FlashAttnMLAMetadataBuilder> (catalogue "
                     "entry.make_spec(builder=...); the vLLM plugin binds each builder's)")
-        if out.dtype != torch.int32 or out.dim() != 1:
-            return f"scheduler metadata must be int32 [n], got {tuple(out.shape)}"
+        if out.dtype != torch.int32 or out.dim() != 1 or out.shape[0] < 1:
+            return (f"scheduler metadata must be int32 [n >= 1], got {out.dtype} "
+                    f"{tuple(out.shape)}")
+        seq_lens, query_start_loc = inputs[0], inputs[1]
+        problem = _lengths_problem(seq_lens, out, self.name)
+        if problem is not None:
+            return problem
+        assert isinstance(seq_lens, torch.Tensor)
+        if (not isinstance(query_start_loc, torch.Tensor)
+                or query_start_loc.dtype is not torch.int32 or query_start_loc.dim() != 1
+                or query_start_loc.shape[0] != seq_lens.shape[0] + 1):
+            shown = (f"{query_start_loc.dtype} {tuple(query_start_loc.shape)}"
+                     if isinstance(query_start_loc, torch.Tensor)
+                     else type(query_start_loc).__qualname__)
+            return (f"query_start_loc must be int32 [batch + 1] = [{seq_lens.shape[0] + 1}] "
+                    f"(FA3's cu_seqlens_q), got {shown}")
+        if query_start_loc.device != out.device:
+            return (f"query_start_loc is on {query_start_loc.device} but the scheduler "
+                    f"metadata on {out.device}")
         return None
 
     def apply(
