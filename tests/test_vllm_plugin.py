@@ -105,7 +105,9 @@ def test_what_is_installed_where(active: plugin.Installed) -> None:
     reasons = " ".join(active.skipped.values())
     assert "FlashAttnMLAMetadataBuilder does not import here" in reasons
     assert "vLLM's own hook" in reasons
-    assert "not capture-safe: decode.flattened_block_table" in reasons
+    flashinfer = active.skipped["FLASHINFER_MLA (hook)"]  # without FlashInfer: no import
+    assert ("not capture-safe: decode.flattened_block_table" in flashinfer
+            or "does not import here" in flashinfer), flashinfer
 
 
 def _v1_loop(builder: Any, state: Any, steps: int, policy: str) -> list[Any]:
