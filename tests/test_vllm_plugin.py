@@ -533,6 +533,8 @@ def test_a_builder_measured_slower_in_the_engine_is_left_to_vllm_unless_forced(
 ) -> None:
     from draftmeta.integrations.vllm.plan import FORCE_ENV, make_plan
 
+    if "older_proposer" not in RELEASE.paths:
+        pytest.skip("the installed vLLM has no older proposer (build_for_drafting) to plan for")
     if forced:
         monkeypatch.setenv(FORCE_ENV, "1")
     else:
