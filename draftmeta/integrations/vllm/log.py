@@ -77,41 +77,41 @@ def vllm_logging_configured() -> bool:
 def announce(level: int, msg: str, *args: object) -> None:
     """Log one line of :func:`~draftmeta.integrations.vllm.plugin.register` in vLLM's log:
     now if vLLM's logging is configured in this process, else right after vLLM configures it."""
-    if vllm_logging_configured() or not _hold_until_configured():
-        logger.log(level, msg, *args)
-        return
-    with _lock:
-        _held.append((level, msg, args))
+    if not vllm_logging_configured():
+        with _lock:
+            if _hold_until_configured():
+                _held.append((level, msg, args))
+                return
+    logger.log(level, msg, *args)
 
 
 def _hold_until_configured() -> bool:
-    """Wrap vLLM's logging set-up so that held lines are written right after it; whether the
-    lines can be held (vLLM's set-up function exists here)."""
+    """Wrap vLLM's logging set-up so that held lines are written right after it (once);
+    whether lines can be held (vLLM's set-up function exists here). Called with the lock."""
     global _restore
-    with _lock:
-        if _restore is not None:
-            return True
-        try:
-            import vllm.logger as vllm_logger
-        except Exception:  # no vLLM logging to wait for: log through Python's logging now
-            return False
-        original: Any = getattr(vllm_logger, "_configure_vllm_root_logger", None)
-        if not callable(original):
-            return False
-
-        def _configure_vllm_root_logger(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
-            _release()
-            return result
-
-        def restore() -> None:
-            if vllm_logger.__dict__.get("_configure_vllm_root_logger") is (
-                    _configure_vllm_root_logger):
-                vllm_logger._configure_vllm_root_logger = original
-
-        vllm_logger._configure_vllm_root_logger = _configure_vllm_root_logger
-        _restore = restore
+    if _restore is not None:
         return True
+    try:
+        import vllm.logger as vllm_logger
+    except Exception:  # no vLLM logging to wait for: log through Python's logging now
+        return False
+    original: Any = getattr(vllm_logger, "_configure_vllm_root_logger", None)
+    if not callable(original):
+        return False
+
+    def _configure_vllm_root_logger(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        _release()
+        return result
+
+    def restore() -> None:
+        if vllm_logger.__dict__.get("_configure_vllm_root_logger") is (
+                _configure_vllm_root_logger):
+            vllm_logger._configure_vllm_root_logger = original
+
+    vllm_logger._configure_vllm_root_logger = _configure_vllm_root_logger
+    _restore = restore
+    return True
 
 
 def _release() -> None:
