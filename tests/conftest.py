@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -25,3 +27,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--update-golden", action="store_true", default=False,
         help="rewrite tests/golden from the current generators instead of comparing",
     )
+
+
+class _Capture(logging.Handler):
+    def __init__(self, records: list[logging.LogRecord]) -> None:
+        super().__init__(logging.DEBUG)
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def vllm_log() -> Iterator[list[logging.LogRecord]]:
+    """What reaches vLLM's ``vllm`` logger (DEBUG and up), with vLLM's logging configured as
+    an engine configures it (``configure_logging_if_needed(LoggingConfig())``, which vLLM's
+    engine arguments call too, so it is not configured again under the capture)."""
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging_if_needed
+
+    configure_logging_if_needed(LoggingConfig())
+    vllm_logger = logging.getLogger("vllm")
+    level = vllm_logger.level
+    records: list[logging.LogRecord] = []
+    capture = _Capture(records)
+    vllm_logger.addHandler(capture)
+    vllm_logger.setLevel(logging.DEBUG)  # vLLM's own handler keeps its level (ERROR here)
+    try:
+        yield records
+    finally:
+        vllm_logger.removeHandler(capture)
+        vllm_logger.setLevel(level)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,118 @@ def test_the_summary_json_carries_the_keys_issue_11_names_and_the_files_are_writ
     paths = write_results(data, tmp_path)
     assert json.loads(paths["json"].read_text())["backend"] == BACKEND
     assert "| CPU_MLA | 4 | 3 | yes | yes |" in paths["markdown"].read_text()
+
+
+# -- vLLM's default multiprocess engine, plugin loaded by vLLM; the plugin's line in its log ---
+
+_VLLM_LINE = re.compile(r"^\((?P<process>\S+) pid=(?P<pid>\d+)\) (?P<level>[A-Z]+) "
+                        r"\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+:\d+\] (?P<message>.*)$")
+"""A line in vLLM's log format (``VLLM_LOGGING_PREFIX`` empty, colour off)."""
+
+_OFF_LINE = "draftmeta off (DRAFTMETA_VLLM_PLUGIN=0): vLLM's draft loops run unchanged"
+
+
+def _engine(plugin: bool, multiprocess: bool) -> Any:
+    from draftmeta.e2e.multiprocess import run_engine_process
+
+    return run_engine_process(plugin=plugin, multiprocess=multiprocess, backend=BACKEND, k=3,
+                              batch_size=2, max_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def multiprocess_on() -> Iterator[Any]:
+    """vLLM's default engine (engine core and worker in processes of their own), plugin on."""
+    yield _engine(plugin=True, multiprocess=True)
+
+
+@pytest.fixture(scope="module")
+def multiprocess_off() -> Iterator[Any]:
+    """The same engine with ``DRAFTMETA_VLLM_PLUGIN=0``."""
+    yield _engine(plugin=False, multiprocess=True)
+
+
+@pytest.fixture(scope="module")
+def in_process_on() -> Iterator[Any]:
+    """An in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), plugin on."""
+    yield _engine(plugin=True, multiprocess=False)
+
+
+def _plugin_lines(run: Any) -> list[re.Match[str]]:
+    """draftmeta's lines in the run's log, each parsed as a line of vLLM's log format."""
+    lines = run.plugin_lines()
+    matches = [_VLLM_LINE.match(line) for line in lines]
+    assert lines and all(matches), lines
+    return [m for m in matches if m is not None]
+
+
+def _expected_line(worker: dict[str, Any]) -> str:
+    """The plugin's line for what it installed in ``worker`` (:func:`worker_report`): the
+    release, the catalogue, per draft path how many of the catalogue's builders draftmeta
+    covers and which it leaves to vLLM."""
+    from draftmeta.integrations.vllm.catalogue import current_release, installed_version
+
+    release = current_release()
+    names = {entry.name for entry in release.builders}
+    parts = [f"{words}: {len(worker[path])} of {len(names)} builders by draftmeta, left to "
+             f"vLLM: {', '.join(sorted(names - set(worker[path])))}"
+             for path, words in (("older_proposer", "older proposer"), ("hook", "hook"))
+             if path in release.paths]
+    return (f"draftmeta on (vLLM {installed_version()}, catalogue {release.version}): "
+            + "; ".join(parts)
+            + " ('draftmeta coverage' says why; DRAFTMETA_VLLM_PLUGIN=0 turns it off)")
+
+
+@needs_vllm_cpu
+def test_in_vllms_default_multiprocess_mode_the_plugin_updates_in_place_in_the_worker_process(
+        multiprocess_on: Any, multiprocess_off: Any) -> None:
+    (worker,) = multiprocess_on.workers
+    assert worker["pid"] != multiprocess_on.engine_pid  # the counts come from the child
+    assert worker["active"] and BACKEND in worker["older_proposer"]
+    assert worker["stats"][BACKEND]["in_place"] > 0
+    assert worker["stats"][BACKEND]["rebuilt"] == 0
+    (off_worker,) = multiprocess_off.workers  # the control: nothing of the plugin's there
+    assert off_worker["pid"] != multiprocess_off.engine_pid
+    assert not off_worker["active"] and off_worker["stats"] == {}
+
+
+@needs_vllm_cpu
+def test_in_multiprocess_mode_plugin_on_generates_the_same_output_tokens_as_plugin_off(
+        multiprocess_on: Any, multiprocess_off: Any) -> None:
+    assert [len(tokens) for tokens in multiprocess_on.output_tokens] == [16, 16]
+    assert multiprocess_on.output_tokens == multiprocess_off.output_tokens
+
+
+@needs_vllm_cpu
+def test_every_process_of_a_multiprocess_engine_writes_the_plugins_line_once_in_vllms_log(
+        multiprocess_on: Any) -> None:
+    lines = _plugin_lines(multiprocess_on)
+    (worker,) = multiprocess_on.workers
+    expected = _expected_line(worker)  # the counts: what the plugin installed in the worker
+    assert [(m["level"], m["message"]) for m in lines] == [("INFO", expected)] * len(lines)
+    pids = [int(m["pid"]) for m in lines]
+    assert len(pids) == len(set(pids)), "a process wrote the line twice"
+    assert {multiprocess_on.engine_pid, worker["pid"]} <= set(pids)
+    assert any(m["process"].startswith("EngineCore") for m in lines)
+
+
+@needs_vllm_cpu
+def test_with_the_plugin_off_every_process_of_the_engine_writes_only_the_off_line(
+        multiprocess_off: Any) -> None:
+    lines = _plugin_lines(multiprocess_off)
+    assert [(m["level"], m["message"]) for m in lines] == [("INFO", _OFF_LINE)] * len(lines)
+    pids = [int(m["pid"]) for m in lines]
+    (worker,) = multiprocess_off.workers
+    assert len(pids) == len(set(pids))
+    assert {multiprocess_off.engine_pid, worker["pid"]} <= set(pids)
+
+
+@needs_vllm_cpu
+def test_an_in_process_engine_writes_the_plugins_line_once_and_updates_in_place(
+        in_process_on: Any, multiprocess_off: Any) -> None:
+    (line,) = _plugin_lines(in_process_on)
+    (worker,) = in_process_on.workers
+    assert (line["level"], line["message"]) == ("INFO", _expected_line(worker))
+    assert int(line["pid"]) == in_process_on.engine_pid
+    assert worker["pid"] == in_process_on.engine_pid
+    assert worker["stats"][BACKEND]["in_place"] > 0
+    assert in_process_on.output_tokens == multiprocess_off.output_tokens

@@ -218,19 +218,21 @@ def test_unregister_restores_the_classes_exactly(monkeypatch: pytest.MonkeyPatch
     assert _snapshot() == before
 
 
-def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch,
-                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_turned_off_by_the_environment_with_one_line_in_vllms_log(
+    monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
+) -> None:
     monkeypatch.setenv(plugin.DISABLE_ENV, "0")
     plugin.unregister()
     before = _snapshot()
-    with caplog.at_level(logging.INFO, logger="draftmeta.vllm"):
-        plugin.register()
+    plugin.register()
     assert plugin.installed() is None and _snapshot() == before
-    assert "turned off by DRAFTMETA_VLLM_PLUGIN" in caplog.text
+    lines = [(r.levelno, r.getMessage()) for r in vllm_log if r.name == plugin.LOGGER_NAME]
+    assert lines == [(logging.INFO, "draftmeta off (DRAFTMETA_VLLM_PLUGIN=0): vLLM's draft "
+                                    "loops run unchanged")]
 
 
 def test_an_unsupported_version_leaves_vllm_untouched(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
 ) -> None:
     import vllm
 
@@ -238,10 +240,10 @@ def test_an_unsupported_version_leaves_vllm_untouched(
     monkeypatch.setattr(vllm, "__version__", "0.35.0")
     plugin.unregister()
     before = _snapshot()
-    with caplog.at_level(logging.WARNING, logger="draftmeta.vllm"):
-        plugin.register()
+    plugin.register()
     assert plugin.installed() is None and _snapshot() == before
-    lines = [r.getMessage() for r in caplog.records if r.name == "draftmeta.vllm"]
+    lines = [r.getMessage() for r in vllm_log
+             if r.name == plugin.LOGGER_NAME and r.levelno == logging.WARNING]
     assert lines == ["draftmeta: vLLM left untouched: vLLM 0.35.0 is not a supported release "
                      "(0.32 to 0.34)"]
 
@@ -323,9 +325,10 @@ def test_amx_metadata_with_its_extra_attributes_is_updated_in_place(
 
 @needs_older_proposer
 def test_an_attribute_the_spec_does_not_cover_keeps_that_builder_rebuilding(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
 ) -> None:
-    """The negative control of the test above: AMX's attributes without their rules."""
+    """The negative control of the test above: AMX's attributes without their rules. Two
+    builders of that backend refuse their metadata; vLLM's log gets one warning for it."""
     from draftmeta.backends.mla import MLASpec
 
     entry = RELEASE.entry("AMX_MLA")
@@ -339,12 +342,12 @@ def test_an_attribute_the_spec_does_not_cover_keeps_that_builder_rebuilding(
     plugin.unregister()
     plugin.register(spec_overrides={"AMX_MLA": without_attributes})
     try:
-        with caplog.at_level(logging.WARNING, logger="draftmeta.vllm"):
-            _older_loop_counts("AMX_MLA")
-            _older_loop_counts("AMX_MLA", seed=4)
+        _older_loop_counts("AMX_MLA")
+        _older_loop_counts("AMX_MLA", seed=4)
         assert plugin.stats()["AMX_MLA"] == {"in_place": 0, "rebuilt": 8, "carried_over": 0}
-        lines = [r.getMessage() for r in caplog.records if r.name == "draftmeta.vllm"]
-        assert len(lines) == 2 and "AMX_MLA keeps rebuilding" in lines[0]
+        lines = [r.getMessage() for r in vllm_log
+                 if r.name == plugin.LOGGER_NAME and r.levelno == logging.WARNING]
+        assert len(lines) == 1 and "AMX_MLA keeps rebuilding" in lines[0]
         assert "decode.req_to_token (an attribute outside the class's fields)" in lines[0]
     finally:
         plugin.unregister()
@@ -387,7 +390,7 @@ def _refused_when_bound(*, policy: Any, dcp: bool = False, builder: Any = None) 
 
 
 def test_a_spec_that_does_not_fit_its_builder_leaves_that_builder_to_vllm(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
 ) -> None:
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     plugin.unregister()
@@ -395,11 +398,11 @@ def test_a_spec_that_does_not_fit_its_builder_leaves_that_builder_to_vllm(
     try:
         assert "CPU_MLA" in plugin.installed().hook  # type: ignore[union-attr]
         config = harness.cached_vllm_config(max_model_len=512, block_size=16)
-        with caplog.at_level(logging.WARNING, logger="draftmeta.vllm"):
-            builder = harness.make_builder("CPU_MLA", config, block_size=16)  # no raise
+        builder = harness.make_builder("CPU_MLA", config, block_size=16)  # no raise
         assert builder.supports_draft_decode_metadata_update is False  # vLLM's own value
-        assert any("CPU_MLA keeps vLLM's behaviour" in r.getMessage() and
-                   "does not fit this builder" in r.getMessage() for r in caplog.records)
+        warned = _plugin_warnings(vllm_log)
+        assert any("CPU_MLA keeps vLLM's behaviour" in line and
+                   "does not fit this builder" in line for line in warned), warned
         state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
                              max_model_len=512, steps=4)
         metadata = builder.build(0, _cad(state))
@@ -449,15 +452,25 @@ def _shadow_run(monkeypatch: pytest.MonkeyPatch, interval: str, loops: int) -> l
     return pairs
 
 
+def _plugin_warnings(records: list[logging.LogRecord]) -> list[str]:
+    return [r.getMessage() for r in records
+            if r.name == plugin.LOGGER_NAME and r.levelno == logging.WARNING]
+
+
 @needs_older_proposer
 def test_shadow_mode_catches_a_stale_spec_and_switches_that_builder_back_to_rebuilding(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    vllm_log: list[logging.LogRecord],
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="draftmeta.shadow"):
         pairs = _shadow_run(monkeypatch, "2", loops=4)
     assert all(compare_metadata(last, want) == [] for last, want in pairs)
     lines = [r.getMessage() for r in caplog.records if r.name == "draftmeta.shadow"]
     assert len(lines) == 1 and "builder CPU_MLA: field max_seq_len is stale" in lines[0]
+    # and vLLM's log says it once, in the plugin's words
+    (warning,) = _plugin_warnings(vllm_log)
+    assert warning.startswith("draftmeta: CPU_MLA rebuilds from now on: shadow mode found "
+                              "field max_seq_len stale")
 
 
 @needs_older_proposer
@@ -470,6 +483,51 @@ def test_without_shadow_mode_the_same_stale_spec_goes_unnoticed(
     assert all([m.path for m in compare_metadata(last, want)] == ["max_seq_len"]
                for last, want in pairs)
     assert not [r for r in caplog.records if r.name == "draftmeta.shadow"]
+    assert not [r for r in caplog.records if r.name == plugin.LOGGER_NAME]
+
+
+def _refusing_cpu_mla(*, policy: Any, dcp: bool = False, builder: Any = None) -> Any:
+    """CPU_MLA's spec with one more precondition, which no draft step meets."""
+    from draftmeta import DraftSpec, Equals
+
+    good = RELEASE.entry("CPU_MLA").make_spec(policy=policy, dcp=dcp, builder=builder)
+    return DraftSpec(good.cls, good.rules, name="refusing", nested=good.nested,
+                     preconditions=[*good.preconditions,
+                                    Equals("num_reqs", -1, name="never_met")])
+
+
+@needs_older_proposer
+@pytest.mark.parametrize("spec", ["refusing", "shipped"])
+def test_a_builder_whose_spec_refuses_at_run_time_warns_in_vllms_log_once_and_rebuilds(
+    spec: str, monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
+) -> None:
+    """Three draft loops of 4 steps on two builders, all refused: 6 rebuilds, one warning
+    with the reason, the rest at DEBUG. The shipped spec (the control) warns nothing."""
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register(spec_overrides={"CPU_MLA": _refusing_cpu_mla} if spec == "refusing"
+                    else None)
+    try:
+        config = harness.cached_vllm_config(max_model_len=1024, block_size=16)
+        for seed in range(3):
+            state = random_state(torch.Generator().manual_seed(seed), batch_size=3,
+                                 block_size=16, max_model_len=1024, steps=4)
+            builder = harness.make_builder("CPU_MLA", config, block_size=16)
+            _v1_loop(builder, state, 3, "wrap")
+        counts = plugin.stats()["CPU_MLA"]
+        warnings = _plugin_warnings(vllm_log)
+        debug = [r for r in vllm_log if r.name == plugin.LOGGER_NAME
+                 and r.levelno == logging.DEBUG]
+        if spec == "shipped":
+            assert counts == {"in_place": 6, "rebuilt": 0, "carried_over": 0}
+            assert warnings == [] and debug == []
+            return
+        assert counts == {"in_place": 0, "rebuilt": 6, "carried_over": 0}
+        assert len(warnings) == 1 and len(debug) == 2
+        assert warnings[0].startswith("draftmeta: CPU_MLA rebuilds this draft loop: ")
+        assert "never_met" in warnings[0]
+    finally:
+        plugin.unregister()
 
 
 @needs_older_proposer

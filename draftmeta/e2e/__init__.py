@@ -21,6 +21,8 @@ Modules, one job each:
   refresh timings and in-place / rebuild counts per backend);
 * :mod:`draftmeta.e2e.engine`: fresh engines, plugin off and on, measured side by side;
 * :mod:`draftmeta.e2e.compare`: the matrix of backends, batch sizes and K, off against on;
+* :mod:`draftmeta.e2e.multiprocess`: one engine in a process of its own, vLLM's default
+  multiprocess mode, plugin loaded by vLLM (its log, tokens and the worker's counts);
 * :mod:`draftmeta.e2e.report`: JSON, Markdown and PNG;
 * :mod:`draftmeta.e2e.cli`: the ``draftmeta e2e`` command (also ``python -m draftmeta.e2e``).
 

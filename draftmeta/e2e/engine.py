@@ -153,7 +153,7 @@ def plugin_session(on: bool, spec_overrides: Mapping[str, SpecOverride] | None =
         os.environ[env] = "0"
         yield plugin
         return
-    logger = logging.getLogger("draftmeta.vllm")
+    logger = logging.getLogger(plugin.LOGGER_NAME)
     capture = _LogCapture()
     logger.addHandler(capture)
     previous_level = logger.level

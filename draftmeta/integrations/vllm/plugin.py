@@ -68,6 +68,8 @@ from draftmeta.integrations.vllm.carry_over import (
     unchanged_values,
 )
 from draftmeta.integrations.vllm.carry_over import enabled as carry_over_enabled
+from draftmeta.integrations.vllm.log import LOGGER_NAME, announce, fallback, summary
+from draftmeta.integrations.vllm.log import reset as reset_log
 from draftmeta.integrations.vllm.plan import (
     FORCE_ENV,
     OVERRIDE_ENV,
@@ -95,7 +97,9 @@ __all__ = [
     "unregister",
 ]
 
-logger = logging.getLogger("draftmeta.vllm")
+logger = logging.getLogger(LOGGER_NAME)
+"""The plugin's logger, ``vllm.draftmeta``: its lines appear in vLLM's log, in vLLM's format
+(:mod:`~draftmeta.integrations.vllm.log`)."""
 
 
 DISABLE_ENV = "DRAFTMETA_VLLM_PLUGIN"
@@ -173,7 +177,8 @@ def _installed_version() -> str:
 
 
 def register(*, spec_overrides: Mapping[str, SpecOverride] | None = None) -> None:
-    """The plugin's entry point: idempotent, per-builder, fails closed, logs one line.
+    """The plugin's entry point: idempotent, per-builder, fails closed, logs one line in
+    vLLM's log (on with what it covers, off, or left untouched with the reason).
 
     Args:
         spec_overrides: replacement spec factories by builder name (``{"CPU_MLA": factory}``),
@@ -184,16 +189,18 @@ def register(*, spec_overrides: Mapping[str, SpecOverride] | None = None) -> Non
         if _installed is not None:
             return
         if _disabled():
-            logger.info("draftmeta: plugin turned off by %s", DISABLE_ENV)
+            announce(logging.INFO, "draftmeta off (%s=0): vLLM's draft loops run unchanged",
+                     DISABLE_ENV)
             return
         try:
             version = _installed_version()
             plan = make_plan(version, overrides=spec_overrides)
         except Unsupported as exc:
-            logger.warning("draftmeta: vLLM left untouched: %s", exc)
+            announce(logging.WARNING, "draftmeta: vLLM left untouched: %s", exc)
             return
         except Exception as exc:  # vLLM itself failed to import: say so, change nothing
-            logger.warning("draftmeta: vLLM left untouched: cannot inspect it (%s)", exc)
+            announce(logging.WARNING, "draftmeta: vLLM left untouched: cannot inspect it (%s)",
+                     exc)
             return
         older, hook, skipped = [], [], {}
         for decision in plan.decisions:
@@ -213,11 +220,7 @@ def register(*, spec_overrides: Mapping[str, SpecOverride] | None = None) -> Non
             _stats.setdefault(decision.entry.name, BuilderStats())
         _installed = Installed(version, plan.release.version, tuple(older), tuple(hook),
                                skipped, plan)
-    logger.info(
-        "draftmeta: vLLM %s: in-place draft updates for %d builder(s) in the older proposer, "
-        "%d hook(s) installed; %d left alone (draftmeta coverage says why)",
-        version, len(older), len(hook), len(skipped),
-    )
+    announce(logging.INFO, "%s", summary(plan))
 
 
 def _exactly(obj: Any, cls: type) -> bool:
@@ -232,6 +235,7 @@ def unregister() -> None:
         _patches.restore()
         _installed = None
         _stats.clear()
+        reset_log()
 
 
 # -- the older proposer: build at index 1, update in place after ---------------------------
@@ -339,7 +343,8 @@ def _older_build_for_drafting(
             uncovered = kept.spec.uncovered(metadata)
             if uncovered:
                 kept.refused = True
-                logger.warning(
+                fallback(
+                    entry.name,
                     "draftmeta: %s keeps rebuilding: its built metadata carries %s, which "
                     "spec %s has no rule for", entry.name, uncovered[0], kept.spec.name,
                 )
@@ -361,7 +366,7 @@ def _older_build_for_drafting(
         try:
             kept.spec.update(carried.metadata, state)
         except DraftMetaError as exc:
-            logger.info("draftmeta: %s builds this draft loop: %s", entry.name, exc)
+            fallback(entry.name, "draftmeta: %s builds this draft loop: %s", entry.name, exc)
             return None
         builder._draftmeta_loop = (cad, carried.metadata, kept, None)  # no seal: full updates
         if kept.shadowed:
@@ -379,7 +384,7 @@ def _older_build_for_drafting(
         try:
             sealed = kept.sealed[0](metadata, _rebind(kept.state, cad))
         except DraftMetaError as exc:
-            logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
+            fallback(entry.name, "draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
             return
         builder._draftmeta_loop = (cad, metadata, kept, sealed)
 
@@ -402,7 +407,8 @@ def _older_build_for_drafting(
                         self._draftmeta_loop = (common_attn_metadata, metadata, kept,
                                                 kept.sealed[0](metadata, state))
             except DraftMetaError as exc:
-                logger.info("draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
+                fallback(entry.name, "draftmeta: %s rebuilds this draft loop: %s", entry.name,
+                         exc)
             else:
                 if kept.shadowed:
                     metadata = _shadow_step(self, original, kept, common_attn_metadata,
@@ -452,7 +458,9 @@ def _shadow_step(builder: Any, original: Callable[..., Any], kept: _OlderBuilder
     counters = _stats[kept.sentinel.builder]
     updated = copy.deepcopy(metadata)
     rebuilt = original(builder, cad, draft_index)
-    if kept.sentinel.compare(updated, rebuilt) is not None:
+    if (mismatch := kept.sentinel.compare(updated, rebuilt)) is not None:
+        fallback(kept.sentinel.builder, "draftmeta: %s rebuilds from now on: shadow mode found "
+                 "field %s stale (%s)", kept.sentinel.builder, mismatch.path, mismatch.detail)
         builder._draftmeta_loop = builder._draftmeta_carried = None
         counters.rebuilt += 1
         return rebuilt
@@ -483,8 +491,8 @@ def _hook_init(
             spec = spec_for(entry, overrides, policy="frozen", dcp=dcp, builder=self)
         except DraftMetaError as exc:  # fail closed: this builder keeps vLLM's behaviour
             self._draftmeta_spec = None
-            logger.warning("draftmeta: %s keeps vLLM's behaviour: its spec bound to this "
-                           "builder does not fit (%s)", entry.name, exc)
+            fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: its spec bound to "
+                     "this builder does not fit (%s)", entry.name, exc)
             return
         self._draftmeta_spec = spec
         # the spec bound to this builder (FA3's head configuration, FlashMLA's FP8 cache) is
