@@ -59,15 +59,16 @@ class UpdateFunction(Protocol[M_contra]):
 class SealFunction(Protocol[M_contra]):
     """The signature of a generated seal: ``seal(metadata, state) -> seal``."""
 
-    def __call__(self, metadata: M_contra, state: DraftState, /) -> tuple[object, ...]:
-        """Check ``metadata``'s structure against ``state``; return what was verified."""
+    def __call__(self, metadata: M_contra, state: DraftState, /) -> list[object]:
+        """Update ``metadata`` in place with every check; return what its structure checks
+        verified (a list the step may add to: it caches the sealed buffers' memory there)."""
 
 
 class StepFunction(Protocol[M_contra]):
     """The signature of a generated step: ``step(metadata, state, seal) -> bool``."""
 
     def __call__(
-        self, metadata: M_contra, state: DraftState, seal: tuple[object, ...], /
+        self, metadata: M_contra, state: DraftState, seal: list[object], /
     ) -> bool:
         """Update a sealed ``metadata`` in place; ``False``, writing nothing, if it changed."""
 
@@ -132,10 +133,11 @@ def _raised(exc: BaseException) -> str:
 Part = Literal["full", "check", "finish", "seal", "step"]
 """Which phases a generated function runs: all of them; only the checks (phases 0-3); or
 everything after the checks (phases 3-5) minus the tensor writes done elsewhere (fused);
-``"seal"``: the checks that depend only on the object's structure and the tensors it holds
-(phases 0, 1, 2 and 3c), returning a seal of what they verified; ``"step"``: the update of a
-sealed object, with phases 2 and 3c replaced by a comparison with its seal (identity of every
-record and tensor verified; a state buffer that is a new object must lie in the same memory)."""
+``"seal"``: the full update (every check, then the writes), returning a seal of what the
+checks that depend only on the object's structure and the tensors it holds (phases 0, 1, 2 and
+3c) verified; ``"step"``: the update of a sealed object, with phases 2 and 3c replaced by a
+comparison with its seal (identity of every record and tensor verified; a state buffer that is
+a new object must lie in the same memory)."""
 
 
 class _RuleEmitter:
@@ -172,6 +174,10 @@ class _RuleEmitter:
 
     def readable(self, path: str) -> bool:
         return "." not in path or path.rsplit(".", 1)[0] in self._gen.locals
+
+    @property
+    def once_per_object(self) -> bool:
+        return self._gen.part == "seal"
 
 
 class _Generator:
@@ -246,7 +252,7 @@ class _Generator:
             "full": f"Update a {cls} in place for one draft step.",
             "check": f"Check that a {cls} can be updated; write nothing.",
             "finish": f"Finish updating a {cls} after its checks passed.",
-            "seal": f"Check a {cls}'s structure once; write nothing; return its seal.",
+            "seal": f"Update a {cls} in place with every check; return its seal.",
             "step": f"Update a sealed {cls} in place; False (nothing written) if it changed.",
         }[self.part]
         self.emit(f'"""{what}')
@@ -259,9 +265,9 @@ class _Generator:
             self.emit(f"{origin}; it runs every check of")
             self.emit("the update and writes nothing.")
         elif self.part == "seal":
-            self.emit(f"{origin}. It runs the checks that")
-            self.emit("depend only on the object's structure and the tensors it holds, and returns")
-            self.emit("what they verified, for draft_step_" + identifier(spec.name) + ".")
+            self.emit(f"{origin}: the full update (every")
+            self.emit("check before the first write), returning what the structure checks")
+            self.emit("verified, for draft_step_" + identifier(spec.name) + " at the later steps.")
         elif self.part == "step":
             self.emit(f"{origin}. ``seal`` is what")
             self.emit(f"draft_seal_{identifier(spec.name)} returned for this object; every check")
@@ -285,19 +291,18 @@ class _Generator:
             self.sealed()
         if part != "finish":
             self.host_operands()
-        if part != "seal":
-            self.host_phase()
-        if part in ("full", "check", "step"):
+        self.host_phase()
+        if part != "finish":
             self.formula_checks()
         if part in ("full", "check", "seal"):
             self.layout()
-        if part in ("full", "finish", "step"):
+        if part != "check":
             self.tensor_phase()
             self.store_phase()
+        if part in ("full", "seal", "step"):
+            self.untouched()
         if part == "seal":
             self.seal()
-        if part in ("full", "step"):
-            self.untouched()
         if part == "step":
             self.emit("return True")
         elif self.skip:
@@ -346,17 +351,20 @@ class _Generator:
         items = ([self.locals[p] for p in records] + [self.ref(p) for p in tensors]
                  + [f"state.{name}" for name in state])
         if not items:
-            self.emit("return ()")
+            self.emit("return []")
             return
-        self.emit("return (")
+        self.emit("return [")
         for item in items:
             self.emit(f"{item},", 2)
-        self.emit(")")
+        if state:
+            self.emit("# where each of those state buffers lies, noted at the step's first need", 2)
+            self.emit(", ".join(["None"] * len(state)) + ",", 2)
+        self.emit("]")
 
     def sealed(self) -> None:
         """Phase 2 of a step: the object still holds what its seal verified."""
         records, tensors, state = self.sealed_refs()
-        memory = self.ns.bind(_memory, "memory")
+        moved = self.ns.bind(_moved, "moved")
         self.emit("# 2b. sealed: the records and tensors the seal verified, the same objects; a "
                   "state buffer")
         self.emit("# that is a new object lies in the same memory (else nothing is written: the "
@@ -372,7 +380,7 @@ class _Generator:
             self.emit("return False", 2)
         for j, name in enumerate(state):
             self.emit(f"if state.{name} is not seal[{k + j}] and "
-                      f"{memory}(state.{name}) != {memory}(seal[{k + j}]):")
+                      f"{moved}(state.{name}, seal, {k + j}, {k + len(state) + j}):")
             self.emit("return False", 2)
 
     def finish(self) -> str:
@@ -537,9 +545,14 @@ class _Generator:
             LayoutGuard(entries, owns_state=self.spec.cls is DraftState), "layout"
         )
         self.emit("# 3c. memory: written tensors own their memory (checked once per tensor set)")
-        self.emit(f"_problem = {guard}.check(state, {', '.join(args)})")
-        self.emit("if _problem is not None:")
-        self.emit("raise _UpdateError(_SPEC, *_problem)", 2)
+        depth = 1
+        if all(e.unchanged and self.spec.optional(e.path) for e in entries):
+            # only optional fields said to stay: the guard has nothing to check while all are None
+            self.emit(f"if {' or '.join(f'{a} is not None' for a in args)}:")
+            depth = 2
+        self.emit(f"_problem = {guard}.check(state, {', '.join(args)})", depth)
+        self.emit("if _problem is not None:", depth)
+        self.emit("raise _UpdateError(_SPEC, *_problem)", depth + 1)
 
     def host_phase(self) -> None:
         first = True
@@ -618,8 +631,19 @@ def _memory(t: object) -> object:
     return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
 
 
-_memory.__draftmeta_describe__ = (  # type: ignore[attr-defined]
-    "(tensor) -> (address, shape, strides, dtype, device): where it lies, for the seal"
+def _moved(buffer: object, seal: list[object], i: int, j: int) -> bool:
+    """Whether a state ``buffer`` that is not the sealed object ``seal[i]`` lies elsewhere
+    (:func:`_memory`); ``seal[j]`` keeps where ``seal[i]`` lies, computed at the first need, so
+    that a step computes it for the new object only."""
+    sealed = seal[j]
+    if sealed is None:
+        sealed = seal[j] = _memory(seal[i])
+    return _memory(buffer) != sealed
+
+
+_moved.__draftmeta_describe__ = (  # type: ignore[attr-defined]
+    "(buffer, seal, i, j) -> whether buffer lies elsewhere than seal[i] (seal[j]: its memory, "
+    "noted at the first need)"
 )
 
 

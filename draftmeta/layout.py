@@ -145,6 +145,11 @@ class LayoutGuard:
         self._held: tuple[object, ...] = ()
         self._verified: dict[tuple[object, ...], None] = {}  # insertion-ordered, bounded
 
+    @property
+    def entries(self) -> tuple[Written, ...]:
+        """The written (and unchanged) tensor fields it checks, in the order of the arguments."""
+        return self._entries
+
     def check(self, state: object, *args: object) -> tuple[str, str] | None:
         """``None`` if every write is safe, else ``(path, problem)``. Writes nothing."""
         for a in args:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pytest
@@ -104,6 +104,16 @@ class _FailingGuard:
         return "<injected>", "injected layout failure"
 
 
+def _failing_guard(ns: dict[str, Any], name: str, guard: LayoutGuard, metadata: Any
+                   ) -> AbstractContextManager[None]:
+    """The layout guard replaced by one that fails. Where it checks only optional fields that
+    are all ``None`` here, the update skips it; one of them gets a tensor so that it runs."""
+    if all(e.unchanged for e in guard.entries) and all(
+            _get_path(metadata, e.path) is None for e in guard.entries):
+        _set_path(metadata, guard.entries[0].path, torch.zeros(4, dtype=torch.int32))
+    return _patched(ns, name, _FailingGuard())
+
+
 def _raise(*args: object) -> object:
     raise Injected("host value")
 
@@ -121,7 +131,7 @@ def _injections(spec: DraftSpec[Any]) -> list[tuple[str, Callable[[Any, DraftSta
             # phase 0 refuses an object carrying an attribute outside this set
             out.append(("0 object", lambda m, s, n=name: _patched(ns, n, frozenset())))
         elif isinstance(value, LayoutGuard):
-            out.append(("3c layout", lambda m, s, n=name: _patched(ns, n, _FailingGuard())))
+            out.append(("3c layout", lambda m, s, n=name, g=value: _failing_guard(ns, n, g, m)))
         elif isinstance(value, InPlaceFunction):
             for raise_ in (False, True):
                 out.append((f"3b formula check{' raises' if raise_ else ''}",

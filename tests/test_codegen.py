@@ -76,7 +76,8 @@ def test_explain_is_deterministic_and_readable() -> None:
         "_decode = metadata.decode",
         "if _pair is None or _pair[0] is not _decode.seq_lens or "
         "_pair[1] is not state.seq_lens:",
-        "if not _shares_storage(_decode.seq_lens, state.seq_lens):",
+        "if _decode.seq_lens is not state.seq_lens and "
+        "not _shares_storage(_decode.seq_lens, state.seq_lens):",
         "_new_max_seq_len = min(metadata.max_seq_len + 1, state.max_model_len)",
         "_rows_of_positions_now[2].add_(1).clamp_(max=state.max_model_len - 1)",
         "# decode.lens_copy: derive: copy of the input's leading rows",

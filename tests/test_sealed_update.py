@@ -1,12 +1,13 @@
 """Seal once, step after (``DraftSpec.sealed``): what the seal checked is re-checked whenever the
 object could have changed.
 
-The seal checks an object's structure once (classes, attribute names, aliases, memory layout);
-a step trusts it only while the object still holds exactly what was sealed: the same records and
-tensors, no attribute outside the spec, state buffers that are the same objects or new views of
-the same memory. Anything else writes nothing: an attribute outside the spec raises (as the full
-update does), anything the seal no longer vouches for returns ``False`` so the caller runs the
-full update, which checks everything again.
+The seal is an object's first in-place update, with every check (classes, attribute names,
+aliases, memory layout); it returns what those checks verified. A step trusts it only while the
+object still holds exactly what was sealed: the same records and tensors, no attribute outside
+the spec, state buffers that are the same objects or new views of the same memory. Anything else
+writes nothing: an attribute outside the spec raises (as the full update does), anything the
+seal no longer vouches for returns ``False`` so the caller runs the full update, which checks
+everything again.
 """
 
 from __future__ import annotations
@@ -33,12 +34,16 @@ def _opaque(obj: object) -> bool:
     return isinstance(obj, Scheduler)
 
 
-def _sealed(seed: int = 0) -> tuple[Any, DraftState, ToyMeta[ToyDecode], tuple[object, ...]]:
+def _sealed(seed: int = 0) -> tuple[Any, DraftState, ToyMeta[ToyDecode], list[object]]:
+    """Metadata built for one step, then sealed at the next (its first in-place update)."""
     spec = toy_spec()
     state = _state(seed)
     meta = toy_metadata(state)
     seal, _ = spec.sealed
-    return spec, state, meta, seal(meta, state)
+    advance_state(state, "clamp")
+    sealed = seal(meta, state)
+    assert compare_metadata(meta, toy_metadata(state), opaque=_opaque) == []
+    return spec, state, meta, sealed
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -72,7 +77,7 @@ def test_a_new_view_of_the_same_state_buffer_is_still_sealed() -> None:
     assert step(meta, state, sealed) is True
 
 
-def _refused(spec: Any, meta: Any, state: DraftState, sealed: tuple[object, ...]) -> None:
+def _refused(spec: Any, meta: Any, state: DraftState, sealed: list[object]) -> None:
     """The step writes nothing and sends the caller to the full update."""
     _, step = spec.sealed
     before = _snapshot(meta, state)
@@ -175,7 +180,34 @@ def test_the_seal_raises_what_the_full_update_raises() -> None:
     meta = toy_metadata(state)
     meta.slot_mapping = meta.slot_mapping.clone()
     seal, _ = spec.sealed
+    advance_state(state, "clamp")
     before = _snapshot(meta, state)
     with pytest.raises(UpdateError, match=r"slot_mapping.*no longer shares storage"):
         seal(meta, state)
     assert _snapshot(meta, state) == before
+
+
+def test_the_seal_is_the_full_update_of_its_step() -> None:
+    spec, state, meta, _ = _sealed(3)
+    other_state, other = copy.deepcopy((state, meta))
+    advance_state(state, "clamp")
+    advance_state(other_state, "clamp")
+    seal, _ = spec.sealed
+    seal(meta, state)
+    spec.update(other, other_state)
+    assert compare_metadata(meta, other, opaque=_opaque) == []
+
+
+def test_a_step_notes_where_a_sealed_buffer_lies_once_and_still_sees_it_move() -> None:
+    """The seal keeps where each state buffer lay for the step; a buffer moved after that
+    note is still refused."""
+    spec, state, meta, sealed = _sealed()
+    _, step = spec.sealed
+    for _ in range(2):
+        advance_state(state, "clamp")
+        state.slot_mapping = state.slot_mapping[:]  # a new view of the same memory
+        assert step(meta, state, sealed) is True
+    assert any(isinstance(x, tuple) for x in sealed)  # where the slot mapping lay, noted
+    advance_state(state, "clamp")
+    state.slot_mapping = state.slot_mapping.clone()  # other memory
+    _refused(spec, meta, state, sealed)

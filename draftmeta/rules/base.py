@@ -138,6 +138,11 @@ class Emitter(Protocol):
         """Whether ``path`` can be read without first checking an optional record on the way
         (top-level, or its record is a checked local of the function)."""
 
+    @property
+    def once_per_object(self) -> bool:
+        """Whether the function being written runs once per metadata object (a seal, at the
+        first step of a new object): a memo of the objects its last call saw would only miss."""
+
 
 def _plus(expr: str, offset: int) -> str:
     if offset > 0:

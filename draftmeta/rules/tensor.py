@@ -74,14 +74,19 @@ class Alias(Rule):
         if _STATE_FIELDS[self.source].optional:
             em.emit(f"if {src} is None:")
             em.error(path, repr(f"is an alias of {src}, which is None"), 1)
+        shares = em.bind(_shares_storage, "shares_storage")
+        problem = repr(f"no longer shares storage with {src} (a copy would go stale)")
+        if em.once_per_object:  # new objects at every call: a memo of the last pair would miss
+            em.emit(f"if {expr} is not {src} and not {shares}({expr}, {src}):")
+            em.error(path, problem, 1)
+            return
         # a pair of tensor objects verified once stays verified (a tensor's storage is fixed
         # unless set_() swaps it): the steady state costs two identity tests
-        shares = em.bind(_shares_storage, "shares_storage")
         memo = em.bind([None], f"verified_{path}")
         em.emit(f"_pair = {memo}[0]")
         em.emit(f"if _pair is None or _pair[0] is not {expr} or _pair[1] is not {src}:")
-        em.emit(f"if not {shares}({expr}, {src}):", 1)
-        em.error(path, repr(f"no longer shares storage with {src} (a copy would go stale)"), 2)
+        em.emit(f"if {expr} is not {src} and not {shares}({expr}, {src}):", 1)
+        em.error(path, problem, 2)
         em.emit(f"{memo}[0] = ({expr}, {src})", 1)
 
 

@@ -8,10 +8,12 @@ plan :func:`~draftmeta.integrations.vllm.plan.make_plan` makes, **per builder**:
 
 * **older proposer** (0.32 and 0.33: ``build_for_drafting`` at every draft index): the metadata
   built at draft index 1 is kept and, at later indices of the same draft loop, updated in place
-  instead of rebuilt. Right after vLLM builds it at index 1 its structure is checked once and
-  sealed (:attr:`~draftmeta.spec.DraftSpec.sealed`); the later indices run the sealed step,
-  which re-checks at every step what can change between steps and falls back to the full
-  update (every check again) where the object no longer holds what was sealed. With
+  instead of rebuilt. Index 1 itself only keeps it (where K = 2 there is no later index, and
+  the plugin costs nothing there); the loop's first in-place step (index 2) runs every check of
+  the spec on it, updates it and seals it (:attr:`~draftmeta.spec.DraftSpec.sealed`); the later
+  indices run the sealed step, which re-checks at every step what can change between steps and
+  falls back to the full update (every check again) where the object no longer holds what was
+  sealed. With
   ``DRAFTMETA_CARRY_OVER=1`` (opt-in), at draft index 1 of the next loop, where the catalogue
   declares what the builder's build reads (``carry_over``: ``CPU_MLA``, ``TRITON_MLA``) and the
   new loop's batch matches the last one in all of it (same buffer views, same host structure; see
@@ -245,11 +247,11 @@ def unregister() -> None:
 class _OlderBuilder:
     """What the plugin keeps per builder instance on the older proposer path.
 
-    A draft loop itself is one tuple on the builder, ``_draftmeta_loop = (common metadata,
-    metadata built or carried over at index 1, this record, its seal or None)``, set at index 1
-    (creating an object per loop costs more host time than the update saves) and dropped after
-    the loop's last index, so the loop's objects die with vLLM's references to them, not
-    during the next loop.
+    A draft loop itself is one tuple on the builder, ``_draftmeta_loop``: ``(common metadata,
+    metadata built at index 1)`` until its first in-place step, then ``(common metadata,
+    metadata, this record, its seal or None)`` (creating an object per loop costs more host time
+    than the update saves). It is dropped after the loop's last index, so the loop's objects die
+    with vLLM's references to them, not during the next loop.
     """
 
     spec: DraftSpec[Any]
@@ -273,7 +275,7 @@ class _Carried:
 
 
 def _rebind(state: DraftState, cad: Any) -> DraftState:
-    """Point ``state`` at this draft loop's common metadata (vLLM makes new views per loop)."""
+    """Point ``state`` at this draft step's common metadata (vLLM makes new views per step)."""
     state.seq_lens, state.slot_mapping = cad.seq_lens, cad.slot_mapping
     state.block_table, state.query_start_loc = cad.block_table_tensor, cad.query_start_loc
     state.max_seq_len, state.num_reqs = cad.max_seq_len, cad.num_reqs
@@ -284,7 +286,7 @@ def _rebind(state: DraftState, cad: Any) -> DraftState:
 
 def _state_from_cad(cad: Any, builder: Any) -> DraftState:
     """The builder's draft state, over one draft loop's common metadata (rebound to each
-    loop's by :func:`_rebind`: allocating a state per loop costs more than rebinding one)."""
+    step's by :func:`_rebind`: allocating a state per loop costs more than rebinding one)."""
     positions = cad.positions if cad.positions is not None else cad.seq_lens.new_empty(0)
     return DraftState(
         positions=positions,
@@ -320,10 +322,8 @@ def _older_build_for_drafting(
     counters = _stats.setdefault(entry.name, BuilderStats())
     declared = entry.carry_over if carry_over_enabled() else None
 
-    def bound(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
-        """At a draft loop's index 1: the builder's spec and state (made at its first loop),
-        its first built object checked once for uncovered attributes, whether the loop is
-        shadowed; ``None`` if this builder must rebuild."""
+    def record(builder: Any, cad: Any) -> _OlderBuilder:
+        """The builder's spec, state and loop length, made at its first draft loop."""
         kept: _OlderBuilder | None = builder.__dict__.get("_draftmeta_older_builder")
         if kept is None:
             spec = spec_for(entry, overrides, policy="advance", builder=builder)
@@ -338,6 +338,13 @@ def _older_build_for_drafting(
             kept = _OlderBuilder(spec, _state_from_cad(cad, builder), sentinel_for(entry.name),
                                  _last_draft_index(builder), spec.sealed, carry=carry)
             builder._draftmeta_older_builder = kept
+        return kept
+
+    def bound(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
+        """At a draft loop's first in-place update: the builder's record, its first built
+        object checked once for uncovered attributes, whether the loop is shadowed; ``None``
+        if this builder must rebuild."""
+        kept = record(builder, cad)
         if not kept.checked:
             kept.checked = True
             uncovered = kept.spec.uncovered(metadata)
@@ -374,19 +381,20 @@ def _older_build_for_drafting(
         counters.carried_over += 1
         return carried.metadata
 
-    def seal(builder: Any, cad: Any, metadata: Any) -> None:
-        """Draft index 1, right after vLLM built ``metadata``: check once everything about it
-        that cannot change while the loop runs unless something replaces it (the seal), so
-        that the later steps compare with the seal instead of checking again."""
+    def first_step(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
+        """A loop's first in-place step (draft index 2): every check of the spec on the object
+        vLLM built at index 1, the update, and the seal the later steps compare with; ``None``
+        (nothing written) where this loop must rebuild."""
         kept = bound(builder, cad, metadata)
-        if kept is None or kept.last_index < 2:  # rebuilds, or no later step to update
-            return
+        if kept is None:
+            return None
         try:
             sealed = kept.sealed[0](metadata, _rebind(kept.state, cad))
         except DraftMetaError as exc:
             fallback(entry.name, "draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
-            return
+            return None
         builder._draftmeta_loop = (cad, metadata, kept, sealed)
+        return kept
 
     def build_for_drafting(self: Any, common_attn_metadata: Any, draft_index: int) -> Any:
         # The hot path (draft index >= 2) runs right after the draft model's forward pass, with
@@ -394,22 +402,27 @@ def _older_build_for_drafting(
         builder: Any = self  # (type(self) narrowed by mypy would lose the attributes below)
         if type(builder) is not cls:  # a subclass: its own entry, or vLLM's behaviour
             return original(self, common_attn_metadata, draft_index)
-        loop: tuple[Any, Any, _OlderBuilder, Any] | None = self.__dict__.get("_draftmeta_loop")
+        loop: tuple[Any, ...] | None = self.__dict__.get("_draftmeta_loop")
         if draft_index > 1 and loop is not None and loop[0] is common_attn_metadata:
-            _, metadata, kept, sealed = loop
-            state = _rebind(kept.state, common_attn_metadata)
-            try:
-                if sealed is None or not kept.sealed[1](metadata, state, sealed):
-                    # no seal (carried over), or the object changed since it was sealed: every
-                    # check again, then seal what passed
-                    kept.spec.update(metadata, state)
-                    if sealed is not None:
+            metadata = loop[1]
+            kept: _OlderBuilder | None
+            if len(loop) == 2:  # the loop's first in-place step: check everything, seal
+                kept = first_step(self, common_attn_metadata, metadata)
+            else:
+                kept, sealed = loop[2], loop[3]
+                state = _rebind(kept.state, common_attn_metadata)
+                try:
+                    if sealed is None:  # carried over at index 1: full updates
+                        kept.spec.update(metadata, state)
+                    elif not kept.sealed[1](metadata, state, sealed):
+                        # the object changed since it was sealed: every check again, seal anew
                         self._draftmeta_loop = (common_attn_metadata, metadata, kept,
                                                 kept.sealed[0](metadata, state))
-            except DraftMetaError as exc:
-                fallback(entry.name, "draftmeta: %s rebuilds this draft loop: %s", entry.name,
-                         exc)
-            else:
+                except DraftMetaError as exc:
+                    fallback(entry.name, "draftmeta: %s rebuilds this draft loop: %s",
+                             entry.name, exc)
+                    kept = None
+            if kept is not None:
                 if kept.shadowed:
                     metadata = _shadow_step(self, original, kept, common_attn_metadata,
                                             metadata, draft_index)
@@ -429,12 +442,14 @@ def _older_build_for_drafting(
         if draft_index > 1:
             counters.rebuilt += 1
         metadata = original(self, common_attn_metadata, draft_index)
-        self._draftmeta_loop = None
-        if starts:
-            seal(self, common_attn_metadata, metadata)
-            if declared is not None:
-                self._draftmeta_carried = _Carried(declared.snapshot(common_attn_metadata),
-                                                   metadata)
+        # the checks wait for the loop's first in-place step (none where K = 2)
+        self._draftmeta_loop = (
+            (common_attn_metadata, metadata)
+            if starts and record(self, common_attn_metadata).last_index >= 2 else None
+        )
+        if starts and declared is not None:
+            self._draftmeta_carried = _Carried(declared.snapshot(common_attn_metadata),
+                                               metadata)
         return metadata
 
     build_for_drafting.__qualname__ = f"{cls.__qualname__}.build_for_drafting"
