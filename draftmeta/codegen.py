@@ -59,16 +59,16 @@ class UpdateFunction(Protocol[M_contra]):
 class SealFunction(Protocol[M_contra]):
     """The signature of a generated seal: ``seal(metadata, state) -> seal``."""
 
-    def __call__(self, metadata: M_contra, state: DraftState, /) -> list[object]:
+    def __call__(self, metadata: M_contra, state: DraftState, /) -> tuple[object, ...]:
         """Update ``metadata`` in place with every check; return what its structure checks
-        verified (a list the step may add to: it caches the sealed buffers' memory there)."""
+        verified."""
 
 
 class StepFunction(Protocol[M_contra]):
     """The signature of a generated step: ``step(metadata, state, seal) -> bool``."""
 
     def __call__(
-        self, metadata: M_contra, state: DraftState, seal: list[object], /
+        self, metadata: M_contra, state: DraftState, seal: tuple[object, ...], /
     ) -> bool:
         """Update a sealed ``metadata`` in place; ``False``, writing nothing, if it changed."""
 
@@ -351,15 +351,12 @@ class _Generator:
         items = ([self.locals[p] for p in records] + [self.ref(p) for p in tensors]
                  + [f"state.{name}" for name in state])
         if not items:
-            self.emit("return []")
+            self.emit("return ()")
             return
-        self.emit("return [")
+        self.emit("return (")
         for item in items:
             self.emit(f"{item},", 2)
-        if state:
-            self.emit("# where each of those state buffers lies, noted at the step's first need", 2)
-            self.emit(", ".join(["None"] * len(state)) + ",", 2)
-        self.emit("]")
+        self.emit(")")
 
     def sealed(self) -> None:
         """Phase 2 of a step: the object still holds what its seal verified."""
@@ -380,7 +377,7 @@ class _Generator:
             self.emit("return False", 2)
         for j, name in enumerate(state):
             self.emit(f"if state.{name} is not seal[{k + j}] and "
-                      f"{moved}(state.{name}, seal, {k + j}, {k + len(state) + j}):")
+                      f"{moved}(state.{name}, seal[{k + j}]):")
             self.emit("return False", 2)
 
     def finish(self) -> str:
@@ -622,28 +619,19 @@ def _text(value: str) -> str:
     return repr(value.replace("{", "{{").replace("}", "}}"))[1:-1]
 
 
-def _memory(t: object) -> object:
-    """Where a tensor lies, as the seal compares it: address, shape, strides, dtype and device
-    (a new view of the same memory has the same; ``None`` and non-tensors are themselves).
-    The seal holds the tensor it verified, so its address cannot be reused meanwhile."""
-    if not isinstance(t, torch.Tensor):
-        return t
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
-
-
-def _moved(buffer: object, seal: list[object], i: int, j: int) -> bool:
-    """Whether a state ``buffer`` that is not the sealed object ``seal[i]`` lies elsewhere
-    (:func:`_memory`); ``seal[j]`` keeps where ``seal[i]`` lies, computed at the first need, so
-    that a step computes it for the new object only."""
-    sealed = seal[j]
-    if sealed is None:
-        sealed = seal[j] = _memory(seal[i])
-    return _memory(buffer) != sealed
+def _moved(buffer: object, sealed: object) -> bool:
+    """Whether a state ``buffer``, another object than the ``sealed`` one, lies elsewhere:
+    ``False`` only for two tensors of one dtype on the same storage with the same offset,
+    sizes and strides (``Tensor.is_set_to``: one call where comparing addresses, shapes and
+    strides would take ten). The seal holds the sealed tensor, so its storage stays alive."""
+    if not isinstance(buffer, torch.Tensor) or not isinstance(sealed, torch.Tensor):
+        return True
+    return buffer.dtype is not sealed.dtype or not buffer.is_set_to(sealed)
 
 
 _moved.__draftmeta_describe__ = (  # type: ignore[attr-defined]
-    "(buffer, seal, i, j) -> whether buffer lies elsewhere than seal[i] (seal[j]: its memory, "
-    "noted at the first need)"
+    "(buffer, sealed) -> whether buffer lies elsewhere than the sealed tensor (dtype, storage, "
+    "offset, sizes, strides)"
 )
 
 

@@ -34,7 +34,7 @@ def _opaque(obj: object) -> bool:
     return isinstance(obj, Scheduler)
 
 
-def _sealed(seed: int = 0) -> tuple[Any, DraftState, ToyMeta[ToyDecode], list[object]]:
+def _sealed(seed: int = 0) -> tuple[Any, DraftState, ToyMeta[ToyDecode], tuple[object, ...]]:
     """Metadata built for one step, then sealed at the next (its first in-place update)."""
     spec = toy_spec()
     state = _state(seed)
@@ -77,7 +77,7 @@ def test_a_new_view_of_the_same_state_buffer_is_still_sealed() -> None:
     assert step(meta, state, sealed) is True
 
 
-def _refused(spec: Any, meta: Any, state: DraftState, sealed: list[object]) -> None:
+def _refused(spec: Any, meta: Any, state: DraftState, sealed: tuple[object, ...]) -> None:
     """The step writes nothing and sends the caller to the full update."""
     _, step = spec.sealed
     before = _snapshot(meta, state)
@@ -198,16 +198,25 @@ def test_the_seal_is_the_full_update_of_its_step() -> None:
     assert compare_metadata(meta, other, opaque=_opaque) == []
 
 
-def test_a_step_notes_where_a_sealed_buffer_lies_once_and_still_sees_it_move() -> None:
-    """The seal keeps where each state buffer lay for the step; a buffer moved after that
-    note is still refused."""
+def test_a_state_buffer_viewed_as_another_dtype_is_checked_again() -> None:
+    """Same storage, offset, sizes and strides, another dtype: not the memory that was sealed."""
     spec, state, meta, sealed = _sealed()
-    _, step = spec.sealed
-    for _ in range(2):
-        advance_state(state, "clamp")
-        state.slot_mapping = state.slot_mapping[:]  # a new view of the same memory
-        assert step(meta, state, sealed) is True
-    assert any(isinstance(x, tuple) for x in sealed)  # where the slot mapping lay, noted
     advance_state(state, "clamp")
-    state.slot_mapping = state.slot_mapping.clone()  # other memory
+    assert state.slot_mapping.dtype == torch.int64
+    state.slot_mapping = state.slot_mapping.view(torch.float64)
+    _refused(spec, meta, state, sealed)
+
+
+def test_a_state_buffer_of_another_storage_at_the_same_address_range_is_checked_again() -> None:
+    """A new tensor with equal values is not the buffer the metadata views."""
+    spec, state, meta, sealed = _sealed()
+    advance_state(state, "clamp")
+    state.block_table = state.block_table.clone()
+    _refused(spec, meta, state, sealed)
+
+
+def test_a_state_buffer_that_became_none_is_checked_again() -> None:
+    spec, state, meta, sealed = _sealed()
+    advance_state(state, "clamp")
+    state.dcp_local_seq_lens = torch.zeros_like(state.seq_lens)  # None when sealed
     _refused(spec, meta, state, sealed)
