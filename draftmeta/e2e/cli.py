@@ -13,11 +13,11 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from draftmeta.arguments import folder_problem, integer_in, non_negative, positive, seed
+from draftmeta.cli import stdout_to_stderr
 from draftmeta.e2e.environment import BACKENDS, CUDA_BACKENDS, MODEL_NAMES
 
 __all__ = ["DEFAULT_OUT", "add_parser", "run"]
@@ -85,20 +85,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to file descriptor 1 (vLLM's logs included) to stderr."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``draftmeta e2e`` with parsed ``args``; returns the exit code (see module docs)."""
     from draftmeta.e2e.errors import E2EError, E2EUnavailable
@@ -116,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "cuda":
         from draftmeta.e2e.cuda_cli import run_cuda
 
-        return run_cuda(args, _stdout_to_stderr if args.json else contextlib.nullcontext,
+        return run_cuda(args, stdout_to_stderr if args.json else contextlib.nullcontext,
                         progress)
     cuda_only = [name for name, given in (("--models", args.models),
                                           ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
@@ -145,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     try:
-        with _stdout_to_stderr() if args.json else contextlib.nullcontext():
+        with stdout_to_stderr() if args.json else contextlib.nullcontext():
             result = run_matrix(config, progress=progress)
     except E2EUnavailable as exc:
         print(f"draftmeta e2e: cannot run here: {exc}", file=sys.stderr)
