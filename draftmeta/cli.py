@@ -24,7 +24,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from draftmeta.arguments import folder_problem, integer_in, positive, seed
+from draftmeta.arguments import (
+    DEFAULT_OUT,
+    FORCE_HELP,
+    OUT_HELP,
+    folder_problem,
+    integer_in,
+    positive,
+    replace_problem,
+    seed,
+)
 
 __all__ = ["BENCH_MAX_BATCH_SIZE", "HelpFormatter", "Progress", "UsageError", "main",
            "markdown_reference", "parser", "stdout_to_stderr", "version"]
@@ -385,10 +394,20 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError(problem)
     config = BenchConfig(
         device=args.device,
-        batch_sizes=tuple(args.batch_sizes),
+        batch_sizes=tuple(dict.fromkeys(args.batch_sizes)),
         steps=tuple(range(2, args.max_steps + 1)),
         repeats=args.repeats,
     )
+    if not args.force:
+        import attrs
+
+        from draftmeta.bench.report import extent, result_name
+
+        problem = replace_problem(out / f"{result_name(args.device)}.json",
+                                  extent(attrs.asdict(config)),
+                                  lambda data: extent(data["environment"]["config"]))
+        if problem is not None:
+            raise UsageError(problem)
     try:
         samples = run_bench(config, progress=not args.quiet)
     except ValueError as exc:  # vLLM's config refuses a batch size, a block size, ...
@@ -510,11 +529,9 @@ def parser() -> argparse.ArgumentParser:
                         "takes at most as many requests as its token budget)")
     b.add_argument("--max-steps", type=_steps, default=8, help="K runs from 2 to this")
     b.add_argument("--repeats", type=positive, default=12, help="timed runs per configuration")
-    b.add_argument(
-        "--out", default="draftmeta-results",
-        help="folder for JSON and PNG, relative to the current folder; only --out "
-             "benchmarks/results rewrites the committed results of a checkout",
-    )
+    b.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"{OUT_HELP}; writes bench-cpu (or bench-cuda) .json/.md/.png")
+    b.add_argument("--force", action="store_true", help=FORCE_HELP)
     _add_common(b)
     b.set_defaults(run=_bench)
 

@@ -9,16 +9,30 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
+from draftmeta.arguments import Extent
 from draftmeta.bench.config import BenchConfig, Sample
 
-__all__ = ["markdown_table", "summarize", "table", "write_results"]
+__all__ = ["extent", "markdown_table", "result_name", "summarize", "table", "write_results"]
+
+
+def result_name(device: str) -> str:
+    """The stem of a bench run's files in its results folder: ``bench-cpu``, ``bench-cuda``."""
+    return f"bench-{device}"
+
+
+def extent(config: Mapping[str, Any]) -> Extent:
+    """What a bench run with ``config`` measures (:class:`BenchConfig` as a dict, or the
+    ``environment.config`` of its JSON): every backend x batch size x K, ``repeats`` each."""
+    return Extent.of((f"{backend} batch {batch} K {k}" for backend in config["backends"]
+                      for batch in config["batch_sizes"] for k in config["steps"]),
+                     int(config["repeats"]))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -129,7 +143,7 @@ def write_results(samples: list[Sample], config: BenchConfig, out_dir: Path) -> 
     plot as PNG (if matplotlib is installed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = summarize(samples)
-    stem = f"bench-{config.device}"
+    stem = result_name(config.device)
     data = {"environment": _environment(config), "summary": rows,
             "samples": [attrs.asdict(s) for s in samples]}
     paths = {"json": out_dir / f"{stem}.json", "markdown": out_dir / f"{stem}.md"}

@@ -12,19 +12,23 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from draftmeta.arguments import folder_problem, integer_in, non_negative, positive, seed
+from draftmeta.arguments import (
+    DEFAULT_OUT,
+    FORCE_HELP,
+    OUT_HELP,
+    folder_problem,
+    integer_in,
+    non_negative,
+    positive,
+    seed,
+)
 from draftmeta.cli import stdout_to_stderr
 from draftmeta.e2e.environment import BACKENDS, CUDA_BACKENDS, MODEL_NAMES
 
-__all__ = ["DEFAULT_OUT", "add_parser", "run"]
-
-DEFAULT_OUT = Path(tempfile.gettempdir()) / "draftmeta-results"
-"""Where results go unless ``--out`` says otherwise (outside the checkout; only
-``--out benchmarks/results`` writes the committed ones)."""
+__all__ = ["add_parser", "run"]
 
 
 _k = integer_in(1, 8, what="K (draft tokens per step)")
@@ -75,9 +79,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="unmeasured generates first")
     p.add_argument("--seed", type=seed, default=0, help="engine, weight and prompt seed")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help="folder for e2e-cpu (or e2e-cuda) .json/.md/.png, in the system's "
-                        "temporary folder; only --out benchmarks/results writes the committed "
-                        "results")
+                   help=f"{OUT_HELP}; writes e2e-cpu (or e2e-cuda) .json/.md/.png")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--json", action="store_true",
                    help="print only the result's JSON object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -129,6 +132,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"draftmeta e2e: {exc}", file=sys.stderr)
         return 2
+    if not args.force:
+        from draftmeta.arguments import replace_problem
+        from draftmeta.e2e.report import RESULT_NAME, extent, planned_extent
+
+        problem = replace_problem(Path(args.out) / f"{RESULT_NAME}.json",
+                                  planned_extent(config), extent)
+        if problem is not None:
+            print(f"draftmeta e2e: {problem}", file=sys.stderr)
+            return 2
 
     try:
         with stdout_to_stderr() if args.json else contextlib.nullcontext():

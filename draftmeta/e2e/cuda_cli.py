@@ -102,6 +102,15 @@ def run_cuda(args: argparse.Namespace,
     except ValueError as exc:
         print(f"draftmeta e2e: {exc}", file=sys.stderr)
         return 2
+    if not args.force:
+        from draftmeta.arguments import replace_problem
+        from draftmeta.e2e.cuda_report import CUDA_RESULT_NAME, cuda_extent, planned_cuda_extent
+
+        problem = replace_problem(Path(args.out) / f"{CUDA_RESULT_NAME}.json",
+                                  planned_cuda_extent(config), cuda_extent)
+        if problem is not None:
+            print(f"draftmeta e2e: {problem}", file=sys.stderr)
+            return 2
 
     try:
         with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-cuda-") as workdir, \

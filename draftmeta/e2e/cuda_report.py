@@ -18,11 +18,36 @@ from typing import Any
 
 import attrs
 
-from draftmeta.e2e.cuda_matrix import CudaComparison, CudaFailure
+from draftmeta.arguments import Extent
+from draftmeta.e2e.cuda_matrix import CudaCase, CudaComparison, CudaFailure, CudaMatrixConfig
 
-__all__ = ["cuda_markdown", "cuda_plot", "cuda_summary", "write_cuda_results"]
+__all__ = ["CUDA_RESULT_NAME", "cuda_extent", "cuda_markdown", "cuda_plot", "cuda_summary",
+           "planned_cuda_extent", "write_cuda_results"]
+
+CUDA_RESULT_NAME = "e2e-cuda"
+"""The stem of the CUDA run's files in its results folder."""
 
 JSONObject = dict[str, Any]
+
+
+def cuda_extent(data: JSONObject) -> Extent:
+    """What :func:`cuda_summary`'s object holds: one configuration per case and batch size, and
+    the fewest measured generates of any timed one."""
+    labels, repeats = [], []
+    for e in data["configurations"]:
+        case = CudaCase(e["model"], e["backend"], e["k"], e["override_upstream"],
+                        e["negative_control"], e["kv_cache_dtype"])
+        labels.append(f"{case.label} batch {e['batch_size']}")
+        rates = (e.get("tokens_per_s") or {}).get("off")
+        if rates:
+            repeats.append(len(rates["all"]))
+    return Extent.of(labels, min(repeats, default=0))
+
+
+def planned_cuda_extent(config: CudaMatrixConfig) -> Extent:
+    """What a run of ``config`` will hold, as :func:`cuda_extent` reads it afterwards."""
+    return Extent.of((f"{case.label} batch {b}" for case in config.cases
+                      for b in config.batch_sizes), config.repeats)
 
 
 def _spread(values: Iterable[float]) -> JSONObject | None:
@@ -164,7 +189,8 @@ def cuda_plot(data: JSONObject, path: Path) -> Path | None:
     return path
 
 
-def write_cuda_results(data: JSONObject, out: Path, stem: str = "e2e-cuda") -> dict[str, Path]:
+def write_cuda_results(data: JSONObject, out: Path, stem: str = CUDA_RESULT_NAME
+                       ) -> dict[str, Path]:
     """Write ``{stem}.json``, ``.md`` and ``.png`` into ``out``; returns the paths by kind."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md"}

@@ -26,9 +26,14 @@ from typing import Any
 
 import torch
 
-from draftmeta.e2e.compare import Comparison, MatrixResult
+from draftmeta.arguments import Extent
+from draftmeta.e2e.compare import Comparison, MatrixConfig, MatrixResult
 
-__all__ = ["REFRESH_GOAL", "markdown", "plot", "summary", "write_results"]
+__all__ = ["REFRESH_GOAL", "RESULT_NAME", "extent", "markdown", "planned_extent", "plot",
+           "summary", "write_results"]
+
+RESULT_NAME = "e2e-cpu"
+"""The stem of the CPU run's files in its results folder."""
 
 REFRESH_GOAL = 5.0
 """Issue 11's goal: with the plugin on, refreshing draft metadata takes at least 5x less host
@@ -178,6 +183,25 @@ def summary(result: MatrixResult) -> JSONObject:
     }
 
 
+def _label(backend: str, batch_size: int, k: int, max_tokens: int) -> str:
+    return f"{backend} batch {batch_size} K {k} ({max_tokens} tokens)"
+
+
+def extent(data: Mapping[str, Any]) -> Extent:
+    """What :func:`summary`'s object holds: its configurations (backend, batch size, K and
+    tokens per prompt) and the measured generates of each."""
+    settings = data["settings"]
+    return Extent.of((_label(c["backend"], c["batch_size"], c["k"], settings["max_tokens"])
+                      for c in data["configurations"]), int(settings["repeats"]))
+
+
+def planned_extent(config: MatrixConfig) -> Extent:
+    """What a run of ``config`` will hold, as :func:`extent` reads it afterwards (a backend
+    this CPU cannot run is left out then; it is counted here)."""
+    return Extent.of((_label(b, n, k, config.max_tokens) for b in config.backends
+                      for n in config.batch_sizes for k in config.ks), config.repeats)
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -271,7 +295,8 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
-def write_results(data: Mapping[str, Any], out: Path, stem: str = "e2e-cpu") -> dict[str, Path]:
+def write_results(data: Mapping[str, Any], out: Path, stem: str = RESULT_NAME
+                  ) -> dict[str, Path]:
     """Write ``{stem}.json``, ``{stem}.md`` and ``{stem}.png`` into ``out`` (created).
 
     The PNG is left out (with no error) where matplotlib is not installed.
