@@ -325,7 +325,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     if args.device == "cpu" and importlib.util.find_spec("vllm") is None:
         raise UsageError("--device cpu checks vLLM's own builders and needs vLLM "
-                         "(pip install 'draftmeta[vllm]'); --device cuda needs none")
+                         "(docs/install.md); --device cuda needs none")
     with Progress("verify", enabled=not args.quiet) as progress:
         if args.device == "cpu":
             progress.update("importing vLLM's builders")
