@@ -115,3 +115,50 @@ def test_torchs_cpp_warnings_reach_stderr_only_with_verbose() -> None:
     assert "was resized" in verbose.stderr, verbose.stderr
     # vLLM's log lines, kept off stdout, are still there with -v
     assert "Automatically detected platform" in verbose.stderr
+
+
+_E2E = textwrap.dedent("""
+    import os, sys, types
+    sys.path.insert(0, {root!r})
+    from draftmeta.arguments import Extent
+
+    def run_matrix(config, progress):
+        # what the engines do: vLLM's log lines on stdout, torch's C++ warnings on stderr
+        os.write(1, b"INFO 12-04 09:00:00 [core.py:1] Initializing a V1 LLM engine\\n")
+        import torch
+        out = torch.empty(2)
+        torch.ops.aten.add.out(torch.ones(3), torch.ones(3), out=out)  # warns in C++
+        progress("two fresh engines")
+        return None
+
+    compare = types.ModuleType("draftmeta.e2e.compare")
+    compare.MatrixConfig = lambda **settings: types.SimpleNamespace(**settings)
+    compare.run_matrix = run_matrix
+    report = types.ModuleType("draftmeta.e2e.report")
+    report.RESULT_NAME = "e2e-cpu"
+    report.planned_extent = lambda config: Extent.of([], 1)
+    report.extent = lambda data: Extent.of([], 1)
+    report.summary = lambda result: {{"output_tokens_identical": True,
+                                     "draft_tokens_identical": True}}
+    report.write_results = lambda data, out: {{}}
+    report.markdown = lambda data: "a table"
+    sys.modules.update({{m.__name__: m for m in (compare, report)}})
+    from draftmeta.e2e.__main__ import main
+
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_python_m_draftmeta_e2e_json_prints_one_json_document_and_hides_warnings_without_v(
+    verbose: bool, tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}
+    args = ["--json", "--out", str(tmp_path), *(["-v"] if verbose else [])]
+    done = subprocess.run([sys.executable, "-c", _E2E.format(root=str(ROOT)), *args],
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"output_tokens_identical": True,
+                                       "draft_tokens_identical": True}, done.stdout
+    assert "draftmeta e2e: two fresh engines" in done.stderr
+    assert ("was resized" in done.stderr) is verbose, done.stderr
