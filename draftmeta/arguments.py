@@ -1,5 +1,5 @@
-"""Argument types shared by the ``draftmeta`` sub-commands: integers in a range, one message;
-and the results folder every command writes to.
+"""What the ``draftmeta`` sub-commands share: argument types (integers in a range, one
+message), the results folder every command writes to, and stdout kept for ``--json``.
 
 Each type returns a function for ``argparse``'s ``type=``; a value out of range ends the
 command with exit 2 and one line naming the option and the allowed range, before the command
@@ -18,9 +18,12 @@ replaces it anyway.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ import attrs
 
 __all__ = ["DEFAULT_OUT", "FORCE_HELP", "OUT_HELP", "SEED_LIMIT", "Extent", "IntegerIn",
            "folder_problem", "integer_in", "non_negative", "positive", "replace_problem",
-           "seed"]
+           "seed", "stdout_to_stderr"]
 
 DEFAULT_OUT = Path("draftmeta-results")
 """The results folder unless ``--out`` says otherwise: ``draftmeta-results`` in the current
@@ -149,3 +152,19 @@ non_negative = integer_in(0)
 """An integer >= 0."""
 seed = integer_in(0, SEED_LIMIT - 1, what="a seed")
 """A seed from 0 to 2**63 - 1."""
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Inside, everything written to file descriptor 1 goes to stderr: third-party log lines
+    (vLLM logs to stdout), C++ output and ``print`` alike. A ``--json`` command runs its work
+    inside and prints its one JSON document after, so stdout carries that document alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

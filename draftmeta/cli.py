@@ -33,10 +33,11 @@ from draftmeta.arguments import (
     positive,
     replace_problem,
     seed,
+    stdout_to_stderr,
 )
 
 __all__ = ["BENCH_MAX_BATCH_SIZE", "HelpFormatter", "Progress", "UsageError", "main",
-           "markdown_reference", "parser", "stdout_to_stderr", "version"]
+           "markdown_reference", "parser", "version"]
 
 NOISY_MODULES = ("torch", "vllm", "transformers", "triton", "huggingface_hub", "flashinfer",
                  "cutlass")
@@ -193,22 +194,6 @@ class _Through:
 
     def isatty(self) -> bool:
         return self.progress.out.isatty()
-
-
-@contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """Inside, everything written to file descriptor 1 goes to stderr: third-party log lines
-    (vLLM logs to stdout), C++ output and ``print`` alike. A ``--json`` command runs its work
-    inside and prints its one JSON document after, so stdout carries that document alone."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _import_torch_quietly() -> None:

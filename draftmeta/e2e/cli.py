@@ -24,8 +24,8 @@ from draftmeta.arguments import (
     non_negative,
     positive,
     seed,
+    stdout_to_stderr,
 )
-from draftmeta.cli import stdout_to_stderr
 from draftmeta.e2e.environment import BACKENDS, CUDA_BACKENDS, MODEL_NAMES
 
 __all__ = ["add_parser", "run"]
