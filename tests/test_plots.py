@@ -19,6 +19,7 @@ from draftmeta.bench import BenchConfig, Sample, write_results
 matplotlib = pytest.importorskip("matplotlib", reason="needs matplotlib (the bench extra)")
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 BATCHES = (1, 3, 40, 200)
 PAGE_WIDTH_IN = 7.5
 """The widest a plot may be drawn: the site shows it at about 700 CSS pixels (7.3 in)."""
@@ -104,3 +105,75 @@ def test_the_committed_bench_plots_are_drawn_from_their_json_with_this_code(
     for committed in (ROOT / "benchmarks" / "results" / f"bench-{device}.png",
                       ROOT / "docs" / "assets" / f"bench-{device}.png"):
         assert imread(committed).shape == imread(drawn).shape, committed
+
+
+def _readable(figure: Any) -> None:
+    """The checks every committed plot passes: page width, fonts, the legend off the data."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure).draw()
+    renderer = figure.canvas.get_renderer()
+    assert figure.get_size_inches()[0] <= PAGE_WIDTH_IN
+    small = [(t.get_text(), t.get_fontsize()) for t in _texts(figure)
+             if t.get_fontsize() < MIN_FONT_PT]
+    assert not small, small
+    assert figure.legends
+    for legend in figure.legends:
+        box = legend.get_window_extent(renderer)
+        for ax in figure.axes:
+            assert not box.overlaps(ax.get_window_extent(renderer)), ax.get_title()
+
+
+def _drawn(draw: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The figure ``draw()`` saves."""
+    from matplotlib.figure import Figure
+
+    figures: list[Any] = []
+    original = Figure.savefig
+
+    def keep(self: Any, *args: Any, **kwargs: Any) -> None:
+        figures.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    draw()
+    (figure,) = figures
+    return figure
+
+
+def test_the_e2e_plot_is_readable_at_page_width_and_the_committed_one_is_its_drawing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from matplotlib.image import imread
+
+    from draftmeta.e2e.report import plot
+
+    data = json.loads((RESULTS / "e2e-cpu.json").read_text())
+    figure = _drawn(lambda: plot(data, tmp_path / "e2e.png"), monkeypatch)
+    _readable(figure)
+    ticks = [t.get_text() for t in figure.axes[-1].get_xticklabels()]
+    assert ticks == [f"b{c['batch_size']}\nK{c['k']}" for c in data["configurations"]]
+    for committed in (RESULTS / "e2e-cpu.png", ROOT / "docs" / "assets" / "e2e-cpu.png"):
+        assert imread(committed).shape == imread(tmp_path / "e2e.png").shape, committed
+
+
+def test_the_h200_draft_loop_plot_is_readable_at_page_width_with_the_measured_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    from matplotlib.image import imread
+
+    spec = importlib.util.spec_from_file_location("h200_plot",
+                                                  ROOT / "benchmarks" / "h200" / "plot.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    source = RESULTS / "draft-loop-h200.json"
+    figure = _drawn(lambda: module.main(source, tmp_path / "h200.png"), monkeypatch)
+    _readable(figure)
+    batches = sorted({r["batch"] for r in json.loads(source.read_text())["draft_loop"]})
+    assert [t.get_text() for t in figure.axes[-1].get_xticklabels()] == [str(b) for b in batches]
+    for committed in (RESULTS / "draft-loop-h200.png",
+                      ROOT / "docs" / "assets" / "draft-loop-h200.png"):
+        assert imread(committed).shape == imread(tmp_path / "h200.png").shape, committed

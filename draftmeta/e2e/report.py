@@ -261,7 +261,8 @@ def markdown(data: Mapping[str, Any]) -> str:
 
 def plot(data: Mapping[str, Any], path: Path) -> Path:
     """A PNG of :func:`summary`'s object: host time per refresh step and tokens/s, off against
-    on, one group of bars per configuration.
+    on, one group of bars per configuration, drawn to be read at the site's page width (as
+    :func:`draftmeta.bench.report.figure`: its width, its fonts, the legend below the panels).
 
     Raises:
         ImportError: matplotlib is not installed (``pip install matplotlib``).
@@ -271,26 +272,34 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    configs = [c for c in data["configurations"]]
-    labels = [f"{c['backend']}\nb{c['batch_size']} K{c['k']}" for c in configs]
+    from draftmeta.bench.report import PLOT_FONT_PT, PLOT_WIDTH_IN
+
+    configs = list(data["configurations"])
+    several = len({c["backend"] for c in configs}) > 1
+    labels = [(f"{c['backend']}\n" if several else "") + f"b{c['batch_size']}\nK{c['k']}"
+              for c in configs]
     xs = list(range(len(configs)))
     width = 0.38
-    fig, axes = plt.subplots(2, 1, figsize=(max(7.0, 0.75 * len(configs) + 2), 7.5))
-    panels = (("refresh_us_per_step", "host us per refresh step (indices >= 1)"),
-              ("tokens_per_s", "tokens/s"))
-    for ax, (key, title) in zip(axes, panels):
-        for shift, mode, colour in ((-width / 2, "off", "#b0b0b0"), (width / 2, "on", "#2b7bba")):
-            values = [c[key][mode] or 0.0 for c in configs]
-            ax.bar([x + shift for x in xs], values, width, label=f"plugin {mode}", color=colour)
-        ax.set_ylabel(title)
-        ax.set_xticks(xs)
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.legend(fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].set_title(f"draftmeta in a real vLLM {data['vllm_version']} MTP run "
-                      f"(CPU, {data['backend']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with plt.rc_context({"font.size": PLOT_FONT_PT}):
+        fig, axes = plt.subplots(2, 1, sharex=True, layout="constrained",
+                                 figsize=(PLOT_WIDTH_IN, 6.6))
+        panels = (("refresh_us_per_step", "host µs per refresh step\n(draft indices >= 1)"),
+                  ("tokens_per_s", "tokens/s"))
+        for ax, (key, title) in zip(axes, panels):
+            for shift, mode, colour in ((-width / 2, "off", "#b0b0b0"),
+                                        (width / 2, "on", "#2b7bba")):
+                values = [c[key][mode] or 0.0 for c in configs]
+                ax.bar([x + shift for x in xs], values, width, label=f"plugin {mode}",
+                       color=colour)
+            ax.set_ylabel(title)
+            ax.grid(axis="y", alpha=0.3)
+        axes[1].set_xticks(xs, labels)
+        axes[1].set_xlabel("batch size b, draft tokens per step K (K = 1 refreshes nothing)")
+        handles, names = axes[0].get_legend_handles_labels()
+        fig.legend(handles, names, loc="outside lower center", ncols=2, frameon=False)
+        fig.suptitle(f"vLLM {data['vllm_version']} MTP on CPU ({data['backend']}): "
+                     "plugin off vs on")
+        fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
 
