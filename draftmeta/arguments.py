@@ -37,12 +37,12 @@ DEFAULT_OUT = Path("draftmeta-results")
 """The results folder unless ``--out`` says otherwise: ``draftmeta-results`` in the current
 folder, for every command."""
 
-OUT_HELP = ("folder for the results, created if missing, relative to the current folder; the "
-            "same for every command (see the command line page)")
+OUT_HELP = ("folder for the results, created if missing (a relative path starts at the current "
+            "folder), as for every command")
 """``--out``'s help, the same words for every command."""
 
-FORCE_HELP = ("replace a result in --out that holds configurations this run leaves out, or "
-              "more repeats (without it such a run stops before it starts)")
+FORCE_HELP = ("replace a fuller result already in --out (one with configurations this run "
+              "leaves out, or more repeats); without it such a run stops before it starts")
 """``--force``'s help, the same words for every command."""
 
 SEED_LIMIT = 2**63

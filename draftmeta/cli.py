@@ -514,7 +514,7 @@ def parser() -> argparse.ArgumentParser:
                         "takes at most as many requests as its token budget)")
     b.add_argument("--max-steps", type=_steps, default=8, help="K runs from 2 to this")
     b.add_argument("--repeats", type=positive, default=12, help="timed runs per configuration")
-    b.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    b.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="FOLDER",
                    help=f"{OUT_HELP}; writes bench-cpu (or bench-cuda) .json/.md/.png")
     b.add_argument("--force", action="store_true", help=FORCE_HELP)
     _add_common(b)

@@ -78,11 +78,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--warmups", type=non_negative, default=1,
                    help="unmeasured generates first")
     p.add_argument("--seed", type=seed, default=0, help="engine, weight and prompt seed")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="FOLDER",
                    help=f"{OUT_HELP}; writes e2e-cpu (or e2e-cuda) .json/.md/.png")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--json", action="store_true",
-                   help="print only the result's JSON object on stdout")
+                   help="print only the result's JSON object on stdout (progress and any "
+                        "log lines on stderr)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(run=run)
     return p
