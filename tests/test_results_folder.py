@@ -176,3 +176,20 @@ def test_the_command_line_page_states_the_results_convention() -> None:
     for words in ("draftmeta-results", "--out", "--force", "bench-cpu", "e2e-cpu", "e2e-cuda",
                   "e2e-floor", "draft-loop-h200", "hook-equivalence"):
         assert words in page, words
+
+
+@pytest.mark.usefixtures("no_runs")
+def test_an_e2e_run_that_will_skip_amx_mla_here_does_not_replace_a_result_that_has_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import draftmeta.e2e.environment
+
+    data = json.loads((RESULTS / "e2e-cpu.json").read_text())
+    data["configurations"] += [{**c, "backend": "AMX_MLA"} for c in data["configurations"]]
+    (tmp_path / "e2e-cpu.json").write_text(json.dumps(data))
+    monkeypatch.setattr(draftmeta.e2e.environment, "cpu_has_amx", lambda *args: False)
+    assert main(["e2e", "--out", str(tmp_path)]) == 2
+    assert "8 configurations this run leaves out (AMX_MLA batch 1 K 1" in capsys.readouterr().err
+    monkeypatch.setattr(draftmeta.e2e.environment, "cpu_has_amx", lambda *args: True)
+    with pytest.raises(Started):  # where AMX_MLA runs, the default run covers it all
+        main(["e2e", "--out", str(tmp_path)])

@@ -196,9 +196,13 @@ def extent(data: Mapping[str, Any]) -> Extent:
 
 
 def planned_extent(config: MatrixConfig) -> Extent:
-    """What a run of ``config`` will hold, as :func:`extent` reads it afterwards (a backend
-    this CPU cannot run is left out then; it is counted here)."""
-    return Extent.of((_label(b, n, k, config.max_tokens) for b in config.backends
+    """What a run of ``config`` on this machine will hold, as :func:`extent` reads it
+    afterwards: a backend this CPU cannot run (``AMX_MLA`` without AMX) is skipped by the run,
+    so it is left out here too."""
+    from draftmeta.e2e.environment import backend_unavailable_reason
+
+    backends = [b for b in config.backends if backend_unavailable_reason(b) is None]
+    return Extent.of((_label(b, n, k, config.max_tokens) for b in backends
                       for n in config.batch_sizes for k in config.ks), config.repeats)
 
 
