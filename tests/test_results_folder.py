@@ -193,3 +193,35 @@ def test_an_e2e_run_that_will_skip_amx_mla_here_does_not_replace_a_result_that_h
     monkeypatch.setattr(draftmeta.e2e.environment, "cpu_has_amx", lambda *args: True)
     with pytest.raises(Started):  # where AMX_MLA runs, the default run covers it all
         main(["e2e", "--out", str(tmp_path)])
+
+
+def test_a_cuda_run_whose_case_failed_writes_beside_a_fuller_result_not_over_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import draftmeta.e2e.cuda_matrix
+    import draftmeta.e2e.cuda_report
+    from draftmeta.e2e.cuda_matrix import CudaCase, CudaFailure
+
+    data = json.loads((RESULTS / "e2e-cuda.json").read_text())
+    data["configurations"] = [c for c in data["configurations"] if c["model"] == "tiny"
+                              and c["backend"] == "FLASHMLA" and c["k"] == 3
+                              and c["kv_cache_dtype"] == "auto" and not c["negative_control"]]
+    assert len(data["configurations"]) == 2
+    (tmp_path / "e2e-cuda.json").write_text(json.dumps(data))
+    failed = CudaFailure(CudaCase("tiny", "FLASHMLA", 3), "the engine did not start")
+    monkeypatch.setattr(draftmeta.e2e.cuda_matrix, "run_cuda_matrix",
+                        lambda *args, **kwargs: ([], [failed]))
+    monkeypatch.setattr(draftmeta.e2e.cuda_report, "cuda_summary", lambda *args, **kwargs: {
+        "configurations": [], "failed": [{"case": failed.case.label, "error": failed.error}],
+        "output_tokens_identical": True, "draft_tokens_identical": True,
+        "negative_control_caught": None})
+    written: list[str] = []
+    monkeypatch.setattr(draftmeta.e2e.cuda_report, "write_cuda_results",
+                        lambda data, out, stem="e2e-cuda": written.append(stem) or {})
+    argv = ["e2e", "--device", "cuda", "--backends", "FLASHMLA", "--ks", "3", "--json",
+            "--out", str(tmp_path)]
+    assert main(argv) == 1
+    assert written == ["e2e-cuda-partial"]
+    assert "its results go to e2e-cuda-partial.* beside it" in capsys.readouterr().err
+    assert main([*argv, "--force"]) == 1
+    assert written[-1] == "e2e-cuda"
