@@ -177,3 +177,17 @@ def test_the_h200_draft_loop_plot_is_readable_at_page_width_with_the_measured_ba
     for committed in (RESULTS / "draft-loop-h200.png",
                       ROOT / "docs" / "assets" / "draft-loop-h200.png"):
         assert imread(committed).shape == imread(tmp_path / "h200.png").shape, committed
+
+
+def test_the_cuda_e2e_plot_is_readable_at_page_width_and_the_committed_one_is_its_drawing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from matplotlib.image import imread
+
+    from draftmeta.e2e.cuda_report import cuda_plot
+
+    data = json.loads((RESULTS / "e2e-cuda.json").read_text())
+    figure = _drawn(lambda: cuda_plot(data, tmp_path / "cuda.png"), monkeypatch)
+    _readable(figure)
+    for committed in (RESULTS / "e2e-cuda.png", ROOT / "docs" / "assets" / "e2e-cuda.png"):
+        assert imread(committed).shape == imread(tmp_path / "cuda.png").shape, committed

@@ -153,38 +153,50 @@ def cuda_markdown(data: JSONObject) -> str:
 
 def cuda_plot(data: JSONObject, path: Path) -> Path | None:
     """A bar chart of on/off tok/s ratios (one bar per timed case and batch size), with the
-    1.0 line; ``None`` without matplotlib."""
+    1.0 line, drawn to be read at the site's page width (as
+    :func:`draftmeta.bench.report.figure`); ``None`` without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
+        from matplotlib.patches import Patch
     except ImportError:
         return None
+    from draftmeta.bench.report import PLOT_FONT_PT, PLOT_WIDTH_IN
+
     entries = [e for e in data["configurations"] if e["speedup"] is not None]
     if not entries:
         return None
+
     def label(e: JSONObject) -> str:
         extra = (" override" if e["override_upstream"] else "") + (
             f" {e['kv_cache_dtype']}" if e["kv_cache_dtype"] != "auto" else "")
-        loopless = " (no draft loop)" if e["k"] == 1 else ""
-        return f"{e['model']} {e['backend']}{extra} K={e['k']} b={e['batch_size']}{loopless}"
+        return f"{e['model']} {e['backend']}{extra} K={e['k']} b={e['batch_size']}"
 
     labels = [label(e) for e in entries]
     ratios = [e["speedup"] for e in entries]
-    fig, ax = plt.subplots(figsize=(8, 0.32 * len(entries) + 1.2), dpi=110)
+    kinds = {"#2a7": "faster with the plugin", "#c44": "slower with the plugin",
+             "#999": "K = 1 (no draft loop)"}
     colors = ["#999" if e["k"] == 1 else "#2a7" if r >= 1.0 else "#c44"
               for e, r in zip(entries, ratios)]
-    ax.barh(range(len(entries)), ratios, color=colors)
-    ax.axvline(1.0, color="black", linewidth=1)
-    ax.set_yticks(range(len(entries)), labels, fontsize=9)
-    ax.invert_yaxis()
-    ax.set_xlabel("tok/s plugin on / plugin off (median of measured generates)", fontsize=10)
-    for i, r in enumerate(ratios):
-        ax.text(r, i, f" {r:.2f}x", va="center", fontsize=9)
-    ax.set_xlim(0, max(ratios) * 1.18)
-    fig.tight_layout()
-    fig.savefig(path)
+    with plt.rc_context({"font.size": PLOT_FONT_PT}):
+        fig, ax = plt.subplots(figsize=(PLOT_WIDTH_IN, 0.3 * len(entries) + 1.6),
+                               layout="constrained")
+        ax.barh(range(len(entries)), ratios, color=colors)
+        ax.axvline(1.0, color="black", linewidth=1)
+        ax.set_yticks(range(len(entries)), labels)
+        ax.invert_yaxis()
+        ax.set_xlabel("tok/s, plugin on over off (medians)")
+        for i, r in enumerate(ratios):
+            ax.text(r, i, f" {r:.2f}x", va="center")
+        ax.set_xlim(0, max(ratios) * 1.25)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MultipleLocator(0.5))
+        shown = [c for c in kinds if c in colors]
+        fig.legend([Patch(color=c) for c in shown], [kinds[c] for c in shown],
+                   loc="outside lower center", ncols=len(shown), frameon=False)
+        fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
 
