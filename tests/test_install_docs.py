@@ -178,6 +178,11 @@ def test_vllm_0_34_goes_in_without_dependencies_after_0_33s_requirements() -> No
         ("vllm", "0.33", False), ("vllm", "0.34", True)]
 
 
+def test_the_install_page_names_the_python_the_project_requires() -> None:
+    lowest = PYPROJECT["project"]["requires-python"].removeprefix(">=")
+    assert f"Python {lowest} or later" in INSTALL.read_text()
+
+
 def test_the_install_page_is_in_the_sites_navigation_and_linked_from_the_readme() -> None:
     assert re.search(r"^  - Install: install\.md$", (ROOT / "mkdocs.yml").read_text(), re.M)
     assert "docs/install.md" in (ROOT / "README.md").read_text()
