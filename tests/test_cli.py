@@ -19,7 +19,7 @@ from draftmeta.testing.vllm import equivalence
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
-    reason="builds metadata with vLLM's real builders (pip install 'draftmeta[vllm]')",
+    reason="builds metadata with vLLM's real builders (pip install -e '.[vllm]')",
 )
 
 

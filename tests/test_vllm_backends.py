@@ -32,7 +32,7 @@ from draftmeta.testing.vllm.equivalence import (
     random_case,
 )
 
-pytest.importorskip("vllm", reason="needs vLLM (pip install 'draftmeta[vllm]')")
+pytest.importorskip("vllm", reason="needs vLLM (pip install -e '.[vllm]')")
 
 def _distribution() -> str:
     from importlib.metadata import PackageNotFoundError, version

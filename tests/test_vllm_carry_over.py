@@ -24,7 +24,7 @@ from draftmeta.testing import compare_metadata, random_state
 from draftmeta.testing.vllm import harness
 from draftmeta.testing.vllm.equivalence import random_case
 
-pytest.importorskip("vllm", reason="needs vLLM (pip install 'draftmeta[vllm]')")
+pytest.importorskip("vllm", reason="needs vLLM (pip install -e '.[vllm]')")
 
 RELEASE = current_release()
 CARRIED = sorted(e.name for e in RELEASE.builders

@@ -11,7 +11,7 @@ import pytest
 from draftmeta.integrations.vllm import log, plugin
 from draftmeta.integrations.vllm.catalogue import current_release, installed_version
 
-pytest.importorskip("vllm", reason="needs vLLM (pip install 'draftmeta[vllm]')")
+pytest.importorskip("vllm", reason="needs vLLM (pip install -e '.[vllm]')")
 
 RELEASE = current_release()
 _PATH_WORDS = {"older_proposer": "older proposer", "hook": "hook"}

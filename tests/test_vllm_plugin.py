@@ -23,7 +23,7 @@ from draftmeta.testing.vllm.equivalence import random_case
 
 _cad = harness.common_metadata_for
 
-pytest.importorskip("vllm", reason="needs vLLM (pip install 'draftmeta[vllm]')")
+pytest.importorskip("vllm", reason="needs vLLM (pip install -e '.[vllm]')")
 
 RELEASE = current_release()
 BUILDER_CLASSES = {

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from vllm_cuda import use_cuda
 harness = use_cuda()
 
 from draftmeta.advance import advance_state  # noqa: E402
+from draftmeta.arguments import DEFAULT_OUT, OUT_HELP  # noqa: E402
 from draftmeta.integrations.vllm.catalogue import current_release  # noqa: E402
 from draftmeta.rules import Unchanged  # noqa: E402
 from draftmeta.spec import DraftSpec  # noqa: E402
@@ -231,8 +231,15 @@ def check_case(name: str, kv: str, seed: int, *, wrong: bool) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=40, help="random batches per builder")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"{OUT_HELP}; writes hook-equivalence.json")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the hook-equivalence.json already in --out")
     args = parser.parse_args()
+    existing = args.out / "hook-equivalence.json"  # a device run's fresh $OUT holds none
+    if existing.exists() and not args.force:
+        parser.exit(2, f"{existing} exists; name another --out, or pass --force to replace "
+                    "it\n")
     import vllm
 
     print(f"vLLM {vllm.__version__}, torch {torch.__version__}, "

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Plot draft tokens/s against batch size from draft-loop-h200.json (one panel per layer and K).
+"""Plot the draft loop's gain from draft-loop-h200.json: per layer, draft tokens/s of the
+captured K-step loop over eager + vLLM's rebuild, one line per K, against the measured batch
+sizes (every path's numbers are in draft-loop-h200.md).
 
     .venv/bin/python benchmarks/h200/plot.py benchmarks/results/draft-loop-h200.json \
         benchmarks/results/draft-loop-h200.png
@@ -17,33 +19,49 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from draftmeta.bench.report import PLOT_FONT_PT, PLOT_WIDTH_IN
 
-def main(src: Path, dst: Path) -> None:
-    rows: list[dict[str, Any]] = json.loads(src.read_text())["draft_loop"]
+BASE = "(a) eager + vLLM rebuild"
+CAPTURED = "(c) captured K-step loop (fused update)"
+
+
+def figure(rows: list[dict[str, Any]]) -> Any:
+    """The figure: one panel per layer, the captured loop's draft tokens/s over eager + vLLM
+    rebuild against batch size (evenly spaced categories), one line per K."""
     layers = sorted({r["layer"] for r in rows}, key=lambda n: n != "DeepSeek-V2-Lite")
     ks = sorted({r["k"] for r in rows})
-    paths = list(dict.fromkeys(r["path"] for r in rows))
-    fig, axes = plt.subplots(len(layers), len(ks), figsize=(3.4 * len(ks), 3.2 * len(layers)),
-                             squeeze=False, sharey="row")
-    for i, layer in enumerate(layers):
-        for j, k in enumerate(ks):
-            ax = axes[i][j]
-            for path in paths:
-                pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows
-                             if r["layer"] == layer and r["k"] == k and r["path"] == path)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=path)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_title(f"{layer}, K={k}", fontsize=9)
-            ax.grid(True, which="both", alpha=0.3)
-            if i == len(layers) - 1:
-                ax.set_xlabel("batch")
-            if j == 0:
-                ax.set_ylabel("draft tokens / s")
-    axes[0][0].legend(fontsize=6, loc="upper left")
-    fig.suptitle("Draft loop on an H200 with vLLM 0.33's Triton MLA decode kernel", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(dst, dpi=100)
+    batches = sorted({r["batch"] for r in rows})
+    rate = {(r["layer"], r["path"], r["k"], r["batch"]): r["tokens_per_s"] for r in rows}
+    with plt.rc_context({"font.size": PLOT_FONT_PT}):
+        fig, axes = plt.subplots(len(layers), 1, sharex=True, squeeze=False,
+                                 layout="constrained",
+                                 figsize=(PLOT_WIDTH_IN, 1.0 + 2.6 * len(layers)))
+        for ax, layer in zip(axes[:, 0], layers):
+            for k in ks:
+                xs = [i for i, b in enumerate(batches)
+                      if (layer, BASE, k, b) in rate and (layer, CAPTURED, k, b) in rate]
+                ax.plot(xs, [rate[(layer, CAPTURED, k, batches[i])]
+                             / rate[(layer, BASE, k, batches[i])] for i in xs],
+                        marker="o", label=f"K = {k}")
+            ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+            ax.set_title(f"{layer}-sized draft layer")
+            ax.set_ylabel("tokens/s over (a)")
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+        bottom = axes[-1][0]
+        bottom.set_xticks(range(len(batches)), [str(b) for b in batches])
+        bottom.set_xlabel("batch size")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncols=len(ks), frameon=False)
+        fig.suptitle("Captured draft loop on an H200: draft tokens/s over eager + vLLM rebuild")
+    return fig
+
+
+def main(src: Path, dst: Path) -> None:
+    """Draw the plot of ``src`` (draft-loop-h200.json) into ``dst`` (PNG)."""
+    fig = figure(json.loads(src.read_text())["draft_loop"])
+    fig.savefig(dst, dpi=150)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from vllm_cuda import use_cuda, vllm_version  # noqa: E402
 harness = use_cuda()
 
 from draftmeta.advance import advance_state  # noqa: E402
+from draftmeta.arguments import DEFAULT_OUT, OUT_HELP  # noqa: E402
 from draftmeta.fused import FusedStep  # noqa: E402
 from draftmeta.loop import AttentionGroup, DraftLoop  # noqa: E402
 from draftmeta.protocol import SpecBuilder  # noqa: E402
@@ -596,7 +597,10 @@ def environment() -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help=f"{OUT_HELP}; writes draft-loop-h200.json")
+    ap.add_argument("--force", action="store_true",
+                    help="replace the draft-loop-h200.json already in --out")
     ap.add_argument("--parts", default="equivalence,metadata_steps,draft_loop")
     ap.add_argument("--equivalence-batches", type=int, default=100)
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
@@ -604,6 +608,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--layers", default="DeepSeek-V2-Lite,GLM-5.1")
     args = ap.parse_args()
+    existing = args.out / "draft-loop-h200.json"  # a device run's fresh $OUT holds none
+    if existing.exists() and not args.force:
+        ap.exit(2, f"{existing} exists; name another --out, or pass --force to replace "
+                "it\n")
     parts = args.parts.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     RESULTS["environment"] = environment()

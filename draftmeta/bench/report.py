@@ -9,16 +9,31 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
+from draftmeta.arguments import Extent
 from draftmeta.bench.config import BenchConfig, Sample
 
-__all__ = ["markdown_table", "summarize", "table", "write_results"]
+__all__ = ["PLOT_FONT_PT", "PLOT_WIDTH_IN", "extent", "figure", "markdown_table", "plot",
+           "result_name", "summarize", "table", "write_results"]
+
+
+def result_name(device: str) -> str:
+    """The stem of a bench run's files in its results folder: ``bench-cpu``, ``bench-cuda``."""
+    return f"bench-{device}"
+
+
+def extent(config: Mapping[str, Any]) -> Extent:
+    """What a bench run with ``config`` measures (:class:`BenchConfig` as a dict, or the
+    ``environment.config`` of its JSON): every backend x batch size x K, ``repeats`` each."""
+    return Extent.of((f"{backend} batch {batch} K {k}" for backend in config["backends"]
+                      for batch in config["batch_sizes"] for k in config["steps"]),
+                     int(config["repeats"]))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -129,43 +144,82 @@ def write_results(samples: list[Sample], config: BenchConfig, out_dir: Path) -> 
     plot as PNG (if matplotlib is installed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = summarize(samples)
-    stem = f"bench-{config.device}"
+    stem = result_name(config.device)
     data = {"environment": _environment(config), "summary": rows,
             "samples": [attrs.asdict(s) for s in samples]}
     paths = {"json": out_dir / f"{stem}.json", "markdown": out_dir / f"{stem}.md"}
     paths["json"].write_text(json.dumps(data, indent=1) + "\n")
     paths["markdown"].write_text(markdown_table(rows, config.device))
     try:
-        paths["png"] = _plot(rows, out_dir / f"{stem}.png", config)
+        paths["png"] = plot(rows, out_dir / f"{stem}.png", config.device)
     except ImportError:
         pass
     return paths
 
 
-def _plot(rows: list[dict[str, Any]], path: Path, config: BenchConfig) -> Path:
+PLOT_WIDTH_IN = 7.0
+"""The plots' width in inches: about the width the site's pages show them at (700 CSS pixels),
+so their fonts are shown at about the size they are set in."""
+PLOT_FONT_PT = 11.0
+"""The smallest font in the plots, in points at :data:`PLOT_WIDTH_IN`."""
+
+
+def figure(rows: list[dict[str, Any]], device: str) -> Any:
+    """The plot of :func:`summarize`'s rows as a matplotlib figure: one panel per backend, time
+    per draft step (device time on CUDA, host time on CPU; median, log scale with plain tick
+    labels) against the measured batch sizes as evenly spaced categories, one line per path,
+    the legend below the panels.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install matplotlib``).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     backends = sorted({r["backend"] for r in rows})
-    fig, axes = plt.subplots(1, len(backends), figsize=(5.5 * len(backends), 4.2), squeeze=False)
-    for ax, backend in zip(axes[0], backends):
-        for path_name in sorted({r["path"] for r in rows if r["backend"] == backend}):
-            pts = sorted((r["batch_size"], r["device_median_us"] if config.device == "cuda"
-                          and r["device_median_us"] is not None else r["host_median_us"])
-                         for r in rows if r["backend"] == backend and r["path"] == path_name)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=path_name)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("batch size")
-        unit = "device" if config.device == "cuda" else "host"
-        ax.set_ylabel(f"{unit} time per draft step (us, median)")
-        ax.set_title(backend)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"draftmeta bench ({config.device})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    paths = list(dict.fromkeys(r["path"] for r in sorted(rows, key=lambda r: r["path"])))
+    batches = sorted({r["batch_size"] for r in rows})
+    columns = len(paths) if len(paths) <= 3 else 2  # long CUDA path names: two per row
+    legend_rows = -(-len(paths) // columns)
+    with plt.rc_context({"font.size": PLOT_FONT_PT}):
+        fig, axes = plt.subplots(1, len(backends), sharey=True, squeeze=False,
+                                 figsize=(PLOT_WIDTH_IN, 3.4 + 0.3 * legend_rows),
+                                 layout="constrained")
+        unit = "device" if device == "cuda" else "host"
+        for ax, backend in zip(axes[0], backends):
+            for name in paths:
+                points = {r["batch_size"]: (r["device_median_us"] if device == "cuda"
+                                            and r["device_median_us"] is not None
+                                            else r["host_median_us"])
+                          for r in rows if r["backend"] == backend and r["path"] == name}
+                xs = [i for i, b in enumerate(batches) if b in points]
+                ax.plot(xs, [points[batches[i]] for i in xs], marker="o", label=name)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_minor_locator(NullLocator())
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+            ax.set_xlim(-0.4, len(batches) - 0.6)
+            ax.set_xlabel("batch size")
+            ax.set_title(backend)
+            ax.grid(True, alpha=0.3)
+        axes[0][0].set_ylabel(f"{unit} µs per draft step (median)")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncols=columns,
+                   frameon=False)
+        fig.suptitle(f"draftmeta bench ({device})")
+    return fig
+
+
+def plot(rows: list[dict[str, Any]], path: Path, device: str) -> Path:
+    """Draw :func:`figure` into the PNG ``path`` (also to redraw a committed plot from its
+    JSON: ``plot(data["summary"], path, data["environment"]["config"]["device"])``)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows, device)
+    fig.savefig(path, dpi=150)
     plt.close(fig)
     return path

@@ -12,19 +12,23 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from draftmeta.arguments import folder_problem, integer_in, non_negative, positive, seed
+from draftmeta.arguments import (
+    DEFAULT_OUT,
+    FORCE_HELP,
+    OUT_HELP,
+    folder_problem,
+    integer_in,
+    non_negative,
+    positive,
+    seed,
+    stdout_to_stderr,
+)
 from draftmeta.e2e.environment import BACKENDS, CUDA_BACKENDS, MODEL_NAMES
 
-__all__ = ["DEFAULT_OUT", "add_parser", "run"]
-
-DEFAULT_OUT = Path(tempfile.gettempdir()) / "draftmeta-results"
-"""Where results go unless ``--out`` says otherwise (outside the checkout; only
-``--out benchmarks/results`` writes the committed ones)."""
+__all__ = ["add_parser", "run"]
 
 
 _k = integer_in(1, 8, what="K (draft tokens per step)")
@@ -74,29 +78,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--warmups", type=non_negative, default=1,
                    help="unmeasured generates first")
     p.add_argument("--seed", type=seed, default=0, help="engine, weight and prompt seed")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help="folder for e2e-cpu (or e2e-cuda) .json/.md/.png, in the system's "
-                        "temporary folder; only --out benchmarks/results writes the committed "
-                        "results")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="FOLDER",
+                   help=f"{OUT_HELP}; writes e2e-cpu (or e2e-cuda) .json/.md/.png")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--json", action="store_true",
-                   help="print only the result's JSON object on stdout")
+                   help="print only the result's JSON object on stdout (progress and any "
+                        "log lines on stderr)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(run=run)
     return p
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to file descriptor 1 (vLLM's logs included) to stderr."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "cuda":
         from draftmeta.e2e.cuda_cli import run_cuda
 
-        return run_cuda(args, _stdout_to_stderr if args.json else contextlib.nullcontext,
+        return run_cuda(args, stdout_to_stderr if args.json else contextlib.nullcontext,
                         progress)
     cuda_only = [name for name, given in (("--models", args.models),
                                           ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
@@ -143,9 +133,18 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"draftmeta e2e: {exc}", file=sys.stderr)
         return 2
+    if not args.force:
+        from draftmeta.arguments import replace_problem
+        from draftmeta.e2e.report import RESULT_NAME, extent, planned_extent
+
+        problem = replace_problem(Path(args.out) / f"{RESULT_NAME}.json",
+                                  planned_extent(config), extent)
+        if problem is not None:
+            print(f"draftmeta e2e: {problem}", file=sys.stderr)
+            return 2
 
     try:
-        with _stdout_to_stderr() if args.json else contextlib.nullcontext():
+        with stdout_to_stderr() if args.json else contextlib.nullcontext():
             result = run_matrix(config, progress=progress)
     except E2EUnavailable as exc:
         print(f"draftmeta e2e: cannot run here: {exc}", file=sys.stderr)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+from draftmeta.arguments import replace_problem
 from draftmeta.e2e.cuda_matrix import CudaCase, CudaMatrixConfig
 from draftmeta.e2e.environment import CUDA_BACKENDS, MODEL_NAMES
 
@@ -84,7 +85,14 @@ def run_cuda(args: argparse.Namespace,
     progress lines (the command's, shared with the CPU run).
     """
     from draftmeta.e2e.cuda_matrix import run_cuda_matrix
-    from draftmeta.e2e.cuda_report import cuda_markdown, cuda_summary, write_cuda_results
+    from draftmeta.e2e.cuda_report import (
+        CUDA_RESULT_NAME,
+        cuda_extent,
+        cuda_markdown,
+        cuda_summary,
+        planned_cuda_extent,
+        write_cuda_results,
+    )
     from draftmeta.e2e.errors import E2EError, E2EUnavailable
 
     try:
@@ -102,6 +110,12 @@ def run_cuda(args: argparse.Namespace,
     except ValueError as exc:
         print(f"draftmeta e2e: {exc}", file=sys.stderr)
         return 2
+    if not args.force:
+        problem = replace_problem(Path(args.out) / f"{CUDA_RESULT_NAME}.json",
+                                  planned_cuda_extent(config), cuda_extent)
+        if problem is not None:
+            print(f"draftmeta e2e: {problem}", file=sys.stderr)
+            return 2
 
     try:
         with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-cuda-") as workdir, \
@@ -116,7 +130,15 @@ def run_cuda(args: argparse.Namespace,
         return 1
     command = "draftmeta e2e " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
     data = cuda_summary(comparisons, failures, command=command)
-    paths = write_cuda_results(data, args.out)
+    stem = CUDA_RESULT_NAME
+    # checked before the run too; a case that failed can leave this result short of it
+    if failures and not args.force and replace_problem(
+            Path(args.out) / f"{stem}.json", cuda_extent(data), cuda_extent) is not None:
+        stem += "-partial"
+        print(f"draftmeta e2e: a case failed, so this run holds less than "
+              f"{Path(args.out) / (CUDA_RESULT_NAME + '.json')}: its results go to "
+              f"{stem}.* beside it", file=sys.stderr)
+    paths = write_cuda_results(data, args.out, stem)
     if args.json:
         print(json.dumps(data))
     else:

@@ -18,11 +18,36 @@ from typing import Any
 
 import attrs
 
-from draftmeta.e2e.cuda_matrix import CudaComparison, CudaFailure
+from draftmeta.arguments import Extent
+from draftmeta.e2e.cuda_matrix import CudaCase, CudaComparison, CudaFailure, CudaMatrixConfig
 
-__all__ = ["cuda_markdown", "cuda_plot", "cuda_summary", "write_cuda_results"]
+__all__ = ["CUDA_RESULT_NAME", "cuda_extent", "cuda_markdown", "cuda_plot", "cuda_summary",
+           "planned_cuda_extent", "write_cuda_results"]
+
+CUDA_RESULT_NAME = "e2e-cuda"
+"""The stem of the CUDA run's files in its results folder."""
 
 JSONObject = dict[str, Any]
+
+
+def cuda_extent(data: JSONObject) -> Extent:
+    """What :func:`cuda_summary`'s object holds: one configuration per case and batch size, and
+    the fewest measured generates of any timed one."""
+    labels, repeats = [], []
+    for e in data["configurations"]:
+        case = CudaCase(e["model"], e["backend"], e["k"], e["override_upstream"],
+                        e["negative_control"], e["kv_cache_dtype"])
+        labels.append(f"{case.label} batch {e['batch_size']}")
+        rates = (e.get("tokens_per_s") or {}).get("off")
+        if rates:
+            repeats.append(len(rates["all"]))
+    return Extent.of(labels, min(repeats, default=0))
+
+
+def planned_cuda_extent(config: CudaMatrixConfig) -> Extent:
+    """What a run of ``config`` will hold, as :func:`cuda_extent` reads it afterwards."""
+    return Extent.of((f"{case.label} batch {b}" for case in config.cases
+                      for b in config.batch_sizes), config.repeats)
 
 
 def _spread(values: Iterable[float]) -> JSONObject | None:
@@ -128,43 +153,56 @@ def cuda_markdown(data: JSONObject) -> str:
 
 def cuda_plot(data: JSONObject, path: Path) -> Path | None:
     """A bar chart of on/off tok/s ratios (one bar per timed case and batch size), with the
-    1.0 line; ``None`` without matplotlib."""
+    1.0 line, drawn to be read at the site's page width (as
+    :func:`draftmeta.bench.report.figure`); ``None`` without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
+        from matplotlib.patches import Patch
     except ImportError:
         return None
+    from draftmeta.bench.report import PLOT_FONT_PT, PLOT_WIDTH_IN
+
     entries = [e for e in data["configurations"] if e["speedup"] is not None]
     if not entries:
         return None
+
     def label(e: JSONObject) -> str:
         extra = (" override" if e["override_upstream"] else "") + (
             f" {e['kv_cache_dtype']}" if e["kv_cache_dtype"] != "auto" else "")
-        loopless = " (no draft loop)" if e["k"] == 1 else ""
-        return f"{e['model']} {e['backend']}{extra} K={e['k']} b={e['batch_size']}{loopless}"
+        return f"{e['model']} {e['backend']}{extra} K={e['k']} b={e['batch_size']}"
 
     labels = [label(e) for e in entries]
     ratios = [e["speedup"] for e in entries]
-    fig, ax = plt.subplots(figsize=(8, 0.32 * len(entries) + 1.2), dpi=110)
+    kinds = {"#2a7": "faster with the plugin", "#c44": "slower with the plugin",
+             "#999": "K = 1 (no draft loop)"}
     colors = ["#999" if e["k"] == 1 else "#2a7" if r >= 1.0 else "#c44"
               for e, r in zip(entries, ratios)]
-    ax.barh(range(len(entries)), ratios, color=colors)
-    ax.axvline(1.0, color="black", linewidth=1)
-    ax.set_yticks(range(len(entries)), labels, fontsize=9)
-    ax.invert_yaxis()
-    ax.set_xlabel("tok/s plugin on / plugin off (median of measured generates)", fontsize=10)
-    for i, r in enumerate(ratios):
-        ax.text(r, i, f" {r:.2f}x", va="center", fontsize=9)
-    ax.set_xlim(0, max(ratios) * 1.18)
-    fig.tight_layout()
-    fig.savefig(path)
+    with plt.rc_context({"font.size": PLOT_FONT_PT}):
+        fig, ax = plt.subplots(figsize=(PLOT_WIDTH_IN, 0.3 * len(entries) + 1.6),
+                               layout="constrained")
+        ax.barh(range(len(entries)), ratios, color=colors)
+        ax.axvline(1.0, color="black", linewidth=1)
+        ax.set_yticks(range(len(entries)), labels)
+        ax.invert_yaxis()
+        ax.set_xlabel("tok/s, plugin on over off (medians)")
+        for i, r in enumerate(ratios):
+            ax.text(r, i, f" {r:.2f}x", va="center")
+        ax.set_xlim(0, max(ratios) * 1.25)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MultipleLocator(0.5))
+        shown = [c for c in kinds if c in colors]
+        fig.legend([Patch(color=c) for c in shown], [kinds[c] for c in shown],
+                   loc="outside lower center", ncols=len(shown), frameon=False)
+        fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
 
 
-def write_cuda_results(data: JSONObject, out: Path, stem: str = "e2e-cuda") -> dict[str, Path]:
+def write_cuda_results(data: JSONObject, out: Path, stem: str = CUDA_RESULT_NAME
+                       ) -> dict[str, Path]:
     """Write ``{stem}.json``, ``.md`` and ``.png`` into ``out``; returns the paths by kind."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md"}

@@ -26,9 +26,14 @@ from typing import Any
 
 import torch
 
-from draftmeta.e2e.compare import Comparison, MatrixResult
+from draftmeta.arguments import Extent
+from draftmeta.e2e.compare import Comparison, MatrixConfig, MatrixResult
 
-__all__ = ["REFRESH_GOAL", "markdown", "plot", "summary", "write_results"]
+__all__ = ["REFRESH_GOAL", "RESULT_NAME", "extent", "markdown", "planned_extent", "plot",
+           "summary", "write_results"]
+
+RESULT_NAME = "e2e-cpu"
+"""The stem of the CPU run's files in its results folder."""
 
 REFRESH_GOAL = 5.0
 """Issue 11's goal: with the plugin on, refreshing draft metadata takes at least 5x less host
@@ -178,6 +183,29 @@ def summary(result: MatrixResult) -> JSONObject:
     }
 
 
+def _label(backend: str, batch_size: int, k: int, max_tokens: int) -> str:
+    return f"{backend} batch {batch_size} K {k} ({max_tokens} tokens)"
+
+
+def extent(data: Mapping[str, Any]) -> Extent:
+    """What :func:`summary`'s object holds: its configurations (backend, batch size, K and
+    tokens per prompt) and the measured generates of each."""
+    settings = data["settings"]
+    return Extent.of((_label(c["backend"], c["batch_size"], c["k"], settings["max_tokens"])
+                      for c in data["configurations"]), int(settings["repeats"]))
+
+
+def planned_extent(config: MatrixConfig) -> Extent:
+    """What a run of ``config`` on this machine will hold, as :func:`extent` reads it
+    afterwards: a backend this CPU cannot run (``AMX_MLA`` without AMX) is skipped by the run,
+    so it is left out here too."""
+    from draftmeta.e2e.environment import backend_unavailable_reason
+
+    backends = [b for b in config.backends if backend_unavailable_reason(b) is None]
+    return Extent.of((_label(b, n, k, config.max_tokens) for b in backends
+                      for n in config.batch_sizes for k in config.ks), config.repeats)
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -237,7 +265,8 @@ def markdown(data: Mapping[str, Any]) -> str:
 
 def plot(data: Mapping[str, Any], path: Path) -> Path:
     """A PNG of :func:`summary`'s object: host time per refresh step and tokens/s, off against
-    on, one group of bars per configuration.
+    on, one group of bars per configuration, drawn to be read at the site's page width (as
+    :func:`draftmeta.bench.report.figure`: its width, its fonts, the legend below the panels).
 
     Raises:
         ImportError: matplotlib is not installed (``pip install matplotlib``).
@@ -247,31 +276,40 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    configs = [c for c in data["configurations"]]
-    labels = [f"{c['backend']}\nb{c['batch_size']} K{c['k']}" for c in configs]
+    from draftmeta.bench.report import PLOT_FONT_PT, PLOT_WIDTH_IN
+
+    configs = list(data["configurations"])
+    several = len({c["backend"] for c in configs}) > 1
+    labels = [(f"{c['backend']}\n" if several else "") + f"b{c['batch_size']}\nK{c['k']}"
+              for c in configs]
     xs = list(range(len(configs)))
     width = 0.38
-    fig, axes = plt.subplots(2, 1, figsize=(max(7.0, 0.75 * len(configs) + 2), 7.5))
-    panels = (("refresh_us_per_step", "host us per refresh step (indices >= 1)"),
-              ("tokens_per_s", "tokens/s"))
-    for ax, (key, title) in zip(axes, panels):
-        for shift, mode, colour in ((-width / 2, "off", "#b0b0b0"), (width / 2, "on", "#2b7bba")):
-            values = [c[key][mode] or 0.0 for c in configs]
-            ax.bar([x + shift for x in xs], values, width, label=f"plugin {mode}", color=colour)
-        ax.set_ylabel(title)
-        ax.set_xticks(xs)
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.legend(fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].set_title(f"draftmeta in a real vLLM {data['vllm_version']} MTP run "
-                      f"(CPU, {data['backend']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with plt.rc_context({"font.size": PLOT_FONT_PT}):
+        fig, axes = plt.subplots(2, 1, sharex=True, layout="constrained",
+                                 figsize=(PLOT_WIDTH_IN, 6.6))
+        panels = (("refresh_us_per_step", "host µs per refresh step\n(draft indices >= 1)"),
+                  ("tokens_per_s", "tokens/s"))
+        for ax, (key, title) in zip(axes, panels):
+            for shift, mode, colour in ((-width / 2, "off", "#b0b0b0"),
+                                        (width / 2, "on", "#2b7bba")):
+                values = [c[key][mode] or 0.0 for c in configs]
+                ax.bar([x + shift for x in xs], values, width, label=f"plugin {mode}",
+                       color=colour)
+            ax.set_ylabel(title)
+            ax.grid(axis="y", alpha=0.3)
+        axes[1].set_xticks(xs, labels)
+        axes[1].set_xlabel("batch size b, draft tokens per step K (K = 1 refreshes nothing)")
+        handles, names = axes[0].get_legend_handles_labels()
+        fig.legend(handles, names, loc="outside lower center", ncols=2, frameon=False)
+        fig.suptitle(f"vLLM {data['vllm_version']} MTP on CPU ({data['backend']}): "
+                     "plugin off vs on")
+        fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
 
 
-def write_results(data: Mapping[str, Any], out: Path, stem: str = "e2e-cpu") -> dict[str, Path]:
+def write_results(data: Mapping[str, Any], out: Path, stem: str = RESULT_NAME
+                  ) -> dict[str, Path]:
     """Write ``{stem}.json``, ``{stem}.md`` and ``{stem}.png`` into ``out`` (created).
 
     The PNG is left out (with no error) where matplotlib is not installed.

@@ -83,7 +83,7 @@ RELEASE = Release(
     version="0.33",
     distributions=("vllm",),
     paths=("older_proposer", "hook"),
-    notes="pip install 'draftmeta[vllm]' (README's set-up); CUDA build, imports on CPU",
+    notes="pip install -e '.[vllm]' vllm==0.33.0 (docs/install.md); CUDA build, imports on CPU",
     builders=(
         _mla("CPU_MLA", f"{MLA}.MLACommonMetadataBuilder", "dense",
              harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.cpu_mla.CPUMLABackend")),

@@ -51,7 +51,7 @@ def _measured_on_h200(name: str, batch1: str, batch8: str) -> BuilderEntry:
 RELEASE: Release = v0_33.RELEASE.evolve(
     version="0.34",
     paths=("hook",),
-    notes=("pip install 'draftmeta[vllm]', then pip install --no-deps vllm==0.34.0 "
+    notes=("pip install -e '.[vllm]' vllm==0.33.0, then pip install --no-deps vllm==0.34.0 "
            "(0.34 pins a FlashInfer release some registries lack; draftmeta never imports it)"),
     replace={
         **{name: _with_shardq(v0_33.RELEASE.entry(name)) for name in _SPARSE},

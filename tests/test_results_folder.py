@@ -1,0 +1,227 @@
+"""One results folder convention for every command: ``--out`` is the folder (default
+``draftmeta-results`` in the current folder) for ``bench``, ``e2e``, ``e2e --device cuda`` and
+the scripts under ``benchmarks/``; a run never replaces a fuller result without ``--force``,
+and it says so before it runs.
+
+Nothing is measured here: where a command would start its run, a stand-in raises
+:class:`Started`, so each test sees whether the run would have started.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftmeta.arguments import DEFAULT_OUT, FORCE_HELP, OUT_HELP, Extent, replace_problem
+from draftmeta.cli import main, parser
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+class Started(Exception):
+    """The command got as far as starting its run."""
+
+
+def _never(*args: object, **kwargs: object) -> object:
+    raise Started
+
+
+@pytest.fixture
+def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every command's run is the stand-in: reaching it raises :class:`Started`."""
+    import draftmeta.bench
+    import draftmeta.e2e.compare
+    import draftmeta.e2e.cuda_matrix
+
+    monkeypatch.setattr(draftmeta.bench, "run_bench", _never)
+    monkeypatch.setattr(draftmeta.e2e.compare, "run_matrix", _never)
+    monkeypatch.setattr(draftmeta.e2e.cuda_matrix, "run_cuda_matrix", _never)
+
+
+def _bench_result(folder: Path, **config: object) -> Path:
+    full = {"device": "cpu", "batch_sizes": [1, 8, 64, 256], "steps": [2, 3, 4, 5, 6, 7, 8],
+            "repeats": 12, "block_size": 64, "max_model_len": 4096,
+            "backends": ["CPU_MLA", "TRITON_MLA", "INDEXER"]}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "bench-cpu.json"
+    path.write_text(json.dumps({"environment": {"config": {**full, **config}}}))
+    return path
+
+
+def test_every_command_writes_to_the_same_default_folder_with_the_same_out_and_force() -> None:
+    p = parser()
+    for argv in (["bench"], ["e2e"], ["e2e", "--device", "cuda"]):
+        assert p.parse_args(argv).out == DEFAULT_OUT == Path("draftmeta-results"), argv
+    sub = next(a for a in p._actions if a.dest == "command")
+    for name in ("bench", "e2e"):
+        options = {o: a for a in sub.choices[name]._actions  # type: ignore[union-attr]
+                   for o in a.option_strings}
+        assert (options["--out"].help or "").startswith(OUT_HELP), name
+        assert options["--force"].help == FORCE_HELP, name
+
+
+def _out_defaults(script: Path) -> list[str]:
+    """The source of each ``--out`` option's default in a script."""
+    found = []
+    for node in ast.walk(ast.parse(script.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument" and node.args
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--out"):
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            found.append("" if default is None else ast.unparse(default))
+    return found
+
+
+def test_every_benchmarks_script_with_an_out_option_defaults_to_the_same_folder() -> None:
+    scripts = [s for s in sorted((ROOT / "benchmarks").rglob("*.py")) if _out_defaults(s)]
+    assert {s.name for s in scripts} >= {"e2e_floor.py", "run_h200.py", "hook_equivalence.py"}
+    for script in scripts:
+        assert _out_defaults(script) == ["DEFAULT_OUT"], script
+        assert '"--force"' in script.read_text(), script
+
+
+@pytest.mark.usefixtures("no_runs")
+def test_a_bench_run_over_fewer_batch_sizes_stops_before_it_runs_where_a_fuller_result_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = _bench_result(tmp_path)
+    before = path.read_text()
+    assert main(["bench", "--batch-sizes", "1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds a fuller result" in err and "--force" in err, err
+    assert "configurations this run leaves out" in err and "batch 8" in err
+    assert path.read_text() == before
+
+
+@pytest.mark.usefixtures("no_runs")
+def test_a_bench_run_with_fewer_repeats_stops_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    _bench_result(tmp_path)
+    assert main(["bench", "--repeats", "2", "--out", str(tmp_path)]) == 2
+    assert "12 repeats per configuration (this run: 2)" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("no_runs")
+def test_a_bench_run_that_covers_the_result_or_is_forced_replaces_it(tmp_path: Path) -> None:
+    _bench_result(tmp_path, batch_sizes=[1], repeats=3)
+    with pytest.raises(Started):
+        main(["bench", "--out", str(tmp_path)])
+    _bench_result(tmp_path)
+    with pytest.raises(Started):
+        main(["bench", "--batch-sizes", "1", "--out", str(tmp_path), "--force"])
+    with pytest.raises(Started):  # another folder: nothing there to lose
+        main(["bench", "--batch-sizes", "1", "--out", str(tmp_path / "quick")])
+
+
+@pytest.mark.usefixtures("no_runs")
+def test_a_partial_e2e_run_does_not_replace_the_full_matrix_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    shutil.copy(RESULTS / "e2e-cpu.json", tmp_path)
+    assert main(["e2e", "--ks", "2", "--batch-sizes", "1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "e2e-cpu.json holds a fuller result: 7 configurations this run leaves out" in err
+    assert "--force" in err
+    with pytest.raises(Started):  # the default matrix covers the committed run
+        main(["e2e", "--out", str(tmp_path)])
+    with pytest.raises(Started):
+        main(["e2e", "--ks", "2", "--out", str(tmp_path), "--force"])
+
+
+@pytest.mark.usefixtures("no_runs")
+def test_a_partial_cuda_e2e_run_does_not_replace_the_full_cuda_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    shutil.copy(RESULTS / "e2e-cuda.json", tmp_path)
+    argv = ["e2e", "--device", "cuda", "--backends", "FLASHMLA", "--ks", "3", "--out",
+            str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "e2e-cuda.json holds a fuller result" in err and "--force" in err, err
+    with pytest.raises(Started):
+        main([*argv, "--force"])
+
+
+def test_a_result_that_cannot_be_read_is_not_replaced(tmp_path: Path) -> None:
+    (tmp_path / "bench-cpu.json").write_text("not JSON")
+    problem = replace_problem(tmp_path / "bench-cpu.json", Extent.of(["a"], 1),
+                              lambda data: Extent.of(data["x"], 1))
+    assert problem is not None and "cannot compare" in problem and "--force" in problem
+
+
+def test_e2e_floor_refuses_to_replace_a_fuller_result_before_it_needs_vllm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import e2e_floor
+
+    shutil.copy(RESULTS / "e2e-floor.json", tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        e2e_floor.main(["--modes", "off,on", "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "holds a fuller result: 1 configuration this run leaves out (floor batch 4" in \
+        capsys.readouterr().err
+    sys.modules.pop("e2e_floor", None)
+
+
+def test_the_command_line_page_states_the_results_convention() -> None:
+    page = (ROOT / "docs" / "cli.md").read_text()
+    for words in ("draftmeta-results", "--out", "--force", "bench-cpu", "e2e-cpu", "e2e-cuda",
+                  "e2e-floor", "draft-loop-h200", "hook-equivalence"):
+        assert words in page, words
+
+
+@pytest.mark.usefixtures("no_runs")
+def test_an_e2e_run_that_will_skip_amx_mla_here_does_not_replace_a_result_that_has_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import draftmeta.e2e.environment
+
+    data = json.loads((RESULTS / "e2e-cpu.json").read_text())
+    data["configurations"] += [{**c, "backend": "AMX_MLA"} for c in data["configurations"]]
+    (tmp_path / "e2e-cpu.json").write_text(json.dumps(data))
+    monkeypatch.setattr(draftmeta.e2e.environment, "cpu_has_amx", lambda *args: False)
+    assert main(["e2e", "--out", str(tmp_path)]) == 2
+    assert "8 configurations this run leaves out (AMX_MLA batch 1 K 1" in capsys.readouterr().err
+    monkeypatch.setattr(draftmeta.e2e.environment, "cpu_has_amx", lambda *args: True)
+    with pytest.raises(Started):  # where AMX_MLA runs, the default run covers it all
+        main(["e2e", "--out", str(tmp_path)])
+
+
+def test_a_cuda_run_whose_case_failed_writes_beside_a_fuller_result_not_over_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import draftmeta.e2e.cuda_matrix
+    import draftmeta.e2e.cuda_report
+    from draftmeta.e2e.cuda_matrix import CudaCase, CudaFailure
+
+    data = json.loads((RESULTS / "e2e-cuda.json").read_text())
+    data["configurations"] = [c for c in data["configurations"] if c["model"] == "tiny"
+                              and c["backend"] == "FLASHMLA" and c["k"] == 3
+                              and c["kv_cache_dtype"] == "auto" and not c["negative_control"]]
+    assert len(data["configurations"]) == 2
+    (tmp_path / "e2e-cuda.json").write_text(json.dumps(data))
+    failed = CudaFailure(CudaCase("tiny", "FLASHMLA", 3), "the engine did not start")
+    monkeypatch.setattr(draftmeta.e2e.cuda_matrix, "run_cuda_matrix",
+                        lambda *args, **kwargs: ([], [failed]))
+    monkeypatch.setattr(draftmeta.e2e.cuda_report, "cuda_summary", lambda *args, **kwargs: {
+        "configurations": [], "failed": [{"case": failed.case.label, "error": failed.error}],
+        "output_tokens_identical": True, "draft_tokens_identical": True,
+        "negative_control_caught": None})
+    written: list[str] = []
+    monkeypatch.setattr(draftmeta.e2e.cuda_report, "write_cuda_results",
+                        lambda data, out, stem="e2e-cuda": written.append(stem) or {})
+    argv = ["e2e", "--device", "cuda", "--backends", "FLASHMLA", "--ks", "3", "--json",
+            "--out", str(tmp_path)]
+    assert main(argv) == 1
+    assert written == ["e2e-cuda-partial"]
+    assert "its results go to e2e-cuda-partial.* beside it" in capsys.readouterr().err
+    assert main([*argv, "--force"]) == 1
+    assert written[-1] == "e2e-cuda"
