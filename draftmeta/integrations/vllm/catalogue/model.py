@@ -17,6 +17,7 @@ import attrs
 from draftmeta.backends.common import HostBoundPolicy, SpecFactory
 from draftmeta.backends.vllm_classes import ClassRef
 from draftmeta.integrations.vllm.carry_over import CarryOver
+from draftmeta.integrations.vllm.release import release_of
 from draftmeta.spec import DraftSpec
 
 __all__ = [
@@ -176,8 +177,7 @@ class Release:
 
     def matches(self, version: str) -> bool:
         """Whether an installed ``vllm.__version__`` belongs to this release."""
-        parts = version.split("+")[0].split(".")
-        return ".".join(parts[:2]) == self.version
+        return release_of(version) == self.version
 
     def evolve(
         self,
