@@ -17,9 +17,11 @@ from draftmeta.backends.indexer import indexer_spec
 from draftmeta.backends.mla import mla_spec
 from draftmeta.integrations.vllm import plugin
 from draftmeta.integrations.vllm.catalogue import current_release
+from draftmeta.integrations.vllm.release import supported_range
 from draftmeta.testing import compare_metadata, random_state
 from draftmeta.testing.vllm import harness
 from draftmeta.testing.vllm.equivalence import random_case
+from tests.releases import unsupported_version
 
 _cad = harness.common_metadata_for
 
@@ -237,15 +239,16 @@ def test_an_unsupported_version_leaves_vllm_untouched(
     import vllm
 
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
-    monkeypatch.setattr(vllm, "__version__", "0.35.0")
+    unsupported = unsupported_version()
+    monkeypatch.setattr(vllm, "__version__", unsupported)
     plugin.unregister()
     before = _snapshot()
     plugin.register()
     assert plugin.installed() is None and _snapshot() == before
     lines = [r.getMessage() for r in vllm_log
              if r.name == plugin.LOGGER_NAME and r.levelno == logging.WARNING]
-    assert lines == ["draftmeta: vLLM left untouched: vLLM 0.35.0 is not a supported release "
-                     "(0.32 to 0.34)"]
+    assert lines == [f"draftmeta: vLLM left untouched: vLLM {unsupported} is not a supported "
+                     f"release ({supported_range()})"]
 
 
 def test_a_removed_field_leaves_only_the_builders_that_need_it_untouched(
