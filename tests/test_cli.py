@@ -97,6 +97,7 @@ print(spec.cls.__module__, hasattr(spec.cls, "__dataclass_fields__"), spec.cls._
 """
 
 
+@needs_vllm
 def test_specs_declared_after_explain_use_vllms_own_classes_again() -> None:
     # explain declares against recorded stand-ins; a later caller that imports vLLM must not
     # be handed those cached stand-ins (whose __init__ is made by dataclasses.make_dataclass)

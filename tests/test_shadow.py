@@ -149,12 +149,15 @@ def test_the_sentinel_api_for_a_plugin() -> None:
     sentinel = sentinel_for("PLUGIN_BUILDER", 2)
     assert sentinel.enabled
     assert [sentinel.should_check() for _ in range(4)] == [True, False, True, False]
-    a = {"x": 1}
     assert sentinel.compare(torch.ones(3), torch.ones(3)) is None
+    assert (sentinel.checks, sentinel.mismatches, sentinel.switched_off) == (1, 0, False)
     mismatch = sentinel.compare(torch.ones(3), torch.zeros(3))
     assert mismatch is not None and mismatch.path == "<root>"
+    assert sentinel.first_mismatch == mismatch and sentinel.mismatches == 1
     assert sentinel.switched_off and not sentinel.should_check()
-    assert sentinel_for("PLUGIN_BUILDER", 2) is sentinel and a == {"x": 1}
+    # one sentinel per builder name, process-wide: the switched-off one stays off
+    assert sentinel_for("PLUGIN_BUILDER", 2) is sentinel and sentinel.switched_off
+    assert sentinel_for("OTHER_BUILDER", 2) is not sentinel
 
 
 def test_a_clamp_spec_in_a_wrap_loop_is_refused() -> None:
