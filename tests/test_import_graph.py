@@ -284,3 +284,40 @@ def test_loading_the_plugin_and_every_run_time_module_loads_no_test_support() ->
                           capture_output=True, text=True, check=True, timeout=300,
                           cwd=PACKAGE.parent)
     assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+# -- each Literal of the vocabulary is defined once ----------------------------------------------
+
+
+def literal_definitions(root: Path) -> dict[tuple[str, ...], list[str]]:
+    """``{sorted values: ["module.Name", ...]}`` of every module-level ``Name = Literal[...]``."""
+    found: dict[tuple[str, ...], list[str]] = {}
+    for name, path in _modules(root).items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if not (isinstance(value, ast.Subscript) and ast.unparse(value.value).endswith(
+                    "Literal")):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            items = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
+            key = tuple(sorted(ast.unparse(i) for i in items))
+            found.setdefault(key, []).extend(f"{name}.{ast.unparse(t)}" for t in targets)
+    return found
+
+
+def test_each_literal_of_the_vocabulary_is_defined_once() -> None:
+    twice = {k: v for k, v in literal_definitions(PACKAGE).items() if len(v) > 1}
+    assert twice == {}
+    host_bound = literal_definitions(PACKAGE)[("'advance'", "'frozen'")]
+    assert host_bound == ["draftmeta.advance.HostBound"]
+
+
+def test_a_literal_defined_twice_is_reported(tmp_path: Path) -> None:
+    # negative control: HostBound and HostBoundPolicy, as they once were
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "a.py": "from typing import Literal\nHostBound = Literal['advance', 'frozen']\n",
+        "b.py": "import typing\nHostBoundPolicy = typing.Literal['frozen', 'advance']\n",
+    })
+    assert literal_definitions(root)[("'advance'", "'frozen'")] == ["pkg.a.HostBound",
+                                                                   "pkg.b.HostBoundPolicy"]

@@ -19,7 +19,7 @@ import functools
 import importlib
 from typing import Any
 
-from draftmeta.backends.common import HostBoundPolicy
+from draftmeta.advance import HostBound
 from draftmeta.integrations.vllm.catalogue.model import (
     DRAFT_PATHS,
     BuilderEntry,
@@ -106,7 +106,7 @@ def current_release() -> Release:
 
 
 def builder_spec(
-    name: str, *, policy: HostBoundPolicy = "advance", dcp: bool = False, builder: Any = None
+    name: str, *, policy: HostBound = "advance", dcp: bool = False, builder: Any = None
 ) -> DraftSpec[Any]:
     """The spec of builder ``name`` of the installed release (see :func:`current_release`).
 
