@@ -421,7 +421,7 @@ def test_explain_a_frozen_name_with_the_advancing_bound_exits_2(
 ) -> None:
     assert main(["explain", "state.clamp.frozen", "--host-bound", "advance"]) == 2
     assert capsys.readouterr().err == (
-        "draftmeta explain: state.clamp.frozen is the frozen host bound; for --host-bound "
+        "draftmeta explain: state.clamp.frozen is the frozen host bound; for host bound "
         "advance name state.clamp\n")
 
 

@@ -12,12 +12,10 @@ import pytest
 import torch
 
 from draftmeta import advance_state
-from draftmeta.backends import vllm_classes
-from draftmeta.backends.indexer import indexer_spec
-from draftmeta.backends.mla import mla_spec
 from draftmeta.integrations.vllm import plugin
 from draftmeta.integrations.vllm.catalogue import current_release
 from draftmeta.integrations.vllm.release import supported_range
+from draftmeta.registry import clear_spec_caches
 from draftmeta.testing import compare_metadata, random_state
 from draftmeta.testing.vllm import harness
 from draftmeta.testing.vllm.equivalence import random_case
@@ -263,9 +261,7 @@ def test_a_removed_field_leaves_only_the_builders_that_need_it_untouched(
                                         [(n, t) for n, t, _ in fields])
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     monkeypatch.setattr(mla_module, "MLACommonDecodeMetadata", shrunk)
-    vllm_classes.load_metadata_class.cache_clear()
-    mla_spec.cache_clear()
-    indexer_spec.cache_clear()
+    clear_spec_caches()
     plugin.unregister()
     try:
         plugin.register()
@@ -279,9 +275,7 @@ def test_a_removed_field_leaves_only_the_builders_that_need_it_untouched(
         assert "INDEXER" in info.older_proposer or "INDEXER (hook)" in info.skipped
     finally:
         monkeypatch.undo()
-        vllm_classes.load_metadata_class.cache_clear()
-        mla_spec.cache_clear()
-        indexer_spec.cache_clear()
+        clear_spec_caches()
         plugin.unregister()
 
 

@@ -15,7 +15,6 @@ global lengths and the decode lengths are the DCP-local ones the loop recomputes
 
 from __future__ import annotations
 
-import functools
 from typing import Any, ClassVar
 
 import attrs
@@ -29,6 +28,7 @@ from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameVa
 from draftmeta.derivations import Argument, CopyFrom, Derivation, Fill, argument_problem
 from draftmeta.rules import Alias, Derive, HostConstant, Recompute, Rule, Unchanged
 from draftmeta.spec import DraftSpec
+from draftmeta.spec_cache import spec_cache
 from draftmeta.workspace import Workspace
 
 __all__ = [
@@ -110,7 +110,7 @@ class KpoolTailSlot(Derivation):
         head.add_(block, alpha=self.kpool).add_(1).mul_(valid).sub_(1)
 
 
-@functools.cache
+@spec_cache
 def indexer_spec(
     *,
     policy: HostBound = "advance",
@@ -173,7 +173,7 @@ def indexer_spec(
     )
 
 
-@functools.cache
+@spec_cache
 def kpool_tail_spec(
     *, kpool: int = 64, policy: HostBound = "advance", name: str = "KPOOL_TAIL"
 ) -> DraftSpec[Any]:

@@ -14,7 +14,6 @@ refilled in place) and FlashAttention 3's scheduler metadata.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -46,6 +45,7 @@ from draftmeta.rules import (
     WrittenBy,
 )
 from draftmeta.spec import DraftSpec
+from draftmeta.spec_cache import spec_cache
 
 __all__ = ["FLASHMLA_SCHED_META", "MLAFamily", "MLASpec", "flash_attn_compute_of", "mla_spec"]
 
@@ -189,7 +189,7 @@ def _sparse_rules(policy: HostBound) -> dict[str, Rule]:
     }
 
 
-@functools.cache
+@spec_cache
 def mla_spec(
     factory: MLASpec,
     *,

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from draftmeta.integrations.vllm.release import installed_version, release_in_use, release_of
+from draftmeta.spec_cache import spec_cache
 
 __all__ = [
     "RECORDED_DIR",
@@ -248,7 +249,7 @@ def annotation_text(annotation: object) -> str:
     return str(annotation).replace("typing.", "")
 
 
-@functools.cache
+@spec_cache
 def load_metadata_class(module: str, qualname: str) -> tuple[type, bool]:
     """The class, imported if possible, else a stand-in dataclass with the same fields.
 
