@@ -30,8 +30,8 @@ def test_a_source_advance_name_with_a_host_bound_is_that_advance(
 def test_a_frozen_name_refuses_the_advancing_host_bound() -> None:
     assert explain(get_spec("state.clamp.frozen", "frozen")) == explain(
         get_spec("state.clamp.frozen"))
-    with pytest.raises(ValueError, match="state.clamp.frozen is the frozen host bound; for host "
-                                         "bound advance name state.clamp"):
+    with pytest.raises(ValueError, match=r"state\.clamp\.frozen is the frozen host bound; for "
+                                         r"host bound advance name state\.clamp"):
         get_spec("state.clamp.frozen", "advance")
 
 

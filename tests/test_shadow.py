@@ -14,10 +14,9 @@ import torch
 
 from draftmeta import Advance, Clamp, DraftState, SpecError, Unchanged, Wrap
 from draftmeta.loop import AttentionGroup, DraftLoop
-from draftmeta.protocol import SpecBuilder
 from draftmeta.shadow import ENV, Sentinel, reset_sentinels, sentinel_for, shadow_interval
 from draftmeta.testing import compare_metadata, random_state
-from tests.toy import Scheduler, toy_metadata, toy_rules, toy_spec
+from tests.toy import Scheduler, toy_group, toy_metadata, toy_rules, toy_spec
 
 
 @pytest.fixture(autouse=True)
@@ -44,8 +43,8 @@ def _stale_spec() -> Any:
 
 
 def _group(spec: Any, state: DraftState, name: str = "FLASH") -> AttentionGroup:
-    return AttentionGroup(name, SpecBuilder(spec), toy_metadata(state),
-                          lambda s, i: toy_metadata(s))
+    group: AttentionGroup = toy_group(name, state, spec=spec)
+    return group
 
 
 def _run(spec: Any, shadow: int, runs: int = 1, seed: int = 0) -> tuple[DraftLoop, DraftState]:
