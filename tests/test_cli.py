@@ -609,6 +609,19 @@ def test_explain_of_a_shipped_spec_in_a_fresh_process_imports_neither_torch_nor_
 
 
 @pytest.mark.skipif(not _shipped_release(), reason=_SHIPPED_ONLY)
+def test_explain_with_the_names_own_host_bound_prints_the_shipped_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the shipped text comes from vLLM's own classes, the other from the recorded lists (where
+    # this process has not imported vLLM): the nested prefill records are in both
+    assert main(["explain", "CPU_MLA"]) == 0
+    shipped = capsys.readouterr().out
+    assert main(["explain", "CPU_MLA", "--host-bound", "advance"]) == 0
+    assert capsys.readouterr().out == shipped
+    assert "_MLACommonPrefillMetadata = class" in shipped
+
+
+@pytest.mark.skipif(not _shipped_release(), reason=_SHIPPED_ONLY)
 def test_explain_prints_for_every_shipped_name_what_the_generator_makes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
