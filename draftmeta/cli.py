@@ -241,30 +241,13 @@ def _quiet_imports(verbose: bool, *, preload_torch: bool = True) -> Iterator[Non
 
 
 def _explain_spec(name: str, host_bound: str | None) -> Any:
-    """The spec ``name`` from the registry, or with the host bound ``host_bound``."""
+    """The spec ``name`` from the registry, with its own host bound or with ``host_bound``."""
     from draftmeta.registry import get_spec
 
-    if host_bound is None:
-        return get_spec(name)
-    if name.startswith("state."):
-        from draftmeta.advance import advance_spec
-
-        overflow = "wrap" if name == "state.wrap" else "clamp"
-        if name.endswith(".frozen") and host_bound != "frozen":
-            raise UsageError(f"{name} is the frozen host bound; for --host-bound {host_bound} "
-                             "name state.clamp")
-        return advance_spec(overflow, host_bound, name == "state.dcp")
-    from draftmeta.integrations.vllm.catalogue import current_release
-
-    base, _, variant = name.partition(".")
-    entry = current_release().entry(base)
-    if variant == "fp8":
-        from draftmeta.backends.mla import MLASpec, mla_spec
-
-        assert isinstance(entry.spec, MLASpec)
-        return mla_spec(entry.spec, name=base, fp8_kv_cache=True, num_q_tokens_per_head_k=128,
-                        policy=host_bound)
-    return entry.make_spec(policy=host_bound, dcp=variant == "dcp")  # type: ignore[arg-type]
+    try:
+        return get_spec(name, host_bound)  # type: ignore[arg-type]  # argparse checked choices
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _explain(args: argparse.Namespace) -> int:

@@ -11,55 +11,99 @@ import contextlib
 import difflib
 import os
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
-from draftmeta.advance import advance_spec
+from draftmeta import spec_cache
+from draftmeta.advance import HostBound, OverflowPolicy, advance_spec
 from draftmeta.spec import DraftSpec
 
-__all__ = ["SPECS", "closest_names", "get_spec", "recorded_classes"]
+__all__ = [
+    "SPECS",
+    "SpecFactory",
+    "clear_spec_caches",
+    "closest_names",
+    "get_spec",
+    "recorded_classes",
+]
 
 
-def _flashmla_fp8() -> DraftSpec[Any]:
+class SpecFactory(Protocol):
+    """Declares one named spec: with the name's own host bound, or with ``host_bound``."""
+
+    def __call__(self, host_bound: HostBound | None = None) -> DraftSpec[Any]:
+        """The spec (``host_bound``: ``"advance"`` or ``"frozen"``; default: the name's)."""
+        ...
+
+
+def _advance(overflow: OverflowPolicy, dcp: bool = False) -> SpecFactory:
+    def make(host_bound: HostBound | None = None) -> DraftSpec[Any]:
+        return advance_spec(overflow, host_bound or "advance", dcp)
+
+    return make
+
+
+def _clamp_frozen(host_bound: HostBound | None = None) -> DraftSpec[Any]:
+    if host_bound not in (None, "frozen"):
+        raise ValueError(f"state.clamp.frozen is the frozen host bound; for host bound "
+                         f"{host_bound} name state.clamp")
+    return advance_spec("clamp", "frozen")
+
+
+def _builder(entry: Any, dcp: bool = False) -> SpecFactory:
+    def make(host_bound: HostBound | None = None) -> DraftSpec[Any]:
+        spec: DraftSpec[Any] = entry.make_spec(policy=host_bound or "advance", dcp=dcp)
+        return spec
+
+    return make
+
+
+def _flashmla_fp8(host_bound: HostBound | None = None) -> DraftSpec[Any]:
     from draftmeta.backends.mla import MLASpec, mla_spec
     from draftmeta.integrations.vllm.catalogue import current_release
 
     factory = current_release().entry("FLASHMLA").spec
     assert isinstance(factory, MLASpec)
-    return mla_spec(factory, name="FLASHMLA", fp8_kv_cache=True, num_q_tokens_per_head_k=128)
+    return mla_spec(factory, name="FLASHMLA", fp8_kv_cache=True, num_q_tokens_per_head_k=128,
+                    policy=host_bound or "advance")
 
 
-def _specs() -> dict[str, Callable[[], DraftSpec[Any]]]:
+def _specs() -> dict[str, SpecFactory]:
+    """The grammar of spec names, in one place: ``state.wrap``, ``state.clamp``,
+    ``state.clamp.frozen`` and ``state.dcp`` (the source advance); ``NAME`` and ``NAME.dcp``
+    for every builder of the release in use; ``FLASHMLA.fp8``."""
     from draftmeta.integrations.vllm.catalogue import current_release
 
-    specs: dict[str, Callable[[], DraftSpec[Any]]] = {
-        "state.wrap": lambda: advance_spec("wrap"),
-        "state.clamp": lambda: advance_spec("clamp"),
-        "state.clamp.frozen": lambda: advance_spec("clamp", "frozen"),
-        "state.dcp": lambda: advance_spec("clamp", "advance", True),
+    specs: dict[str, SpecFactory] = {
+        "state.wrap": _advance("wrap"),
+        "state.clamp": _advance("clamp"),
+        "state.clamp.frozen": _clamp_frozen,
+        "state.dcp": _advance("clamp", dcp=True),
         "FLASHMLA.fp8": _flashmla_fp8,
     }
     for entry in current_release().builders:
-        specs[entry.name] = lambda e=entry: e.make_spec()  # type: ignore[misc]
-        specs[f"{entry.name}.dcp"] = lambda e=entry: e.make_spec(dcp=True)  # type: ignore[misc]
+        specs[entry.name] = _builder(entry)
+        specs[f"{entry.name}.dcp"] = _builder(entry, dcp=True)
     return dict(sorted(specs.items()))
 
 
-SPECS: dict[str, Callable[[], DraftSpec[Any]]] = _specs()
+SPECS: dict[str, SpecFactory] = _specs()
 """Spec factories by name: the source advance (``state.*``) and every catalogued builder."""
 
 
-def get_spec(name: str) -> DraftSpec[Any]:
-    """The spec called ``name``.
+def get_spec(name: str, host_bound: HostBound | None = None) -> DraftSpec[Any]:
+    """The spec called ``name``, with its own host bound or with ``host_bound``.
 
     Raises:
         KeyError: no such spec; the message lists the names.
+        ValueError: the name fixes another host bound than ``host_bound``
+            (``state.clamp.frozen`` with ``"advance"``).
     """
     try:
         factory = SPECS[name]
     except KeyError:
         raise KeyError(f"no spec {name!r}; choose one of: {', '.join(SPECS)}") from None
-    return factory()
+    return factory(host_bound)
 
 
 def closest_names(name: str, limit: int = 3) -> list[str]:
@@ -69,13 +113,11 @@ def closest_names(name: str, limit: int = 3) -> list[str]:
     return [by_folded[n] for n in found]
 
 
-def _clear_spec_caches() -> None:
-    from draftmeta.backends.indexer import indexer_spec, kpool_tail_spec
-    from draftmeta.backends.mla import mla_spec
-    from draftmeta.backends.vllm_classes import load_metadata_class
-
-    for cached in (load_metadata_class, mla_spec, indexer_spec, kpool_tail_spec):
-        cached.cache_clear()
+def clear_spec_caches() -> None:
+    """Forget every loaded metadata class and declared spec (each cache registered with
+    :func:`draftmeta.spec_cache.spec_cache` where it is made), so that the next declaration
+    loads the classes afresh."""
+    spec_cache.clear()
 
 
 @contextlib.contextmanager
@@ -93,7 +135,7 @@ def recorded_classes() -> Iterator[bool]:
         return
     previous = os.environ.get("DRAFTMETA_VLLM_CLASSES")
     os.environ["DRAFTMETA_VLLM_CLASSES"] = "recorded"
-    _clear_spec_caches()
+    clear_spec_caches()
     try:
         yield True
     finally:
@@ -101,4 +143,4 @@ def recorded_classes() -> Iterator[bool]:
             del os.environ["DRAFTMETA_VLLM_CLASSES"]
         else:
             os.environ["DRAFTMETA_VLLM_CLASSES"] = previous
-        _clear_spec_caches()
+        clear_spec_caches()

@@ -3,7 +3,7 @@
 Stale attention metadata is silent: the kernels read whatever the buffers hold. Shadow mode
 catches it where it happens, in production: with ``DRAFTMETA_SHADOW=N`` every Nth draft loop
 of a builder also rebuilds its metadata after each in-place update and compares the two field
-by field (:func:`draftmeta.testing.compare_metadata`). On the first mismatch the sentinel logs
+by field (:func:`draftmeta.compare.compare_metadata`). On the first mismatch the sentinel logs
 one line naming the builder and the field, counts it, and switches that builder back to
 rebuilding for the rest of the process.
 
@@ -32,7 +32,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 
-from draftmeta.testing import Mismatch, compare_metadata
+from draftmeta.compare import Mismatch, compare_metadata
 
 __all__ = [
     "ENV",

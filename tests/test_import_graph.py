@@ -218,3 +218,106 @@ def test_importing_the_test_support_modules_imports_no_vllm() -> None:
         "draftmeta.testing.vllm.harness [] ",
         "draftmeta.testing.vllm.equivalence [] ",
     ], done.stdout
+
+
+# -- what a serving engine runs imports no test support -----------------------------------------
+
+TOOLS = ("draftmeta.testing", "draftmeta.cli", "draftmeta.arguments", "draftmeta.verify",
+         "draftmeta.bench", "draftmeta.e2e", "draftmeta.infer", "draftmeta.__main__")
+"""The test support and the commands that check and measure (they may use the test support);
+every other module of the package is run time."""
+
+
+def _run_time_modules(graph: Mapping[str, set[str]]) -> list[str]:
+    return sorted(m for m in graph if not m.startswith(TOOLS))
+
+
+def _reaching_test_support(graph: Mapping[str, set[str]]) -> dict[str, list[str]]:
+    """``{run-time module: the test-support modules it reaches}``, for those that reach any."""
+    found: dict[str, list[str]] = {}
+    for module in _run_time_modules(graph):
+        seen: set[str] = set()
+        pending = [module]
+        while pending:
+            for target in graph.get(pending.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    pending.append(target)
+        testing = sorted(t for t in seen if t.startswith("draftmeta.testing"))
+        if testing:
+            found[module] = testing
+    return found
+
+
+def test_no_run_time_module_reaches_the_test_support_even_through_function_level_imports(
+) -> None:
+    graph = import_graph(PACKAGE, lazy=True)
+    assert {"draftmeta.shadow", "draftmeta.integrations.vllm.plugin"} <= set(
+        _run_time_modules(graph))
+    assert _reaching_test_support(graph) == {}
+
+
+def test_the_reader_reports_a_run_time_module_that_reaches_the_test_support() -> None:
+    # negative control: shadow importing the test support again, as it once did
+    graph = import_graph(PACKAGE, lazy=True)
+    graph["draftmeta.shadow"] = graph["draftmeta.shadow"] | {"draftmeta.testing"}
+    reached = _reaching_test_support(graph)
+    assert "draftmeta.testing" in reached["draftmeta.shadow"]
+    assert "draftmeta.testing" in reached["draftmeta.loop"]  # the loop runs shadow mode
+
+
+_RUN_TIME_IMPORTS = """
+import importlib, sys
+for module in sys.argv[1:]:
+    importlib.import_module(module)
+print(sorted(m for m in sys.modules if m.startswith("draftmeta.testing")))
+"""
+
+
+def test_loading_the_plugin_and_every_run_time_module_loads_no_test_support() -> None:
+    import subprocess
+    import sys
+
+    modules = _run_time_modules(import_graph(PACKAGE, lazy=False))
+    assert modules[0] == "draftmeta" and "draftmeta.integrations.vllm.plugin" in modules
+    done = subprocess.run([sys.executable, "-c", _RUN_TIME_IMPORTS, *modules],
+                          capture_output=True, text=True, check=True, timeout=300,
+                          cwd=PACKAGE.parent)
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+# -- each Literal of the vocabulary is defined once ----------------------------------------------
+
+
+def literal_definitions(root: Path) -> dict[tuple[str, ...], list[str]]:
+    """``{sorted values: ["module.Name", ...]}`` of every module-level ``Name = Literal[...]``."""
+    found: dict[tuple[str, ...], list[str]] = {}
+    for name, path in _modules(root).items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if not (isinstance(value, ast.Subscript) and ast.unparse(value.value).endswith(
+                    "Literal")):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            items = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
+            key = tuple(sorted(ast.unparse(i) for i in items))
+            found.setdefault(key, []).extend(f"{name}.{ast.unparse(t)}" for t in targets)
+    return found
+
+
+def test_each_literal_of_the_vocabulary_is_defined_once() -> None:
+    twice = {k: v for k, v in literal_definitions(PACKAGE).items() if len(v) > 1}
+    assert twice == {}
+    host_bound = literal_definitions(PACKAGE)[("'advance'", "'frozen'")]
+    assert host_bound == ["draftmeta.advance.HostBound"]
+
+
+def test_a_literal_defined_twice_is_reported(tmp_path: Path) -> None:
+    # negative control: HostBound and HostBoundPolicy, as they once were
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "a.py": "from typing import Literal\nHostBound = Literal['advance', 'frozen']\n",
+        "b.py": "import typing\nHostBoundPolicy = typing.Literal['frozen', 'advance']\n",
+    })
+    assert literal_definitions(root)[("'advance'", "'frozen'")] == ["pkg.a.HostBound",
+                                                                   "pkg.b.HostBoundPolicy"]

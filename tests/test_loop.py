@@ -16,7 +16,7 @@ from draftmeta.loop import AttentionGroup, CaptureError, DraftLoop
 from draftmeta.protocol import SpecBuilder
 from draftmeta.state_validation import validate_state
 from draftmeta.testing import compare_metadata, random_state
-from tests.toy import ToyDecode, ToyMeta, toy_metadata, toy_spec
+from tests.toy import ToyDecode, ToyMeta, toy_group, toy_metadata, toy_spec
 
 
 def _vllm_groups(state: DraftState, *, capable: bool) -> list[AttentionGroup]:
@@ -84,7 +84,8 @@ def _toy_group(name: str, state: DraftState, builder: object | None = None,
     meta = toy_metadata(state)
     for key, value in changes.items():
         setattr(meta, key, value)
-    return AttentionGroup(name, builder or ToyBuilder(), meta, lambda s, i: toy_metadata(s))
+    group: AttentionGroup = toy_group(name, state, builder or ToyBuilder(), metadata=meta)
+    return group
 
 
 def test_fallback_reasons_are_recorded_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from draftmeta import Advance, Clamp, DraftSpec, SpecError, Wrap, advance_state
-from draftmeta.loop import AttentionGroup, DraftLoop
-from draftmeta.protocol import SpecBuilder
+from draftmeta.loop import DraftLoop
 from draftmeta.testing import check_spec, random_state
 from tests.test_rule_lowering import LoopCountDown, _budgeted_spec
-from tests.toy import Scheduler, toy_metadata, toy_rules, toy_spec
+from tests.toy import Scheduler, toy_group, toy_metadata, toy_rules, toy_spec
 
 POLICIES = {"clamp": Clamp("max_model_len", -1), "wrap": Wrap("max_model_len", -1)}
 
@@ -62,8 +61,7 @@ def test_a_plain_advance_is_accepted_by_the_draft_loop_and_leaves_padded_rows(
 ) -> None:
     state = _state()
     meta = toy_metadata(state)
-    group = AttentionGroup("FLASH", SpecBuilder(_plain(policy)), meta,
-                           lambda s, i: toy_metadata(s))
+    group = toy_group("FLASH", state, spec=_plain(policy), metadata=meta)
     loop = DraftLoop([group], state, policy=policy, shadow=0)
     loop.run(lambda i, m: None, 5)
     assert loop.stats.groups["FLASH"].path == "update"

@@ -14,10 +14,9 @@ import torch
 
 from draftmeta import Advance, Clamp, DraftState, SpecError, Unchanged, Wrap
 from draftmeta.loop import AttentionGroup, DraftLoop
-from draftmeta.protocol import SpecBuilder
 from draftmeta.shadow import ENV, Sentinel, reset_sentinels, sentinel_for, shadow_interval
 from draftmeta.testing import compare_metadata, random_state
-from tests.toy import Scheduler, toy_metadata, toy_rules, toy_spec
+from tests.toy import Scheduler, toy_group, toy_metadata, toy_rules, toy_spec
 
 
 @pytest.fixture(autouse=True)
@@ -44,8 +43,8 @@ def _stale_spec() -> Any:
 
 
 def _group(spec: Any, state: DraftState, name: str = "FLASH") -> AttentionGroup:
-    return AttentionGroup(name, SpecBuilder(spec), toy_metadata(state),
-                          lambda s, i: toy_metadata(s))
+    group: AttentionGroup = toy_group(name, state, spec=spec)
+    return group
 
 
 def _run(spec: Any, shadow: int, runs: int = 1, seed: int = 0) -> tuple[DraftLoop, DraftState]:
@@ -149,12 +148,15 @@ def test_the_sentinel_api_for_a_plugin() -> None:
     sentinel = sentinel_for("PLUGIN_BUILDER", 2)
     assert sentinel.enabled
     assert [sentinel.should_check() for _ in range(4)] == [True, False, True, False]
-    a = {"x": 1}
     assert sentinel.compare(torch.ones(3), torch.ones(3)) is None
+    assert (sentinel.checks, sentinel.mismatches, sentinel.switched_off) == (1, 0, False)
     mismatch = sentinel.compare(torch.ones(3), torch.zeros(3))
     assert mismatch is not None and mismatch.path == "<root>"
+    assert sentinel.first_mismatch == mismatch and sentinel.mismatches == 1
     assert sentinel.switched_off and not sentinel.should_check()
-    assert sentinel_for("PLUGIN_BUILDER", 2) is sentinel and a == {"x": 1}
+    # one sentinel per builder name, process-wide: the switched-off one stays off
+    assert sentinel_for("PLUGIN_BUILDER", 2) is sentinel and sentinel.switched_off
+    assert sentinel_for("OTHER_BUILDER", 2) is not sentinel
 
 
 def test_a_clamp_spec_in_a_wrap_loop_is_refused() -> None:

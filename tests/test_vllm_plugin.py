@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from draftmeta import advance_state
-from draftmeta.backends import vllm_classes
-from draftmeta.backends.indexer import indexer_spec
-from draftmeta.backends.mla import mla_spec
 from draftmeta.integrations.vllm import plugin
 from draftmeta.integrations.vllm.catalogue import current_release
+from draftmeta.integrations.vllm.release import supported_range
+from draftmeta.registry import clear_spec_caches
 from draftmeta.testing import compare_metadata, random_state
 from draftmeta.testing.vllm import harness
 from draftmeta.testing.vllm.equivalence import random_case
+from tests.releases import unsupported_version
 
 _cad = harness.common_metadata_for
 
@@ -237,15 +237,16 @@ def test_an_unsupported_version_leaves_vllm_untouched(
     import vllm
 
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
-    monkeypatch.setattr(vllm, "__version__", "0.35.0")
+    unsupported = unsupported_version()
+    monkeypatch.setattr(vllm, "__version__", unsupported)
     plugin.unregister()
     before = _snapshot()
     plugin.register()
     assert plugin.installed() is None and _snapshot() == before
     lines = [r.getMessage() for r in vllm_log
              if r.name == plugin.LOGGER_NAME and r.levelno == logging.WARNING]
-    assert lines == ["draftmeta: vLLM left untouched: vLLM 0.35.0 is not a supported release "
-                     "(0.32 to 0.34)"]
+    assert lines == [f"draftmeta: vLLM left untouched: vLLM {unsupported} is not a supported "
+                     f"release ({supported_range()})"]
 
 
 def test_a_removed_field_leaves_only_the_builders_that_need_it_untouched(
@@ -260,9 +261,7 @@ def test_a_removed_field_leaves_only_the_builders_that_need_it_untouched(
                                         [(n, t) for n, t, _ in fields])
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     monkeypatch.setattr(mla_module, "MLACommonDecodeMetadata", shrunk)
-    vllm_classes.load_metadata_class.cache_clear()
-    mla_spec.cache_clear()
-    indexer_spec.cache_clear()
+    clear_spec_caches()
     plugin.unregister()
     try:
         plugin.register()
@@ -276,9 +275,7 @@ def test_a_removed_field_leaves_only_the_builders_that_need_it_untouched(
         assert "INDEXER" in info.older_proposer or "INDEXER (hook)" in info.skipped
     finally:
         monkeypatch.undo()
-        vllm_classes.load_metadata_class.cache_clear()
-        mla_spec.cache_clear()
-        indexer_spec.cache_clear()
+        clear_spec_caches()
         plugin.unregister()
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 import torch
 
@@ -134,3 +134,15 @@ def toy_metadata(state: object) -> ToyMeta[ToyDecode]:
     )
 
 
+def toy_group(name: str, state: object, builder: object | None = None, *,
+              spec: DraftSpec[Any] | None = None, metadata: object | None = None) -> Any:
+    """A draft loop's attention group of the toy: ``metadata`` (default: built for ``state``),
+    rebuilt with :func:`toy_metadata`, its builder ``builder`` or one declaring ``spec``
+    (default: :func:`toy_spec`)."""
+    from draftmeta.loop import AttentionGroup
+    from draftmeta.protocol import SpecBuilder
+
+    if builder is None:
+        builder = SpecBuilder(spec if spec is not None else toy_spec())
+    return AttentionGroup(name, builder, toy_metadata(state) if metadata is None else metadata,
+                          lambda s, i: toy_metadata(s))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
+from draftmeta.advance import HostBound
 from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameValue, Satisfies
 from draftmeta.rules import HostDerive, HostUpperBound, Rule, copy_of
 from draftmeta.spec import DraftSpec
@@ -16,10 +17,12 @@ __all__ = [
     "max_seq_len_rule",
 ]
 
-HostBoundPolicy = Literal["advance", "frozen"]
-"""``"advance"``: the host ``max_seq_len`` follows the draft state's (``+1`` clamped, vLLM's
-older proposer); ``"frozen"``: it stays at the worst case ``max_model_len`` (what a captured
-CUDA graph needs, vLLM's new runner)."""
+HostBoundPolicy = HostBound
+"""The spec factories' ``policy=``: :data:`draftmeta.advance.HostBound` itself (defined once
+there; this name stays for the callers that still spell it so). ``"advance"``: the host
+``max_seq_len`` follows the draft state's (``+1`` clamped, vLLM's older proposer);
+``"frozen"``: it stays at the worst case ``max_model_len`` (what a captured CUDA graph needs,
+vLLM's new runner)."""
 
 
 def dcp_max_seq_len(max_seq_len: int, world: int, interleave: int) -> int:

@@ -15,19 +15,20 @@ global lengths and the decode lengths are the DCP-local ones the loop recomputes
 
 from __future__ import annotations
 
-import functools
 from typing import Any, ClassVar
 
 import attrs
 import torch
 
-from draftmeta.backends.common import HostBoundPolicy, decode_only, max_seq_len_rule
+from draftmeta.advance import HostBound
+from draftmeta.backends.common import decode_only, max_seq_len_rule
 from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule, PagedMqaCompute
 from draftmeta.backends.vllm_classes import ClassRef, load_metadata_class
 from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameValue
 from draftmeta.derivations import Argument, CopyFrom, Derivation, Fill, argument_problem
 from draftmeta.rules import Alias, Derive, HostConstant, Recompute, Rule, Unchanged
 from draftmeta.spec import DraftSpec
+from draftmeta.spec_cache import spec_cache
 from draftmeta.workspace import Workspace
 
 __all__ = [
@@ -109,10 +110,10 @@ class KpoolTailSlot(Derivation):
         head.add_(block, alpha=self.kpool).add_(1).mul_(valid).sub_(1)
 
 
-@functools.cache
+@spec_cache
 def indexer_spec(
     *,
-    policy: HostBoundPolicy = "advance",
+    policy: HostBound = "advance",
     dcp: bool = False,
     block_kv: int = 64,
     schedule_compute: PagedMqaCompute | None = None,
@@ -172,9 +173,9 @@ def indexer_spec(
     )
 
 
-@functools.cache
+@spec_cache
 def kpool_tail_spec(
-    *, kpool: int = 64, policy: HostBoundPolicy = "advance", name: str = "KPOOL_TAIL"
+    *, kpool: int = 64, policy: HostBound = "advance", name: str = "KPOOL_TAIL"
 ) -> DraftSpec[Any]:
     """The spec of the K-pool tail metadata (``KpoolTailMetadataBuilder``) while drafting.
 
@@ -221,7 +222,7 @@ class IndexerSpec:
     """The catalogue's spec factory for the DeepSeek-V3.2 indexer builder."""
 
     def __call__(
-        self, *, name: str, policy: HostBoundPolicy = "advance", dcp: bool = False,
+        self, *, name: str, policy: HostBound = "advance", dcp: bool = False,
         builder: Any = None,
     ) -> DraftSpec[Any]:
         """Declare :func:`indexer_spec` (the indexer cache's block size from ``builder``)."""
@@ -239,7 +240,7 @@ class KpoolTailSpec:
     """
 
     def __call__(
-        self, *, name: str, policy: HostBoundPolicy = "advance", dcp: bool = False,
+        self, *, name: str, policy: HostBound = "advance", dcp: bool = False,
         builder: Any = None,
     ) -> DraftSpec[Any]:
         """Declare :func:`kpool_tail_spec` for ``builder``'s pool size (its ``no_dcp``

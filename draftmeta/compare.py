@@ -1,5 +1,9 @@
 """Field-by-field comparison of updated metadata with rebuilt metadata.
 
+Part of the run-time core: shadow mode (:mod:`draftmeta.shadow`) compares with it in production,
+and the test support (:mod:`draftmeta.testing`, which re-exports its names) in the suite and
+``draftmeta verify``.
+
 :func:`compare_metadata` walks two metadata objects (nested dataclasses and attrs classes
 included) and reports every field that differs, by path, with the first differing index and
 both values. A fixed-capacity buffer whose tail is unspecified (FlashInfer's ``kv_indices``,
@@ -123,7 +127,7 @@ def compare_metadata(
     ``valid_prefix`` maps a tensor field's path to the number of its leading elements (along the
     first dimension) that are meaningful: only those are compared, the rest of the buffer may
     hold anything and the two buffers may differ in capacity (both must hold the prefix).
-    :class:`~draftmeta.testing.ValidPrefix` declares such lengths by reference
+    :class:`~draftmeta.testing.ValidPrefix` (test support) declares such lengths by reference
     (``kv_indptr[-1]``, ``num_reqs``) for :func:`~draftmeta.testing.check_spec`.
 
     Example:

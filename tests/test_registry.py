@@ -1,0 +1,80 @@
+"""The registry: one grammar of spec names, and the caches behind declaration cleared together."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+import draftmeta.backends
+from draftmeta import spec_cache
+from draftmeta.advance import advance_spec
+from draftmeta.codegen import explain
+from draftmeta.registry import SPECS, clear_spec_caches, get_spec, recorded_classes
+
+
+@pytest.mark.parametrize(("name", "host_bound", "overflow", "dcp"), [
+    ("state.wrap", "frozen", "wrap", False),
+    ("state.clamp", "frozen", "clamp", False),
+    ("state.dcp", "frozen", "clamp", True),
+    ("state.clamp", None, "clamp", False),
+])
+def test_a_source_advance_name_with_a_host_bound_is_that_advance(
+    name: str, host_bound: str | None, overflow: str, dcp: bool
+) -> None:
+    expected = advance_spec(overflow, host_bound or "advance", dcp)  # type: ignore[arg-type]
+    assert explain(get_spec(name, host_bound)) == explain(expected)  # type: ignore[arg-type]
+
+
+def test_a_frozen_name_refuses_the_advancing_host_bound() -> None:
+    assert explain(get_spec("state.clamp.frozen", "frozen")) == explain(
+        get_spec("state.clamp.frozen"))
+    with pytest.raises(ValueError, match=r"state\.clamp\.frozen is the frozen host bound; for "
+                                         r"host bound advance name state\.clamp"):
+        get_spec("state.clamp.frozen", "advance")
+
+
+def test_every_builder_name_takes_either_host_bound() -> None:
+    with recorded_classes():
+        for name in SPECS:
+            if name.startswith("state."):
+                continue
+            frozen = explain(get_spec(name, "frozen"))
+            assert frozen != explain(get_spec(name, "advance")), name
+            assert explain(get_spec(name)) == explain(get_spec(name, "advance")), name
+
+
+def test_a_spec_cache_is_emptied_by_clearing_the_registrys_caches() -> None:
+    made: list[int] = []
+
+    @spec_cache.spec_cache
+    def declare(n: int) -> list[int]:
+        made.append(n)
+        return [n]
+
+    first = declare(1)
+    assert declare(1) is first and made == [1]
+    clear_spec_caches()
+    assert declare(1) is not first and made == [1, 1]
+
+
+_UNAFFECTED = {
+    "draftmeta.backends.vllm_classes.source_fields",  # the installed source: no stand-ins
+    "draftmeta.backends.vllm_classes._read_recorded",  # a recorded file's contents
+}
+"""Caches in the backends whose results do not depend on which classes are loaded."""
+
+
+def test_every_cache_in_the_backends_is_cleared_with_the_registrys() -> None:
+    registered = set(spec_cache.registered())
+    found = []
+    for info in pkgutil.iter_modules(draftmeta.backends.__path__):
+        module = importlib.import_module(f"draftmeta.backends.{info.name}")
+        for name, value in vars(module).items():
+            if hasattr(value, "cache_clear") and getattr(value, "__module__", "") == \
+                    module.__name__:
+                found.append((f"{module.__name__}.{name}", value))
+    assert len(found) >= 4
+    assert [name for name, value in found
+            if value not in registered and name not in _UNAFFECTED] == []
