@@ -238,6 +238,14 @@ class _Generator:
     def error(self, path: str, detail: str, depth: int = 2) -> None:
         self.emit(f"raise _UpdateError(_SPEC, {path!r}, {detail})", depth)
 
+    def refuse(self, path: str, detail: str, depth: int = 2) -> None:
+        """A check of phases 0-2 failed: raise (:meth:`error`), or, in a sealed step, return
+        ``False`` with nothing written (the caller's full update then says what failed)."""
+        if self.part == "step":
+            self.emit("return False", depth)
+        else:
+            self.error(path, detail, depth)
+
     # -- phases -------------------------------------------------------------------------------
 
     def generate(self) -> tuple[str, str]:
@@ -253,7 +261,7 @@ class _Generator:
             "check": f"Check that a {cls} can be updated; write nothing.",
             "finish": f"Finish updating a {cls} after its checks passed.",
             "seal": f"Update a {cls} in place with every check; return its seal.",
-            "step": f"Update a sealed {cls} in place; False (nothing written) if it changed.",
+            "step": f"Update a sealed {cls} in place; False (nothing written) if a check fails.",
         }[self.part]
         self.emit(f'"""{what}')
         self.emit()
@@ -271,7 +279,8 @@ class _Generator:
         elif self.part == "step":
             self.emit(f"{origin}. ``seal`` is what")
             self.emit(f"draft_seal_{identifier(spec.name)} returned for this object; every check")
-            self.emit("that can change between steps runs here, before the first write.")
+            self.emit("that can change between steps runs here, before the first write. Where")
+            self.emit("one of phases 0-2 fails it returns False: the full update says what failed.")
         else:
             self.emit(f"{origin}. It checks nothing: call it")
             self.emit(f"only after {'draft_check_' + identifier(spec.name)} passed for this step.")
@@ -412,7 +421,7 @@ class _Generator:
             if path:
                 test = f"{name} is not None and ({test})"
             self.emit(f"if {test}:")
-            self.error("", f"{why}(metadata)", 2)
+            self.refuse("", f"{why}(metadata)")
 
     def _guards(self, refs: tuple[str, ...]) -> list[str]:
         """Optional records on the way to ``refs``: each must be present before reading."""
@@ -435,6 +444,17 @@ class _Generator:
             expr = cond.expression(self.raw, self.ns.bind)
             guards = self._guards(cond.reads())
             exprs.append(" and ".join([f"{self.raw(g)} is not None" for g in guards] + [expr]))
+        if self.part == "step":  # no diagnosis: the full update says which one failed
+            self.emit("# 1. preconditions" if len(exprs) > 1 else "# 1. precondition")
+            if len(exprs) == 1:
+                self.emit(f"if not ({exprs[0]}):")
+            else:
+                self.emit("if not (")
+                for i, expr in enumerate(exprs):
+                    self.emit(f"({expr})" + (" and" if i < len(exprs) - 1 else ""), 2)
+                self.emit("):")
+            self.emit("return False", 2)
+            return
         single = len(exprs) == 1
         if single:
             self.emit("# 1. precondition")
@@ -481,11 +501,11 @@ class _Generator:
             cls = self.spec.record_class(path)
             if self.spec.optional(path):
                 self.emit(f"if {name} is None:")
-                self.error(path, repr("is None, but the spec updates fields inside it"))
+                self.refuse(path, repr("is None, but the spec updates fields inside it"))
             if checked:
                 continue
             self.emit(f"if type({name}) is not {self.ns.bind(cls, cls.__name__)}:")
-            self.error(
+            self.refuse(
                 path,
                 f"f'is a {{type({name}).__qualname__}}, not the declared "
                 f"{_text(cls.__qualname__)} (its extra fields would go stale)'",
@@ -513,7 +533,7 @@ class _Generator:
         for name, least in minimum.items():
             value = f"state.{name}"
             self.emit(f"if type({value}) is not _int or {value} < {least}:")
-            self.error(
+            self.refuse(
                 f"state.{name}",
                 f"f'is {{{value}!r}}; {_text(users[name])} needs an int >= {least}'",
             )

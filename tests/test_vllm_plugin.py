@@ -582,6 +582,82 @@ def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_upd
     assert plugin.stats()[name]["rebuilt"] == 0
 
 
+def _k_builder(k: int) -> Any:
+    plugin.reset_stats()
+    config = harness.cached_vllm_config(max_model_len=256, block_size=16)
+    builder = harness.make_builder("CPU_MLA", config, block_size=16)
+    builder.vllm_config = _ConfigWithK(builder.vllm_config, k)
+    return builder
+
+
+@needs_older_proposer
+def test_with_k_2_the_plugin_checks_nothing_and_keeps_nothing_at_draft_index_1(
+    active: plugin.Installed,
+) -> None:
+    """K = 2 has no in-place step after index 1: the plugin costs a lookup there, no check."""
+    builder = _k_builder(2)
+    state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                         max_model_len=256, steps=2)
+    builder.build_for_drafting(_cad(state), 1)
+    assert builder.__dict__.get("_draftmeta_loop") is None
+    assert builder._draftmeta_older_builder.checked is False  # the built object was not walked
+    assert plugin.stats()["CPU_MLA"] == {"in_place": 0, "rebuilt": 0, "carried_over": 0}
+
+
+def _three_steps(builder: Any, seed: int, between: Any) -> tuple[Any, Any, Any]:
+    """Draft indices 1, 2 and 3 of one loop, ``between(cad, metadata)`` run before index 3."""
+    state = random_state(torch.Generator().manual_seed(seed), batch_size=3, block_size=16,
+                         max_model_len=256, steps=4)
+    cad = _cad(state)
+    first = builder.build_for_drafting(cad, 1)
+    advance_state(state, "wrap")
+    cad.max_seq_len = state.max_seq_len
+    second = builder.build_for_drafting(cad, 2)
+    advance_state(state, "wrap")
+    cad.max_seq_len = state.max_seq_len
+    between(cad, first)
+    return first, second, builder.build_for_drafting(cad, 3)
+
+
+@needs_older_proposer
+def test_between_in_place_steps_an_untouched_loop_stays_in_place(
+    active: plugin.Installed,
+) -> None:
+    """The control of the two tests below: nothing happens between the steps."""
+    first, second, third = _three_steps(_k_builder(4), 0, lambda cad, meta: None)
+    assert first is second is third
+    assert plugin.stats()["CPU_MLA"]["in_place"] == 2
+
+
+@needs_older_proposer
+def test_an_attribute_set_on_the_metadata_after_its_seal_sends_the_step_back_to_vllms_build(
+    active: plugin.Installed, vllm_log: list[logging.LogRecord]
+) -> None:
+    """A fact checked once (the attribute names) is checked again at the next step: the step
+    writes nothing, the full update names the attribute, vLLM builds."""
+    def set_attribute(cad: Any, meta: Any) -> None:
+        meta.extra = 1
+
+    first, second, third = _three_steps(_k_builder(4), 1, set_attribute)
+    assert first is second and third is not first
+    assert plugin.stats()["CPU_MLA"] == {"in_place": 1, "rebuilt": 1, "carried_over": 0}
+    assert any("extra" in w for w in _plugin_warnings(vllm_log))
+
+
+@needs_older_proposer
+def test_a_state_buffer_swapped_after_the_seal_sends_the_step_back_to_vllms_build(
+    active: plugin.Installed,
+) -> None:
+    """The slot mapping moved to other memory between the steps: the kept metadata would go
+    stale, so vLLM builds the step."""
+    def swap(cad: Any, meta: Any) -> None:
+        cad.slot_mapping = cad.slot_mapping.clone()
+
+    first, second, third = _three_steps(_k_builder(4), 2, swap)
+    assert first is second and third is not first
+    assert plugin.stats()["CPU_MLA"] == {"in_place": 1, "rebuilt": 1, "carried_over": 0}
+
+
 @pytest.mark.parametrize("forced", [False, True])
 def test_a_builder_measured_slower_in_the_engine_is_left_to_vllm_unless_forced(
     monkeypatch: pytest.MonkeyPatch, forced: bool
