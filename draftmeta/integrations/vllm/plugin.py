@@ -322,29 +322,30 @@ def _older_build_for_drafting(
     counters = _stats.setdefault(entry.name, BuilderStats())
     declared = entry.carry_over if carry_over_enabled() else None
 
-    def record(builder: Any, cad: Any) -> _OlderBuilder:
-        """The builder's spec, state and loop length, made at its first draft loop."""
-        kept: _OlderBuilder | None = builder.__dict__.get("_draftmeta_older_builder")
-        if kept is None:
-            spec = spec_for(entry, overrides, policy="advance", builder=builder)
-            carry = None
-            if declared is not None:
-                refused = spec_refuses(spec)
-                if refused is None:
-                    carry = unchanged_values(spec)
-                else:
-                    logger.info("draftmeta: %s builds at every draft loop's index 1: %s",
-                                entry.name, refused)
-            kept = _OlderBuilder(spec, _state_from_cad(cad, builder), sentinel_for(entry.name),
-                                 _last_draft_index(builder), spec.sealed, carry=carry)
-            builder._draftmeta_older_builder = kept
+    def new_record(builder: Any, cad: Any) -> _OlderBuilder:
+        """The builder's spec, state and loop length, made at its first draft loop and kept
+        on the builder (``_draftmeta_older_builder``)."""
+        spec = spec_for(entry, overrides, policy="advance", builder=builder)
+        carry = None
+        if declared is not None:
+            refused = spec_refuses(spec)
+            if refused is None:
+                carry = unchanged_values(spec)
+            else:
+                logger.info("draftmeta: %s builds at every draft loop's index 1: %s",
+                            entry.name, refused)
+        kept = _OlderBuilder(spec, _state_from_cad(cad, builder), sentinel_for(entry.name),
+                             _last_draft_index(builder), spec.sealed, carry=carry)
+        builder._draftmeta_older_builder = kept
         return kept
 
     def bound(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
         """At a draft loop's first in-place update: the builder's record, its first built
         object checked once for uncovered attributes, whether the loop is shadowed; ``None``
         if this builder must rebuild."""
-        kept = record(builder, cad)
+        kept: _OlderBuilder | None = builder.__dict__.get("_draftmeta_older_builder")
+        if kept is None:
+            kept = new_record(builder, cad)
         if not kept.checked:
             kept.checked = True
             uncovered = kept.spec.uncovered(metadata)
@@ -355,9 +356,10 @@ def _older_build_for_drafting(
                     "draftmeta: %s keeps rebuilding: its built metadata carries %s, which "
                     "spec %s has no rule for", entry.name, uncovered[0], kept.spec.name,
                 )
-        if kept.refused or kept.sentinel.switched_off:
+        sentinel = kept.sentinel
+        if kept.refused or sentinel.switched_off:
             return None
-        kept.shadowed = kept.sentinel.enabled and kept.sentinel.should_check()
+        kept.shadowed = sentinel.interval != 0 and sentinel.should_check()
         return kept
 
     def carried_over(builder: Any, cad: Any) -> Any:
@@ -443,10 +445,13 @@ def _older_build_for_drafting(
             counters.rebuilt += 1
         metadata = original(self, common_attn_metadata, draft_index)
         # the checks wait for the loop's first in-place step (none where K = 2)
-        self._draftmeta_loop = (
-            (common_attn_metadata, metadata)
-            if starts and record(self, common_attn_metadata).last_index >= 2 else None
-        )
+        self._draftmeta_loop = None
+        if starts:
+            kept = self.__dict__.get("_draftmeta_older_builder")
+            if kept is None:
+                kept = new_record(self, common_attn_metadata)
+            if kept.last_index >= 2:
+                self._draftmeta_loop = (common_attn_metadata, metadata)
         if starts and declared is not None:
             self._draftmeta_carried = _Carried(declared.snapshot(common_attn_metadata),
                                                metadata)
