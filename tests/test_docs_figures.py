@@ -328,7 +328,7 @@ def test_a_cpu_e2e_figure_not_in_the_json_is_caught() -> None:
 def test_the_e2e_pages_duration_of_the_full_matrix_is_the_committed_runs() -> None:
     seconds = _json("e2e-cpu.json")["wall_seconds"]
     running = _section(_text("docs/e2e.md"), "## Running it\n")
-    assert f"# the full matrix (the committed run: {seconds:.0f} s)" in running
+    assert f"# the full matrix (the committed run: {seconds:.0f} s)\n" in running
 
 
 def check_floor(page: str) -> None:
