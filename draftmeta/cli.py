@@ -434,7 +434,7 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser(
         "explain", help="print the generated update source for a spec (never imports vLLM)",
         description="Print the in-place update function draftmeta generates for a shipped spec, "
-                    "from the recorded class lists (vLLM is never imported; about 2 s). "
+                    "from the recorded class lists (vLLM is never imported; under a second). "
                     "Builder specs are named after vLLM's attention backend (TRITON_MLA); "
                     "NAME.dcp is the DCP > 1 variant, FLASHMLA.fp8 FlashMLA with an FP8 KV "
                     "cache. The shared source advance is state.wrap or state.clamp (its "

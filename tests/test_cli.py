@@ -365,7 +365,7 @@ def test_every_command_takes_verbose_and_the_long_ones_quiet() -> None:
     for name, p in _sub_parsers().items():
         options = {o for a in p._actions for o in a.option_strings}
         assert {"-v", "--verbose"} <= options, name
-        if name != "explain":  # explain takes about 2 s
+        if name != "explain":  # explain takes under a second
             assert "--quiet" in options, name
 
 

@@ -150,23 +150,30 @@ def test_blocks_are_extracted() -> None:
     assert blocks[0].line == 4  # the line of `x = 1`
 
 
-def test_the_generated_source_shown_in_the_readme_is_what_its_example_prints() -> None:
+def test_the_generated_source_shown_on_the_example_page_is_what_its_example_prints() -> None:
+    """The example page's printed function is what ``python example.py`` prints: the example
+    runs as ``__main__``, so the class shows as ``__main__.DecodeMetadata``, not a test's name."""
     import contextlib
     import io
 
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "example.md").read_text()
     marker = text.index("`explain(spec)` (or `draftmeta explain TRITON_MLA`")
     code_start = text.rindex("```python", 0, marker) + len("```python")
     code = text[code_start:text.index("```", code_start)]
     shown_start = text.index("```text", marker) + len("```text\n")
     shown = text[shown_start:text.index("```", shown_start)]
-    module = types.ModuleType("docs_example_readme_generated_source")
-    sys.modules[module.__name__] = module  # dataclasses look their module up
+    module = types.ModuleType("__main__")
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = module  # dataclasses look their module up
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(compile(code, "README.md", "exec", dont_inherit=True), module.__dict__)
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, "example.py", "exec", dont_inherit=True), module.__dict__)
+    finally:
+        sys.modules["__main__"] = main
     assert printed.getvalue() == shown, (
-        "README's generated source is stale: paste what its example prints")
+        "docs/example.md's generated source is stale: paste what its example prints")
+    assert "docs_example" not in shown and "_readme_" not in shown
 
 
 def documented_layout(text: str) -> dict[str, bool]:

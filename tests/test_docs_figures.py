@@ -1,0 +1,365 @@
+"""The figures README and the site quote are the committed results they come from.
+
+Each test reads a committed result (``benchmarks/results/*.json``, a committed log), computes
+the figures a page quotes from it, and finds them in that page's text; where a page may word a
+result freely (the CPU end-to-end paragraphs, re-measured from time to time), every figure of
+that kind in the paragraph must be one the JSON gives, so a re-measured JSON and a rewritten
+paragraph are checked without editing this file. The ``*_is_caught`` tests are the negative
+controls: the same checks, given a text with one figure changed, fail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _json(name: str) -> Any:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _text(name: str) -> str:
+    return (ROOT / name).read_text(encoding="utf-8")
+
+
+def _section(text: str, heading: str, end: str = "\n## ") -> str:
+    """From ``heading`` to the next heading of its level (or ``end``)."""
+    start = text.index(heading) + len(heading)
+    stop = text.find(end, start)
+    return text[start:] if stop < 0 else text[start:stop]
+
+
+def _paragraph(text: str, opening: str) -> str:
+    """The paragraph (or list item) that starts with ``opening``."""
+    start = text.index(opening)
+    stop = text.find("\n\n", start)
+    return text[start:] if stop < 0 else text[start:stop]
+
+
+def _span(values: list[float], digits: int) -> str:
+    """``lo-hi`` as a page writes a range (one figure when they round alike)."""
+    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- inside vLLM 0.34 on an H200: benchmarks/results/e2e-cuda.json ---------------------------
+
+
+def _cuda() -> list[dict[str, Any]]:
+    return [e for e in _json("e2e-cuda.json")["configurations"] if not e["negative_control"]]
+
+
+def _rows(markdown: str) -> list[str]:
+    return [line for line in markdown.splitlines() if line.startswith("| ") and "---" not in line]
+
+
+def check_readme_h200_table(readme: str) -> int:
+    """Every cell of README's H200 table: off / on tok/s and the speed-up, per model, backend, K
+    and batch; returns how many cells were checked."""
+    section = _section(readme, "## Results\n")
+    table = section[section.index("| model |"):]
+    table = table[:table.index("\n\n")]
+    checked = 0
+    for row in _rows(table)[1:]:
+        model, backend, k, *cells = [c.strip() for c in row.strip("|").split("|")]
+        kv = "fp8" if "FP8" in backend else "auto"
+        override = "vLLM's own" in backend
+        name = backend.split(" ")[0]
+        for batch, cell in zip((1, 8), cells, strict=True):
+            (entry,) = [e for e in _cuda() if (
+                e["model"], e["backend"], e["k"], e["kv_cache_dtype"], e["override_upstream"],
+                e["batch_size"]) == (model, name, int(k), kv, override, batch)]
+            match = re.fullmatch(r"(\d+) / (\d+) \(\*\*([\d.]+)x\*\*\)", cell)
+            assert match, f"README H200 table: {cell!r} is not 'off / on (**ratio**)'"
+            off, on, ratio = match.groups()
+            assert int(off) == round(entry["tokens_per_s"]["off"]["median"]), row
+            assert int(on) == round(entry["tokens_per_s"]["on"]["median"]), row
+            assert ratio == f"{entry['speedup']:.2f}", row
+            checked += 1
+    return checked
+
+
+def test_the_readmes_h200_table_is_the_committed_json() -> None:
+    assert check_readme_h200_table(_text("README.md")) == 12
+
+
+def test_a_wrong_figure_in_the_readmes_h200_table_is_caught() -> None:
+    readme = _text("README.md")
+    assert "295 / 420 (**1.42x**)" in readme
+    with pytest.raises(AssertionError):
+        check_readme_h200_table(readme.replace("295 / 420 (**1.42x**)", "295 / 420 (**1.52x**)"))
+    with pytest.raises(AssertionError):
+        check_readme_h200_table(readme.replace("295 / 420 (**1.42x**)", "290 / 420 (**1.42x**)"))
+
+
+def _logged_speedups() -> set[str]:
+    """The on/off ratios of the committed H200 logs' tables (runs beside the JSON's)."""
+    return {ratio for log in RESULTS.glob("h200-e2e-*.log")
+            for ratio in re.findall(r"\| (\d\.\d\d)x \|", log.read_text())}
+
+
+def _k_spans() -> dict[int, str]:
+    """Per K, the range of the tiny model's speed-ups (bf16 and FP8 caches, vLLM's hook not
+    replaced), as the pages quote it."""
+    return {k: _span([e["speedup"] for e in _cuda() if e["k"] == k and e["model"] == "tiny"
+                      and not e["override_upstream"]], 2) for k in (1, 2, 4)}
+
+
+def check_h200_ratios(text: str, where: str) -> None:
+    """Every ``N.NNx`` in ``text`` is a speed-up of the committed run (or of a committed log),
+    every range ``A-Bx`` is a K's range, and the number of timed configurations is the JSON's."""
+    speedups = {f"{e['speedup']:.2f}" for e in _cuda()} | _logged_speedups()
+    quoted = re.findall(r"(?<![\d.])(\d\.\d\d)x", text)
+    assert quoted, f"{where}: no speed-up quoted"
+    assert [q for q in quoted if q not in speedups] == [], (
+        f"{where} quotes speed-ups that are not in e2e-cuda.json")
+    spans = set(_k_spans().values())
+    ranges = re.findall(r"(\d\.\d\d-\d\.\d\d)x", text)
+    assert [r for r in ranges if r not in spans] == [], (where, ranges, spans)
+    flat = _flat(text)
+    if "timed configurations" in flat:
+        assert f"all {len(_cuda())} timed configurations" in flat, where
+
+
+def _h200_engine_results(readme: str) -> str:
+    """README's results on the H200 engine: its table and the bullet under it."""
+    section = _section(readme, "## Results\n")
+    return section[:section.index("- Host time per draft step on CPU")]
+
+
+@pytest.mark.parametrize(("name", "heading"), [
+    ("docs/index.md", "**Inside a real vLLM 0.34 engine"),
+    ("docs/e2e-cuda.md", "| case | batch |"),
+])
+def test_the_h200_speed_ups_quoted_are_the_committed_json(name: str, heading: str) -> None:
+    text = _text(name)
+    check_h200_ratios(_section(text, heading, end="\n## "), name)
+
+
+def test_the_readmes_h200_speed_ups_are_the_committed_json() -> None:
+    results = _h200_engine_results(_text("README.md"))
+    check_h200_ratios(results, "README")
+    flat = _flat(results)
+    for k, span in _k_spans().items():
+        assert f"K = {k}" in flat and f"{span}x" in flat, (k, span)
+
+
+def test_a_speed_up_not_in_the_json_is_caught() -> None:
+    section = _h200_engine_results(_text("README.md"))
+    assert "K = 4: 1.21-1.30x" in section
+    with pytest.raises(AssertionError):
+        check_h200_ratios(section.replace("K = 4: 1.21-1.30x", "K = 4: 1.21-1.35x"), "README")
+    with pytest.raises(AssertionError):
+        check_h200_ratios(section.replace("all 24 timed", "all 26 timed"), "README")
+
+
+# -- CPU host time per draft step: benchmarks/results/bench-cpu.json -------------------------
+
+
+def _bench(name: str) -> dict[tuple[str, str, int], dict[str, Any]]:
+    return {(s["backend"], s["path"], s["batch_size"]): s for s in _json(name)["summary"]}
+
+
+def bench_cpu_ratio_spans() -> dict[str, str]:
+    """Per backend, the range over batch sizes of rebuild / update (host medians), as quoted."""
+    summary = _bench("bench-cpu.json")
+    spans: dict[str, str] = {}
+    for backend in ("CPU_MLA", "TRITON_MLA", "INDEXER"):
+        ratios = [summary[(backend, "rebuild", b)]["host_median_us"]
+                  / summary[(backend, "update", b)]["host_median_us"]
+                  for (name, path, b) in summary if (name, path) == (backend, "update")]
+        spans[backend] = f"{_span(ratios, 1)}x"
+    return spans
+
+
+def test_the_readmes_cpu_bench_ratios_are_the_committed_json() -> None:
+    spans = bench_cpu_ratio_spans()
+    results = _flat(_section(_text("README.md"), "## Results\n"))
+    assert f"{spans['CPU_MLA']} less than `build_for_drafting` for `CPU_MLA`" in results
+    assert f"{spans['TRITON_MLA']} for `TRITON_MLA`" in results
+    assert f"{spans['INDEXER']} for the DeepSeek-V3.2 indexer" in results
+
+
+def test_the_benchmark_pages_whole_step_ratios_are_the_committed_json() -> None:
+    summary = _bench("bench-cpu.json")
+    page = _flat(_text("docs/benchmarks.md"))
+    for backend, label in (("CPU_MLA", "`CPU_MLA`"), ("TRITON_MLA", "`TRITON_MLA`"),
+                           ("INDEXER", "the indexer")):
+        def host(path: str, backend: str = backend) -> float:
+            return float(summary[(backend, path, 1)]["host_median_us"])
+        whole = (host("advance") + host("rebuild")) / (host("advance") + host("update"))
+        assert f"{whole:.2f}x for {label}" in page, (backend, f"{whole:.2f}")
+
+
+def test_the_overviews_cpu_bench_ranges_are_the_committed_json() -> None:
+    summary = _bench("bench-cpu.json")
+    mla = [(s["host_median_us"], path) for (backend, path, _), s in summary.items()
+           if backend in ("CPU_MLA", "TRITON_MLA")]
+    update = [us for us, path in mla if path == "update"]
+    rebuild = [us for us, path in mla if path == "rebuild"]
+    page = _flat(_text("docs/index.md"))
+    assert f"({_span(update, 1)} us against {_span(rebuild, 0)} us)" in page
+
+
+# -- H200, the plain-torch rebuild: benchmarks/results/bench-cuda.json ------------------------
+
+
+def check_bench_cuda_page(page: str) -> None:
+    summary = _bench("bench-cuda.json")
+    page = _flat(page)
+
+    def device(path: str, digits: int) -> str:
+        return _span([s["device_median_us"] for (_, p, _), s in summary.items() if p == path],
+                     digits)
+
+    assert f"({device('captured loop (replay)', 1)} us)" in page
+    for path in ("update (eager)", "rebuild (reference)", "advance + update (eager)",
+                 "advance + update (fused)"):
+        assert f"({device(path, 0)} us)" in page, (path, device(path, 0))
+
+
+def test_the_benchmark_pages_h200_figures_are_the_committed_json() -> None:
+    check_bench_cuda_page(_text("docs/benchmarks.md"))
+
+
+def test_a_wrong_captured_loop_figure_is_caught() -> None:
+    page = _text("docs/benchmarks.md")
+    assert "(1.9-2.2 us)" in page
+    with pytest.raises(AssertionError):
+        check_bench_cuda_page(page.replace("(1.9-2.2 us)", "(1.9-2.1 us)"))
+
+
+# -- H200 against vLLM 0.33's code: draft-loop-h200.json, h200-pytest.log ---------------------
+
+
+def test_the_h200_figures_against_vllms_code_are_the_committed_results() -> None:
+    data = _json("draft-loop-h200.json")
+    steps = sum(e["steps_checked"] for e in data["equivalence"].values())
+    batches = sum(e["batches"] for e in data["equivalence"].values())
+    assert all(e["steps_mismatched"] == 0 for e in data["equivalence"].values())
+    eager = {(e["layer"], e["batch"], e["k"]): e["tokens_per_s"] for e in data["draft_loop"]
+             if e["path"] == "(a) eager + vLLM rebuild"}
+    captured = [e["tokens_per_s"] / eager[(e["layer"], 1, e["k"])] for e in data["draft_loop"]
+                if e["path"].startswith("(c)") and e["layer"] == "DeepSeek-V2-Lite"
+                and e["batch"] == 1 and 2 <= e["k"] <= 5]
+    loop = f"{_span(captured, 2)}x the draft tokens/s of eager + vLLM rebuild"
+    readme, page = _flat(_text("README.md")), _flat(_text("docs/h200.md"))
+    assert f"0 mismatches in {steps} steps" in readme
+    assert f"0 mismatches in {steps} steps over {batches} random batches" in page
+    assert loop in readme and loop in page
+    log = (RESULTS / "h200-pytest.log").read_text()
+    passed = re.findall(r"^(\d+) passed, \d+ skipped", log, re.MULTILINE)[0]
+    assert f"the CUDA tests ({passed} passed" in _flat(_text("docs/benchmarks.md"))
+
+
+# -- a real vLLM MTP engine on CPU: e2e-cpu.json, e2e-floor.json ------------------------------
+
+
+def _e2e_cpu_figures() -> tuple[set[str], set[str]]:
+    """The microseconds and tokens/s e2e-cpu.json and e2e-floor*.json give, each as a page
+    may round it (one decimal or none)."""
+    data = _json("e2e-cpu.json")
+    us: list[float] = [*data["refresh_us_per_step"].values(),
+                       *data["refresh_us_per_later_step"].values()]
+    for name in ("e2e-floor.json", "e2e-floor-carry-over.json"):
+        floor = _json(name)
+        us += [*floor["us_per_in_place_step"].values(), *floor["us_per_refresh_step"].values()]
+        us += [v for mode in floor["us_per_call_by_draft_index"].values() for v in mode.values()]
+    tps = list(data["tokens_per_s"].values())
+    return ({f"{v:.1f}" for v in us} | {f"{v:.0f}" for v in us},
+            {f"{v:.1f}" for v in tps} | {f"{v:.0f}" for v in tps})
+
+
+def check_e2e_cpu_paragraph(text: str, where: str) -> None:
+    """The CPU end-to-end figures of ``text``: the four refresh figures and the tokens/s of
+    e2e-cpu.json are there, every ``N us`` and every tokens/s figure is one the JSON gives, and
+    so is the number of configurations."""
+    data = _json("e2e-cpu.json")
+    flat = _flat(text)
+    for key in ("refresh_us_per_step", "refresh_us_per_later_step"):
+        for mode in ("off", "on"):
+            assert f"{data[key][mode]:.1f} us" in flat, (where, key, mode)
+    us, tps = _e2e_cpu_figures()
+    assert [n for n in re.findall(r"(\d+(?:\.\d+)?) us\b", flat) if n not in us] == [], (
+        f"{where} quotes microseconds that are not in e2e-cpu.json or e2e-floor*.json")
+    quoted_tps = re.findall(r"tokens/s:? (\d+(?:\.\d)?) (?:on|off)", flat) + re.findall(
+        r"(\d+(?:\.\d)?) (?:on|off)(?: against \d+(?:\.\d)? (?:on|off))? over the matrix", flat)
+    assert quoted_tps and [n for n in quoted_tps if n not in tps] == [], (where, quoted_tps)
+    for mode in ("off", "on"):
+        assert f"{data['tokens_per_s'][mode]:.0f} {mode}" in flat, (where, mode)
+    count = len(data["configurations"])
+    words = {8: "eight", 4: "four", 16: "sixteen", 12: "twelve", 6: "six", 2: "two"}
+    said = {f"all {count} configurations", f"all {words.get(count)} configurations"}
+    assert any(s in flat for s in said), (where, count)
+
+
+def test_the_readmes_cpu_e2e_paragraph_is_the_committed_json() -> None:
+    readme = _text("README.md")
+    check_e2e_cpu_paragraph(_paragraph(readme, "A real vLLM MTP engine on CPU"), "README")
+
+
+def test_the_e2e_pages_results_are_the_committed_json() -> None:
+    page = _text("docs/e2e.md")
+    check_e2e_cpu_paragraph(_section(page, "## Results\n"), "docs/e2e.md")
+
+
+def test_a_cpu_e2e_figure_not_in_the_json_is_caught() -> None:
+    paragraph = _paragraph(_text("README.md"), "A real vLLM MTP engine on CPU")
+    data = _json("e2e-cpu.json")
+    shown = f"{data['refresh_us_per_later_step']['on']:.1f} us"
+    assert shown in paragraph
+    with pytest.raises(AssertionError):
+        check_e2e_cpu_paragraph(paragraph.replace(shown, "17.0 us"), "README")
+    with pytest.raises(AssertionError):
+        check_e2e_cpu_paragraph(paragraph + " A step costs 99.9 us.", "README")
+
+
+def test_the_e2e_pages_duration_of_the_full_matrix_is_the_committed_runs() -> None:
+    seconds = _json("e2e-cpu.json")["wall_seconds"]
+    running = _section(_text("docs/e2e.md"), "## Running it\n")
+    assert f"# the full matrix (the committed run: {seconds:.0f} s)\n" in running
+
+
+def check_floor(page: str) -> None:
+    floor = _json("e2e-floor.json")
+    labels = {"off": "off (vLLM builds)", "on": "on (draftmeta, sealed steps)",
+              "floor": "floor (no checks)"}
+    for mode, label in labels.items():
+        by_index = floor["us_per_call_by_draft_index"][mode]
+        cells = [by_index["1"], by_index["2"], by_index["3"], floor["us_per_in_place_step"][mode],
+                 floor["us_per_refresh_step"][mode]]
+        row = f"| {label} | " + " | ".join(f"{v:.1f}" for v in cells) + " |"
+        assert row in page, row
+    flat = _flat(page)
+    assert f"cheaper than vLLM's build ({floor['ratio_off_over_on_in_place']:.2f}x)" in flat
+    assert (f"{floor['ratio_off_over_floor_in_place']:.1f}x cheaper than vLLM's `CPU_MLA` "
+            "build only on the in-place steps, and "
+            f"{floor['ratio_off_over_floor_all_refreshes']:.1f}x over all refreshes") in flat
+
+
+def test_the_check_free_floor_is_the_committed_json() -> None:
+    check_floor(_text("docs/e2e.md"))
+
+
+def test_a_wrong_floor_ratio_is_caught() -> None:
+    page = _text("docs/e2e.md")
+    with pytest.raises(AssertionError):
+        check_floor(page.replace("4.9x cheaper", "5.1x cheaper"))
+
+
+def test_the_vllm_guides_measured_slower_figure_is_the_committed_floor() -> None:
+    floor = _json("e2e-floor.json")["us_per_refresh_step"]
+    guide = _flat(_text("docs/vllm.md"))
+    assert (f"{floor['on']:.1f} us per draft step with the plugin, {floor['off']:.1f} us "
+            "without") in guide
