@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from draftmeta.arguments import DEFAULT_OUT, OUT_HELP
 from draftmeta.e2e.multiprocess import run_engine_process
 
 DRAFT_LOOP = ("cannot update draft decode metadata", "draft decode metadata")
@@ -25,9 +26,16 @@ DRAFT_LOOP = ("cannot update draft decode metadata", "draft decode metadata")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for the log and JSON")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"{OUT_HELP}; writes h200-plugin-log.log and .json")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the h200-plugin-log files already in --out")
     parser.add_argument("--backend", default="FLASH_ATTN_MLA", help="(default FLASH_ATTN_MLA)")
     args = parser.parse_args(argv)
+    existing = args.out / "h200-plugin-log.json"  # a device run's fresh $OUT holds none
+    if existing.exists() and not args.force:
+        parser.exit(2, f"{existing} exists; name another --out, or pass --force to replace "
+                    "it\n")
     args.out.mkdir(parents=True, exist_ok=True)
     runs = {}
     lines: list[str] = []
