@@ -199,16 +199,17 @@ class DraftSpec(Generic[M]):
         """``(seal, step)``: the update split for a caller that updates one object at many
         steps (compiled once).
 
-        ``seal(metadata, state)`` runs, once per object, every check that depends only on its
-        structure and the tensors it holds (phases 0, 1, 2 and 3c of :attr:`update`), writes
-        nothing, and returns a seal of what it verified; it raises what :attr:`update` raises.
-        ``step(metadata, state, seal)`` then updates that object at a later step: it runs every
-        check that can change between steps (the exact classes and attribute names of the
-        object and its records, the preconditions, the state's bounds, new host values,
-        formula checks) and, instead of phases 2 and 3c, compares the object with its seal:
-        the same records and tensors, and the state's buffers the same objects or new ones in
-        the same memory. Where anything differs it writes nothing and returns ``False``: call
-        :attr:`update`, which checks everything again.
+        ``seal(metadata, state)`` is the object's first update: the full :attr:`update` (every
+        check before the first write; it raises, writing nothing, what :attr:`update` raises),
+        returning a seal of what the checks that depend only on the object's structure and the
+        tensors it holds verified (phases 0, 1, 2 and 3c). ``step(metadata, state, seal)`` then
+        updates that object at a later step: it runs every check that can change between steps
+        (the exact classes and attribute names of the object and its records, the
+        preconditions, the state's bounds, new host values, formula checks) and, instead of
+        phases 2 and 3c, compares the object with its seal: the same records and tensors, and
+        the state's buffers the same objects or new ones in the same memory. Where one of those
+        differs or fails it writes nothing and returns ``False``: call ``seal`` again (or
+        :attr:`update`), which checks everything and raises what failed.
         """
         if self._sealed is None:
             from draftmeta.codegen import compile_sealed
