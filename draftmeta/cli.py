@@ -64,7 +64,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if ("%(default)" in text or "(default:" in text or action.default is argparse.SUPPRESS
+        if ("%(default)" in text or "default:" in text or action.default is argparse.SUPPRESS
                 or not action.option_strings):
             return text
         if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):

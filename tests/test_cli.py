@@ -357,7 +357,9 @@ def test_every_command_has_a_description_and_every_option_says_its_default() -> 
                 continue
             assert action.help, (name, action.option_strings)
             shown = p._get_formatter()._expand_help(action)
-            assert "(default: " in shown, (name, action.option_strings, shown)
+            # "(default: X)", or a default that depends on something stated in its own words
+            # ("cpu default: 1 4; cuda: 1 8")
+            assert "default: " in shown, (name, action.option_strings, shown)
             assert action.option_strings[-1] in text
 
 

@@ -116,3 +116,11 @@ def test_an_e2e_output_under_a_file_is_refused_before_any_engine_starts(
     assert capsys.readouterr().err == (
         f"draftmeta e2e: --out {blocker / 'sub'}: {blocker} is a file, not a folder; name a "
         "folder for the results\n")
+
+
+def test_every_options_help_states_a_real_default_never_none() -> None:
+    """An option whose default depends on something (the device) says so in its own words;
+    ``--help`` never prints "(default: none)" for it."""
+    for command, sub in _commands().items():
+        text = sub.format_help()
+        assert "(default: none)" not in text.replace("\n", " "), command

@@ -60,7 +60,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "CPUs without AMX; cuda default: FLASH_ATTN_MLA FLASHMLA; TRITON_MLA "
                         "on cuda compares vLLM's own hook with draftmeta's in its place)")
     p.add_argument("--models", nargs="+", choices=MODEL_NAMES, default=None,
-                   help="cuda only: tiny (default) and/or large (DeepSeek-V3 layer dimensions)")
+                   help="cuda only: tiny and/or large (DeepSeek-V3 layer dimensions) (default: "
+                        "tiny)")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
                    help="cuda only: vLLM's kv_cache_dtype (fp8: FLASHMLA takes it, "
                         "FLASH_ATTN_MLA does not)")
