@@ -52,7 +52,7 @@ def _clamp_frozen(host_bound: HostBound | None = None) -> DraftSpec[Any]:
 
 def _builder(entry: Any, dcp: bool = False) -> SpecFactory:
     def make(host_bound: HostBound | None = None) -> DraftSpec[Any]:
-        spec: DraftSpec[Any] = entry.make_spec(policy=host_bound or "advance", dcp=dcp)
+        spec: DraftSpec[Any] = entry.make_spec(host_bound=host_bound or "advance", dcp=dcp)
         return spec
 
     return make
@@ -65,7 +65,7 @@ def _flashmla_fp8(host_bound: HostBound | None = None) -> DraftSpec[Any]:
     factory = current_release().entry("FLASHMLA").spec
     assert isinstance(factory, MLASpec)
     return mla_spec(factory, name="FLASHMLA", fp8_kv_cache=True, num_q_tokens_per_head_k=128,
-                    policy=host_bound or "advance")
+                    host_bound=host_bound or "advance")
 
 
 def _specs() -> dict[str, SpecFactory]:

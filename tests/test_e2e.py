@@ -120,7 +120,8 @@ def _one_short(num_reqs: int) -> int:
     return num_reqs - 1
 
 
-def _wrong_spec(*, policy: str = "advance", dcp: bool = False, builder: Any = None) -> Any:
+def _wrong_spec(*, host_bound: str = "advance", dcp: bool = False, builder: Any = None
+                ) -> Any:
     """CPU_MLA's shipped spec with one rule made wrong: ``num_actual_tokens`` derived as
     ``num_reqs - 1`` (an off-by-one), so attention skips the last request's draft token.
 
@@ -134,7 +135,7 @@ def _wrong_spec(*, policy: str = "advance", dcp: bool = False, builder: Any = No
     from draftmeta.rules import HostDerive
     from draftmeta.spec import DraftSpec
 
-    real = builder_spec(BACKEND, policy=policy, dcp=dcp, builder=builder)  # type: ignore[arg-type]
+    real = builder_spec(BACKEND, host_bound=host_bound, dcp=dcp, builder=builder)  # type: ignore[arg-type]
     rules = dict(real.rules)
     rules["num_actual_tokens"] = HostDerive(_one_short, ["state.num_reqs"],
                                             formula="state.num_reqs - 1")

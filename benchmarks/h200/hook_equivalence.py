@@ -172,7 +172,7 @@ def check_case(name: str, kv: str, seed: int, *, wrong: bool) -> dict[str, Any]:
     config = make_config(max_model_len, block_size, kv)
     updater = harness.make_builder(name, config, block_size=block_size, device="cuda")
     rebuilder = harness.make_builder(name, config, block_size=block_size, device="cuda")
-    spec = current_release().entry(name).make_spec(policy="frozen", builder=updater)
+    spec = current_release().entry(name).make_spec(host_bound="frozen", builder=updater)
     if wrong:
         spec = stale(spec)
     state = random_state(g, batch_size=batch, block_size=block_size,

@@ -10,20 +10,11 @@ from draftmeta.rules import HostDerive, HostUpperBound, Rule, copy_of
 from draftmeta.spec import DraftSpec
 
 __all__ = [
-    "HostBoundPolicy",
     "SpecFactory",
     "dcp_max_seq_len",
     "decode_only",
     "max_seq_len_rule",
 ]
-
-HostBoundPolicy = HostBound
-"""The spec factories' ``policy=``: :data:`draftmeta.advance.HostBound` itself (defined once
-there; this name stays for the callers that still spell it so). ``"advance"``: the host
-``max_seq_len`` follows the draft state's (``+1`` clamped, vLLM's older proposer);
-``"frozen"``: it stays at the worst case ``max_model_len`` (what a captured CUDA graph needs,
-vLLM's new runner)."""
-
 
 def dcp_max_seq_len(max_seq_len: int, world: int, interleave: int) -> int:
     """The per-rank bound vLLM's MLA builder uses under DCP: ``ceil(L / (N*I)) * I``."""
@@ -31,18 +22,18 @@ def dcp_max_seq_len(max_seq_len: int, world: int, interleave: int) -> int:
     return (max_seq_len + parts - 1) // parts * interleave
 
 
-def max_seq_len_rule(policy: HostBoundPolicy, dcp: bool) -> Rule:
-    """The rule for an MLA-style host ``max_seq_len`` under a host-bound policy and DCP."""
-    if policy not in ("advance", "frozen"):
-        raise ValueError(f"host-bound policy must be 'advance' or 'frozen', got {policy!r}")
-    source = "state.max_seq_len" if policy == "advance" else "state.max_model_len"
+def max_seq_len_rule(host_bound: HostBound, dcp: bool) -> Rule:
+    """The rule for an MLA-style host ``max_seq_len`` under a host bound and DCP."""
+    if host_bound not in ("advance", "frozen"):
+        raise ValueError(f"host bound must be 'advance' or 'frozen', got {host_bound!r}")
+    source = "state.max_seq_len" if host_bound == "advance" else "state.max_model_len"
     if dcp:
         return HostDerive(
             dcp_max_seq_len,
             (source, "state.dcp_world_size", "state.dcp_interleave"),
             formula="ceil(L / (dcp_world_size * interleave)) * interleave",
         )
-    if policy == "frozen":
+    if host_bound == "frozen":
         return HostUpperBound("max_model_len")
     return copy_of(source)
 
@@ -79,14 +70,14 @@ def _has(ref: str) -> Precondition:
 
 class SpecFactory(Protocol):
     """How a catalogue declares one builder's spec: called with the builder's name, the
-    host-bound policy, whether DCP > 1, and the live builder where there is one (to bind what
+    host bound, whether DCP > 1, and the live builder where there is one (to bind what
     depends on it: a pool size, a scheduler, an FP8 flag)."""
 
     def __call__(
         self,
         *,
         name: str,
-        policy: HostBoundPolicy = "advance",
+        host_bound: HostBound = "advance",
         dcp: bool = False,
         builder: Any = None,
     ) -> DraftSpec[Any]:

@@ -113,7 +113,7 @@ class KpoolTailSlot(Derivation):
 @spec_cache
 def indexer_spec(
     *,
-    policy: HostBound = "advance",
+    host_bound: HostBound = "advance",
     dcp: bool = False,
     block_kv: int = 64,
     schedule_compute: PagedMqaCompute | None = None,
@@ -123,7 +123,7 @@ def indexer_spec(
 
     Args:
         name: the builder's catalogue name, first part of the spec's name.
-        policy: how the host ``max_seq_len`` moves (``"advance"`` or ``"frozen"``).
+        host_bound: how the host ``max_seq_len`` moves (``"advance"`` or ``"frozen"``).
         dcp: decode context parallelism > 1: the decode lengths are the DCP-local lengths
             (``state.dcp_local_seq_lens``), recomputed every step from the global ones.
         block_kv: the indexer cache's block size, for the DeepGEMM schedule.
@@ -135,7 +135,7 @@ def indexer_spec(
     lengths = "state.dcp_local_seq_lens" if dcp else "seq_lens"
     rules: dict[str, Rule] = {
         "seq_lens": Alias("seq_lens"),
-        "max_seq_len": max_seq_len_rule(policy, False),
+        "max_seq_len": max_seq_len_rule(host_bound, False),
         "slot_mapping": Alias("slot_mapping"),
         "num_decodes": HostConstant(),
         "num_decode_tokens": HostConstant(),
@@ -167,7 +167,7 @@ def indexer_spec(
     return DraftSpec(
         metadata_cls,
         rules,
-        name=f"{name}{'.dcp' if dcp else ''}.{policy}",
+        name=f"{name}{'.dcp' if dcp else ''}.{host_bound}",
         preconditions=preconditions,
         nested={"decode": decode_cls},
     )
@@ -175,7 +175,7 @@ def indexer_spec(
 
 @spec_cache
 def kpool_tail_spec(
-    *, kpool: int = 64, policy: HostBound = "advance", name: str = "KPOOL_TAIL"
+    *, kpool: int = 64, host_bound: HostBound = "advance", name: str = "KPOOL_TAIL"
 ) -> DraftSpec[Any]:
     """The spec of the K-pool tail metadata (``KpoolTailMetadataBuilder``) while drafting.
 
@@ -186,13 +186,13 @@ def kpool_tail_spec(
     Args:
         kpool: the tail cache's block size (the builder's ``kv_cache_spec.block_size``; the
             catalogue's factory takes it from the live builder).
-        policy: how the host ``max_seq_len`` moves.
+        host_bound: how the host ``max_seq_len`` moves.
         name: the builder's catalogue name, first part of the spec's name.
     """
     metadata_cls, _ = load_metadata_class(INDEXER_METADATA.module, INDEXER_METADATA.qualname)
     rules: dict[str, Rule] = {
         "seq_lens": Alias("seq_lens"),
-        "max_seq_len": max_seq_len_rule(policy, False),
+        "max_seq_len": max_seq_len_rule(host_bound, False),
         "slot_mapping": Derive(
             KpoolTailSlot(kpool),
             ("state.positions", "state.block_table", "state.slot_mapping", "state.num_reqs"),
@@ -213,7 +213,7 @@ def kpool_tail_spec(
         SameValue("num_decodes", "num_decode_tokens", name="one_token_per_request"),
         IsNotNone("positions", name="has_positions"),
     ]
-    return DraftSpec(metadata_cls, rules, name=f"{name}.{policy}",
+    return DraftSpec(metadata_cls, rules, name=f"{name}.{host_bound}",
                      preconditions=preconditions)
 
 
@@ -222,12 +222,12 @@ class IndexerSpec:
     """The catalogue's spec factory for the DeepSeek-V3.2 indexer builder."""
 
     def __call__(
-        self, *, name: str, policy: HostBound = "advance", dcp: bool = False,
+        self, *, name: str, host_bound: HostBound = "advance", dcp: bool = False,
         builder: Any = None,
     ) -> DraftSpec[Any]:
         """Declare :func:`indexer_spec` (the indexer cache's block size from ``builder``)."""
         block_kv = builder.kv_cache_spec.block_size if builder is not None else 64
-        return indexer_spec(policy=policy, dcp=dcp, block_kv=block_kv, name=name)
+        return indexer_spec(host_bound=host_bound, dcp=dcp, block_kv=block_kv, name=name)
 
 
 @attrs.frozen
@@ -240,10 +240,10 @@ class KpoolTailSpec:
     """
 
     def __call__(
-        self, *, name: str, policy: HostBound = "advance", dcp: bool = False,
+        self, *, name: str, host_bound: HostBound = "advance", dcp: bool = False,
         builder: Any = None,
     ) -> DraftSpec[Any]:
         """Declare :func:`kpool_tail_spec` for ``builder``'s pool size (its ``no_dcp``
         precondition refuses DCP > 1 at run time)."""
         kpool = builder.kv_cache_spec.block_size if builder is not None else 64
-        return kpool_tail_spec(kpool=kpool, policy=policy, name=name)
+        return kpool_tail_spec(kpool=kpool, host_bound=host_bound, name=name)

@@ -95,7 +95,7 @@ class MLASpec:
         self,
         *,
         name: str,
-        policy: HostBound = "advance",
+        host_bound: HostBound = "advance",
         dcp: bool = False,
         builder: Any = None,
     ) -> DraftSpec[Any]:
@@ -117,7 +117,7 @@ class MLASpec:
                 and getattr(builder, "is_fp8_kvcache", False)):
             heads = builder.num_q_heads * max(1, getattr(builder, "dcp_world_size", 1))
             options.update(fp8_kv_cache=True, num_q_tokens_per_head_k=heads)
-        return mla_spec(self, name=name, policy=policy, dcp=dcp, bound=bound, **options)
+        return mla_spec(self, name=name, host_bound=host_bound, dcp=dcp, bound=bound, **options)
 
 
 def flash_attn_compute_of(builder: Any) -> FlashAttnCompute | None:
@@ -147,12 +147,12 @@ def _fresh_flashmla_sched_meta() -> object:
     return get_mla_metadata()[0]
 
 
-def _common_rules(policy: HostBound, dcp: bool) -> dict[str, Rule]:
+def _common_rules(host_bound: HostBound, dcp: bool) -> dict[str, Rule]:
     """``MLACommonMetadata``'s own top-level fields (the ``decode`` part aside)."""
     return {
         "num_reqs": HostConstant(),
         "max_query_len": HostConstant(),
-        "max_seq_len": max_seq_len_rule(policy, dcp),
+        "max_seq_len": max_seq_len_rule(host_bound, dcp),
         "num_actual_tokens": HostConstant(),
         "query_start_loc": Alias("query_start_loc"),
         "slot_mapping": Alias("slot_mapping"),
@@ -165,18 +165,18 @@ def _common_rules(policy: HostBound, dcp: bool) -> dict[str, Rule]:
     }
 
 
-def _dense_rules(policy: HostBound, dcp: bool) -> dict[str, Rule]:
+def _dense_rules(host_bound: HostBound, dcp: bool) -> dict[str, Rule]:
     return {
-        **_common_rules(policy, dcp),
+        **_common_rules(host_bound, dcp),
         "decode.block_table": Alias("block_table"),
         "decode.seq_lens": Alias("dcp_local_seq_lens" if dcp else "seq_lens"),
         "decode.dcp_tot_seq_lens": Alias("seq_lens") if dcp else Unchanged(),
     }
 
 
-def _sparse_rules(policy: HostBound) -> dict[str, Rule]:
+def _sparse_rules(host_bound: HostBound) -> dict[str, Rule]:
     return {
-        **_common_rules(policy, False),
+        **_common_rules(host_bound, False),
         "decode": Unchanged(),
         "block_table": Alias("block_table"),
         "req_id_per_token": Derive(TokenToRequest(), ("state.query_start_loc", "state.num_reqs")),
@@ -194,7 +194,7 @@ def mla_spec(
     factory: MLASpec,
     *,
     name: str,
-    policy: HostBound = "advance",
+    host_bound: HostBound = "advance",
     dcp: bool = False,
     fp8_kv_cache: bool = False,
     num_q_tokens_per_head_k: int | None = None,
@@ -207,7 +207,7 @@ def mla_spec(
     Args:
         factory: the builder's family and classes (from a release catalogue).
         name: the builder's name (vLLM's attention-backend name, ``"TRITON_MLA"``).
-        policy: how the host ``max_seq_len`` moves (``"advance"`` or ``"frozen"``).
+        host_bound: how the host ``max_seq_len`` moves (``"advance"`` or ``"frozen"``).
         dcp: decode context parallelism > 1: ``decode.seq_lens`` are the DCP-local lengths,
             recomputed by the loop from the global ones every step, and ``max_seq_len`` is the
             per-rank bound.
@@ -226,7 +226,7 @@ def mla_spec(
     nested: dict[str, type] = {}
     preconditions: list[Precondition]
     if factory.sparse:
-        rules = _sparse_rules(policy)
+        rules = _sparse_rules(host_bound)
         preconditions = [IsNone("decode", name="no_dense_decode_part"),
                          *decode_only(dcp=False, decode_part=False)]
         if dcp:
@@ -244,9 +244,9 @@ def mla_spec(
         if factory.decode is None:
             raise ValueError(f"{name}: a dense MLA spec needs its decode class")
         nested["decode"], _ = load_metadata_class(factory.decode.module, factory.decode.qualname)
-        rules = _dense_rules(policy, dcp)
+        rules = _dense_rules(host_bound, dcp)
         preconditions = decode_only(dcp=dcp)
-        rules.update(_decode_extras(factory.family, policy, dcp, fp8_kv_cache,
+        rules.update(_decode_extras(factory.family, host_bound, dcp, fp8_kv_cache,
                                     num_q_tokens_per_head_k, tile_compute, flash_attn_compute,
                                     nested))
         if factory.family == "flashmla" and fp8_kv_cache:
@@ -257,7 +257,7 @@ def mla_spec(
     rules.update(factory.extra_rules)
     rules.update(bound)
     preconditions.extend(factory.extra_preconditions)
-    suffix = (".dcp" if dcp else "") + (".fp8" if fp8_kv_cache else "") + f".{policy}"
+    suffix = (".dcp" if dcp else "") + (".fp8" if fp8_kv_cache else "") + f".{host_bound}"
     return DraftSpec(
         metadata_cls,
         rules,
@@ -270,7 +270,7 @@ def mla_spec(
 
 def _decode_extras(
     family: MLAFamily,
-    policy: HostBound,
+    host_bound: HostBound,
     dcp: bool,
     fp8: bool,
     q_tokens: int | None,
@@ -308,7 +308,7 @@ def _decode_extras(
         return {
             "decode.query_start_loc": Alias("query_start_loc"),
             "decode.max_query_len": HostConstant(),
-            "decode.max_seq_len": max_seq_len_rule(policy, dcp),
+            "decode.max_seq_len": max_seq_len_rule(host_bound, dcp),
             "decode.scheduler_metadata": schedule,
             "decode.max_num_splits": HostConstant(),
         }

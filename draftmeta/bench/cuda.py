@@ -28,8 +28,8 @@ def cuda_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Samp
     configuration."""
     from draftmeta.integrations.vllm.catalogue import builder_spec
 
-    mla = builder_spec("TRITON_MLA", policy="frozen")
-    idx = builder_spec("INDEXER", policy="frozen")
+    mla = builder_spec("TRITON_MLA", host_bound="frozen")
+    idx = builder_spec("INDEXER", host_bound="frozen")
     for batch in config.batch_sizes:
         for k in config.steps:
             yield from _cuda_config(config, mla, idx, batch, k)

@@ -160,7 +160,7 @@ class CudaComparison:
         return statistics.median(self.on_tokens_per_s) / statistics.median(self.off_tokens_per_s)
 
 
-def stale_scheduler_spec(*, policy: str = "frozen", dcp: bool = False, builder: Any = None
+def stale_scheduler_spec(*, host_bound: str = "frozen", dcp: bool = False, builder: Any = None
                          ) -> Any:
     """The negative control: FlashMLA's shipped spec with its scheduler object left
     ``Unchanged`` between draft steps (the bug draftmeta exists to prevent: a forgotten field),
@@ -169,7 +169,7 @@ def stale_scheduler_spec(*, policy: str = "frozen", dcp: bool = False, builder: 
     from draftmeta.rules import Unchanged
     from draftmeta.spec import DraftSpec
 
-    real = current_release().entry("FLASHMLA").make_spec(policy=policy,  # type: ignore[arg-type]
+    real = current_release().entry("FLASHMLA").make_spec(host_bound=host_bound,  # type: ignore[arg-type]
                                                          dcp=dcp, builder=builder)
     rules = dict(real.rules)
     for path in [p for p in rules if p.startswith("decode.scheduler_metadata")]:

@@ -44,7 +44,7 @@ __all__ = [
 
 SpecOverride = Callable[..., "DraftSpec[Any]"]
 """A spec factory that replaces the plugin's shipped spec for one builder, called like the
-catalogue's ``make_spec`` (``policy=``, ``dcp=``, ``builder=`` keywords): the negative control's
+catalogue's ``make_spec`` (``host_bound=``, ``dcp=``, ``builder=`` keywords): the negative control's
 deliberately wrong spec. See ``draftmeta.integrations.vllm.plugin.register``."""
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import attrs
 
-from draftmeta.backends.common import HostBoundPolicy
+from draftmeta.advance import HostBound
 from draftmeta.backends.vllm_classes import import_class
 from draftmeta.errors import SpecError
 from draftmeta.integrations.vllm.carry_over import enabled as carry_over_enabled
@@ -137,7 +137,7 @@ def spec_for(
     entry: BuilderEntry,
     overrides: Mapping[str, SpecOverride] | None,
     *,
-    policy: HostBoundPolicy,
+    host_bound: HostBound,
     dcp: bool = False,
     builder: Any = None,
 ) -> DraftSpec[Any]:
@@ -145,8 +145,8 @@ def spec_for(
     catalogue's."""
     override = (overrides or {}).get(entry.name)
     if override is not None:
-        return override(policy=policy, dcp=dcp, builder=builder)
-    return entry.make_spec(policy=policy, dcp=dcp, builder=builder)
+        return override(host_bound=host_bound, dcp=dcp, builder=builder)
+    return entry.make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
 
 
 def _older_proposer(entry: BuilderEntry, cls: type | None, why: str,
@@ -155,7 +155,7 @@ def _older_proposer(entry: BuilderEntry, cls: type | None, why: str,
         return Decision(entry, "older_proposer", "none",
                         f"{entry.builder.qualname} does not import here ({why}): rebuilt")
     try:
-        spec = spec_for(entry, overrides, policy="advance")
+        spec = spec_for(entry, overrides, host_bound="advance")
     except SpecError as exc:
         return Decision(entry, "older_proposer", "none",
                         f"draftmeta's spec does not fit this vLLM: {exc}", cls)
@@ -185,7 +185,7 @@ def _hook(entry: BuilderEntry, cls: type | None, why: str,
                         "its metadata does not reference the block table draftmeta's spec "
                         "derives the slot from; vLLM's own hook serves it", cls)
     try:
-        spec = spec_for(entry, overrides, policy="frozen")
+        spec = spec_for(entry, overrides, host_bound="frozen")
     except SpecError as exc:
         return Decision(entry, "hook", "none", f"draftmeta's spec does not fit: {exc}", cls)
     if not spec.supported:

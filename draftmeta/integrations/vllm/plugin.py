@@ -325,7 +325,7 @@ def _older_build_for_drafting(
     def new_record(builder: Any, cad: Any) -> _OlderBuilder:
         """The builder's spec, state and loop length, made at its first draft loop and kept
         on the builder (``_draftmeta_older_builder``)."""
-        spec = spec_for(entry, overrides, policy="advance", builder=builder)
+        spec = spec_for(entry, overrides, host_bound="advance", builder=builder)
         carry = None
         if declared is not None:
             refused = spec_refuses(spec)
@@ -508,7 +508,7 @@ def _hook_init(
         dcp = getattr(self, "dcp_world_size", 1) > 1
         self._draftmeta_states = _StateCache()
         try:
-            spec = spec_for(entry, overrides, policy="frozen", dcp=dcp, builder=self)
+            spec = spec_for(entry, overrides, host_bound="frozen", dcp=dcp, builder=self)
         except DraftMetaError as exc:  # fail closed: this builder keeps vLLM's behaviour
             self._draftmeta_spec = None
             fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: its spec bound to "

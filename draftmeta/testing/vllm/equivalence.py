@@ -17,8 +17,7 @@ from typing import Any
 import attrs
 import torch
 
-from draftmeta.advance import OverflowPolicy, advance_state
-from draftmeta.backends.common import HostBoundPolicy
+from draftmeta.advance import HostBound, OverflowPolicy, advance_state
 from draftmeta.integrations.vllm.catalogue import BuilderEntry
 from draftmeta.spec import DraftSpec
 from draftmeta.testing import Mismatch, compare_metadata, random_state
@@ -27,8 +26,8 @@ from draftmeta.testing.vllm import harness
 __all__ = ["BUILDERS", "BatchResult", "CaseConfig", "check_batch", "random_case"]
 
 SpecFactory = Callable[..., DraftSpec[Any]]
-"""``(policy, builder=None) -> spec``: the spec of a builder's metadata under a host-bound
-policy, bound to the live builder where one is given."""
+"""``(host_bound, builder=None) -> spec``: the spec of a builder's metadata under a host
+bound, bound to the live builder where one is given."""
 
 
 def _builders() -> dict[str, SpecFactory]:
@@ -37,9 +36,9 @@ def _builders() -> dict[str, SpecFactory]:
     factories: dict[str, SpecFactory] = {}
     for entry in current_release().builders:
         if entry.harness is not None:
-            def factory(policy: HostBoundPolicy, builder: Any = None,
+            def factory(host_bound: HostBound, builder: Any = None,
                         entry: BuilderEntry = entry) -> DraftSpec[Any]:
-                return entry.make_spec(policy=policy, builder=builder)
+                return entry.make_spec(host_bound=host_bound, builder=builder)
 
             factories[entry.name] = factory
     return factories
@@ -78,7 +77,7 @@ class CaseConfig:
     max_model_len: int
     steps: int
     overflow: OverflowPolicy
-    host_bound: HostBoundPolicy
+    host_bound: HostBound
 
     def __str__(self) -> str:
         return (

@@ -106,11 +106,11 @@ def current_release() -> Release:
 
 
 def builder_spec(
-    name: str, *, policy: HostBound = "advance", dcp: bool = False, builder: Any = None
+    name: str, *, host_bound: HostBound = "advance", dcp: bool = False, builder: Any = None
 ) -> DraftSpec[Any]:
     """The spec of builder ``name`` of the installed release (see :func:`current_release`).
 
     Raises:
         KeyError: no such builder; the message lists the names.
     """
-    return current_release().entry(name).make_spec(policy=policy, dcp=dcp, builder=builder)
+    return current_release().entry(name).make_spec(host_bound=host_bound, dcp=dcp, builder=builder)

@@ -127,10 +127,10 @@ class BuilderEntry:
         return None
 
     def make_spec(
-        self, *, policy: HostBound = "advance", dcp: bool = False, builder: Any = None
+        self, *, host_bound: HostBound = "advance", dcp: bool = False, builder: Any = None
     ) -> DraftSpec[Any]:
         """The spec of this builder's metadata, bound to ``builder`` where one is given."""
-        return self.spec(name=self.name, policy=policy, dcp=dcp, builder=builder)
+        return self.spec(name=self.name, host_bound=host_bound, dcp=dcp, builder=builder)
 
 
 @attrs.frozen
