@@ -238,3 +238,22 @@ def test_the_cpu_figure_that_leaves_cpu_mla_to_vllm_is_the_committed_e2e_run() -
         f"{k6['us_per_refresh_step']['on']:.1f}", f"{k6['us_per_refresh_step']['off']:.1f}")
     assert k6["k"] == 6
     assert measured.slower == (refresh["on"] > refresh["off"])
+
+
+def test_a_builder_instance_is_refused_for_pcp_or_hisparse_and_accepted_otherwise() -> None:
+    from types import SimpleNamespace
+
+    from draftmeta.integrations.vllm.catalogue.model import instance_refusal
+
+    assert instance_refusal(SimpleNamespace()) is None  # attributes absent: an older release
+    assert instance_refusal(SimpleNamespace(pcp_world_size=1, hisparse_config=None)) is None
+    pcp = instance_refusal(SimpleNamespace(pcp_world_size=4))
+    assert pcp is not None and "pcp_world_size=4" in pcp
+    hisparse = instance_refusal(SimpleNamespace(pcp_world_size=1, hisparse_config=object()))
+    assert hisparse is not None and "HiSparse" in hisparse
+
+
+def test_every_release_declines_the_kpool_tail_hook_with_its_reason() -> None:
+    for r in releases():
+        entry = r.entry("KPOOL_TAIL")
+        assert entry.hook_declined is not None and "block table" in entry.hook_declined

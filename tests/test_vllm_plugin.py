@@ -684,3 +684,53 @@ def test_a_builder_measured_slower_in_the_engine_is_left_to_vllm_unless_forced(
         assert f"{FORCE_ENV}=1 installs it anyway" in decision.reason
     (hook,) = [d for d in plan.on("hook") if d.entry.name == "CPU_MLA"]
     assert hook.covered_by == "draftmeta"  # only the measured path is left to vLLM
+
+
+@pytest.mark.parametrize("pcp", [1, 2])
+def test_a_builder_instance_with_prefill_context_parallelism_keeps_vllms_behaviour_and_says_so(
+    pcp: int, monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
+) -> None:
+    """What only the built builder knows (PCP > 1, HiSparse) is the catalogue's to refuse
+    (``BuilderEntry.refuses_instance``); the plugin then leaves the hook off and writes one
+    warning with the reason. PCP = 1 is the control: hook on, nothing logged."""
+    cls = _class(BUILDER_CLASSES["CPU_MLA"])
+    real_init = cls.__init__
+
+    def with_pcp(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        self.pcp_world_size = pcp
+
+    monkeypatch.setattr(cls, "__init__", with_pcp)
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register()
+    try:
+        config = harness.cached_vllm_config(max_model_len=256, block_size=16)
+        for _ in range(2):
+            builder = harness.make_builder("CPU_MLA", config, block_size=16)
+            assert builder.supports_draft_decode_metadata_update is (pcp == 1)
+        warnings = _plugin_warnings(vllm_log)
+        if pcp == 1:
+            assert warnings == []
+        else:
+            assert len(warnings) == 1, warnings  # once per builder, not per instance
+            assert "CPU_MLA keeps vLLM's behaviour: prefill context parallelism" in warnings[0]
+    finally:
+        plugin.unregister()
+
+
+def test_no_builder_is_special_cased_by_name_in_the_planner_or_the_plugin() -> None:
+    """Per-builder behaviour lives on the catalogue entry (``hook_declined``,
+    ``refuses_instance``), not in the generic planner or plugin."""
+    import ast
+    from pathlib import Path
+
+    from draftmeta.integrations.vllm import plan
+    from draftmeta.integrations.vllm.catalogue import releases
+
+    names = {e.name for r in releases() for e in r.builders}
+    for module in (plan, plugin):
+        tree = ast.parse(Path(module.__file__ or "").read_text())
+        named = sorted({node.value for node in ast.walk(tree)
+                        if isinstance(node, ast.Constant) and node.value in names})
+        assert named == [], (module.__name__, named)

@@ -180,10 +180,9 @@ def _hook(entry: BuilderEntry, cls: type | None, why: str,
         fallback: CoveredBy = "vllm" if upstream != "none" else "none"
         return Decision(entry, "hook", fallback,
                         f"{entry.builder.qualname} does not import here ({why})", cls)
-    if entry.name == "KPOOL_TAIL":
+    if entry.hook_declined is not None:
         return Decision(entry, "hook", "vllm" if upstream != "none" else "none",
-                        "its metadata does not reference the block table draftmeta's spec "
-                        "derives the slot from; vLLM's own hook serves it", cls)
+                        entry.hook_declined, cls)
     try:
         spec = spec_for(entry, overrides, host_bound="frozen")
     except SpecError as exc:

@@ -517,11 +517,11 @@ def _hook_init(
         self._draftmeta_spec = spec
         # the spec bound to this builder (FA3's head configuration, FlashMLA's FP8 cache) is
         # decided here: vLLM captures the hook, so a bound spec must be capture-safe too
-        conditions = (spec.supported and spec.capture_safe
-                      and getattr(self, "pcp_world_size", 1) == 1)
-        if getattr(self, "hisparse_config", None) is not None:
-            conditions = False
-        self.supports_draft_decode_metadata_update = conditions
+        refusal = entry.refuses_instance(self)
+        if refusal is not None:
+            fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: %s", entry.name, refusal)
+        self.supports_draft_decode_metadata_update = (
+            spec.supported and spec.capture_safe and refusal is None)
 
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__wrapped__ = original  # type: ignore[attr-defined]

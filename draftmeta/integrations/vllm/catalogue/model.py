@@ -9,7 +9,7 @@ checks, ``verify`` and ``bench`` all read entries, never class paths of their ow
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -87,6 +87,19 @@ class Measured:
     figure: str
 
 
+def instance_refusal(builder: Any) -> str | None:
+    """Why a generated hook cannot serve this builder *instance*, or ``None``: what only the
+    built builder knows (its parallel configuration, its sparse-attention mode), checked once
+    where the plugin binds the hook (after the builder's ``__init__``)."""
+    pcp = getattr(builder, "pcp_world_size", 1)
+    if pcp != 1:
+        return (f"prefill context parallelism (pcp_world_size={pcp}): the spec describes one "
+                "rank's whole sequences")
+    if getattr(builder, "hisparse_config", None) is not None:
+        return "HiSparse attention: its metadata carries state the spec does not describe"
+    return None
+
+
 @attrs.frozen
 class BuilderEntry:
     """One metadata builder of one vLLM release.
@@ -107,6 +120,10 @@ class BuilderEntry:
             (``FLASHMLA``, ``FLASH_ATTN_MLA``: their builders call CUDA kernels); the GPU
             equivalence checks (``benchmarks/h200/hook_equivalence.py``) use it.
         measured: what its in-place paths measured inside a real engine of this release.
+        hook_declined: why draftmeta gives the builder no hook although its spec would fit
+            (``KPOOL_TAIL``), or ``None``.
+        refuses_instance: what a built builder may still refuse (:func:`instance_refusal`:
+            PCP > 1, HiSparse); the builder then keeps vLLM's behaviour, with one log line.
     """
 
     name: str
@@ -118,6 +135,8 @@ class BuilderEntry:
     carry_over: CarryOver | None = None
     gpu_harness: HarnessRecipe | None = None
     measured: tuple[Measured, ...] = ()
+    hook_declined: str | None = None
+    refuses_instance: Callable[[Any], str | None] = instance_refusal
 
     def slower_on(self, path: DraftPath) -> Measured | None:
         """The measurement showing its in-place path on ``path`` slower than vLLM's, if any."""

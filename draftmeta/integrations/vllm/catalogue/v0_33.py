@@ -126,7 +126,9 @@ RELEASE = Release(
         BuilderEntry("INDEXER", INDEXER_BUILDER, IndexerSpec(), "refresh",
                      HarnessRecipe("indexer", block_size=64), (INDEXER_METADATA, INDEXER_DECODE)),
         BuilderEntry("KPOOL_TAIL", KPOOL_TAIL_BUILDER, KpoolTailSpec(), "refresh",
-                     HarnessRecipe("kpool_tail", block_size=64), (INDEXER_METADATA,)),
+                     HarnessRecipe("kpool_tail", block_size=64), (INDEXER_METADATA,),
+                     hook_declined="its metadata does not reference the block table "
+                     "draftmeta's spec derives the slot from; vLLM's own hook serves it"),
     ),
 )
 """vLLM 0.33's builders."""
