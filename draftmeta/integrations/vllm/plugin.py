@@ -546,35 +546,6 @@ class _StateCache:
         self.entries.append((weakref.ref(metadata), state))
 
 
-def _hook_state(builder: Any, metadata: Any) -> DraftState:
-    """A draft state over the buffers ``metadata`` views (the hook's full-refresh sources)."""
-    dcp: int = getattr(builder, "dcp_world_size", 1)
-    decode: Any = getattr(metadata, "decode", None)
-    local = None
-    if decode is not None:  # dense MLA
-        seq_lens = decode.dcp_tot_seq_lens if dcp > 1 else decode.seq_lens
-        block_table = decode.block_table
-        local = decode.seq_lens if dcp > 1 else None
-    else:
-        seq_lens, block_table = metadata.seq_lens, metadata.block_table
-    query_start_loc: Any = getattr(metadata, "query_start_loc", None)
-    return DraftState(
-        positions=seq_lens.new_empty(0),
-        seq_lens=seq_lens,
-        slot_mapping=metadata.slot_mapping,
-        block_table=block_table,
-        query_start_loc=seq_lens.new_empty(0) if query_start_loc is None else query_start_loc,
-        num_reqs=getattr(metadata, "num_reqs", None) or metadata.num_decodes,
-        max_seq_len=metadata.max_seq_len,
-        max_model_len=builder.vllm_config.model_config.max_model_len,
-        block_size=builder.kv_cache_spec.block_size,
-        dcp_world_size=dcp,
-        dcp_rank=getattr(builder, "dcp_rank", 0),
-        dcp_interleave=getattr(builder, "cp_kv_cache_interleave_size", 1),
-        dcp_local_seq_lens=local,
-    )
-
-
 def _hook_update(decision: Decision) -> Callable[..., None]:
     cls, entry = decision.cls, decision.entry
     assert cls is not None
@@ -598,7 +569,7 @@ def _hook_update(decision: Decision) -> Callable[..., None]:
                     f"has no rule for, so an in-place update would leave it stale; set "
                     f"{DISABLE_ENV}=0 to let vLLM rebuild, and report the vLLM version",
                 )
-            state = _hook_state(self, metadata)
+            state = entry.hook_state(self, metadata)
             cache.put(metadata, state)
         spec.update(metadata, state)
 

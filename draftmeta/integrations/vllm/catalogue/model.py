@@ -20,6 +20,7 @@ from draftmeta.backends.vllm_classes import ClassRef
 from draftmeta.integrations.vllm.carry_over import CarryOver
 from draftmeta.integrations.vllm.release import release_of
 from draftmeta.spec import DraftSpec
+from draftmeta.state import DraftState
 
 __all__ = [
     "DRAFT_PATHS",
@@ -100,6 +101,38 @@ def instance_refusal(builder: Any) -> str | None:
     return None
 
 
+def hook_state(builder: Any, metadata: Any) -> DraftState:
+    """A draft state over the buffers a built ``metadata`` object views (the sources of the
+    generated hook's full refresh): the dense MLA layout (``metadata.decode`` holds the lengths
+    and block table; under DCP the global lengths are ``decode.dcp_tot_seq_lens``) or a flat
+    one (sparse MLA, the indexer)."""
+    dcp: int = getattr(builder, "dcp_world_size", 1)
+    decode: Any = getattr(metadata, "decode", None)
+    local = None
+    if decode is not None:  # dense MLA
+        seq_lens = decode.dcp_tot_seq_lens if dcp > 1 else decode.seq_lens
+        block_table = decode.block_table
+        local = decode.seq_lens if dcp > 1 else None
+    else:
+        seq_lens, block_table = metadata.seq_lens, metadata.block_table
+    query_start_loc: Any = getattr(metadata, "query_start_loc", None)
+    return DraftState(
+        positions=seq_lens.new_empty(0),
+        seq_lens=seq_lens,
+        slot_mapping=metadata.slot_mapping,
+        block_table=block_table,
+        query_start_loc=seq_lens.new_empty(0) if query_start_loc is None else query_start_loc,
+        num_reqs=getattr(metadata, "num_reqs", None) or metadata.num_decodes,
+        max_seq_len=metadata.max_seq_len,
+        max_model_len=builder.vllm_config.model_config.max_model_len,
+        block_size=builder.kv_cache_spec.block_size,
+        dcp_world_size=dcp,
+        dcp_rank=getattr(builder, "dcp_rank", 0),
+        dcp_interleave=getattr(builder, "cp_kv_cache_interleave_size", 1),
+        dcp_local_seq_lens=local,
+    )
+
+
 @attrs.frozen
 class BuilderEntry:
     """One metadata builder of one vLLM release.
@@ -124,6 +157,8 @@ class BuilderEntry:
             (``KPOOL_TAIL``), or ``None``.
         refuses_instance: what a built builder may still refuse (:func:`instance_refusal`:
             PCP > 1, HiSparse); the builder then keeps vLLM's behaviour, with one log line.
+        hook_state: the draft state over the buffers its built metadata views, for the
+            generated hook (:func:`hook_state`: the MLA and flat layouts).
     """
 
     name: str
@@ -137,6 +172,7 @@ class BuilderEntry:
     measured: tuple[Measured, ...] = ()
     hook_declined: str | None = None
     refuses_instance: Callable[[Any], str | None] = instance_refusal
+    hook_state: Callable[[Any, Any], DraftState] = hook_state
 
     def slower_on(self, path: DraftPath) -> Measured | None:
         """The measurement showing its in-place path on ``path`` slower than vLLM's, if any."""
