@@ -70,6 +70,7 @@ from draftmeta.integrations.vllm.carry_over import (
     unchanged_values,
 )
 from draftmeta.integrations.vllm.carry_over import enabled as carry_over_enabled
+from draftmeta.integrations.vllm.common_metadata import draft_state_of, rebind
 from draftmeta.integrations.vllm.log import LOGGER_NAME, announce, fallback, summary
 from draftmeta.integrations.vllm.log import reset as reset_log
 from draftmeta.integrations.vllm.plan import (
@@ -274,33 +275,6 @@ class _Carried:
     metadata: Any
 
 
-def _rebind(state: DraftState, cad: Any) -> DraftState:
-    """Point ``state`` at this draft step's common metadata (vLLM makes new views per step)."""
-    state.seq_lens, state.slot_mapping = cad.seq_lens, cad.slot_mapping
-    state.block_table, state.query_start_loc = cad.block_table_tensor, cad.query_start_loc
-    state.max_seq_len, state.num_reqs = cad.max_seq_len, cad.num_reqs
-    if cad.positions is not None:
-        state.positions = cad.positions
-    return state
-
-
-def _state_from_cad(cad: Any, builder: Any) -> DraftState:
-    """The builder's draft state, over one draft loop's common metadata (rebound to each
-    step's by :func:`_rebind`: allocating a state per loop costs more than rebinding one)."""
-    positions = cad.positions if cad.positions is not None else cad.seq_lens.new_empty(0)
-    return DraftState(
-        positions=positions,
-        seq_lens=cad.seq_lens,
-        slot_mapping=cad.slot_mapping,
-        block_table=cad.block_table_tensor,
-        query_start_loc=cad.query_start_loc,
-        num_reqs=cad.num_reqs,
-        max_seq_len=cad.max_seq_len,
-        max_model_len=builder.vllm_config.model_config.max_model_len,
-        block_size=builder.kv_cache_spec.block_size,
-    )
-
-
 _NO_LAST_INDEX = 1 << 62
 """The last draft index when the config does not say K: a loop is then let go only when the
 next one starts."""
@@ -334,7 +308,7 @@ def _older_build_for_drafting(
             else:
                 logger.info("draftmeta: %s builds at every draft loop's index 1: %s",
                             entry.name, refused)
-        kept = _OlderBuilder(spec, _state_from_cad(cad, builder), sentinel_for(entry.name),
+        kept = _OlderBuilder(spec, draft_state_of(cad, builder), sentinel_for(entry.name),
                              _last_draft_index(builder), spec.sealed, carry=carry)
         builder._draftmeta_older_builder = kept
         return kept
@@ -371,7 +345,7 @@ def _older_build_for_drafting(
         kept = bound(builder, cad, carried.metadata)
         if kept is None or kept.carry is None or kept.carry(carried.metadata) is not None:
             return None
-        state = _rebind(kept.state, cad)
+        state = rebind(kept.state, cad)
         try:
             kept.spec.update(carried.metadata, state)
         except DraftMetaError as exc:
@@ -391,7 +365,7 @@ def _older_build_for_drafting(
         if kept is None:
             return None
         try:
-            sealed = kept.sealed[0](metadata, _rebind(kept.state, cad))
+            sealed = kept.sealed[0](metadata, rebind(kept.state, cad))
         except DraftMetaError as exc:
             fallback(entry.name, "draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
             return None
@@ -412,7 +386,7 @@ def _older_build_for_drafting(
                 kept = first_step(self, common_attn_metadata, metadata)
             else:
                 kept, sealed = loop[2], loop[3]
-                state = _rebind(kept.state, common_attn_metadata)
+                state = rebind(kept.state, common_attn_metadata)
                 try:
                     if sealed is None:  # carried over at index 1: full updates
                         kept.spec.update(metadata, state)

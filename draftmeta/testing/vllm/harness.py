@@ -391,111 +391,26 @@ def make_common_metadata(
     seq_lens_cpu: torch.Tensor | None = None,
     dcp_local_seq_lens: torch.Tensor | None = None,
 ) -> CommonAttentionMetadata:
-    """Describe a decode-only batch (query length 1 per request) to vLLM.
+    """:func:`draftmeta.integrations.vllm.common_metadata.make_common_metadata` (the one
+    adapter between vLLM's common metadata and a draft state), after
+    :func:`prepare_environment`: vLLM is imported on first use."""
+    prepare_environment()
+    from draftmeta.integrations.vllm.common_metadata import make_common_metadata as make
 
-    ``seq_lens``, ``positions``, ``slot_mapping``, ``block_table`` and ``query_start_loc`` go
-    into the metadata as the same tensor objects (no copy, no slice), so metadata built from it
-    aliases them. The fields are taken from whatever ``dataclasses.fields`` the installed
-    ``CommonAttentionMetadata`` has; host mirrors (``query_start_loc_cpu``,
-    ``seq_lens_cpu_upper_bound``, older releases' ``seq_lens_cpu`` /
-    ``num_computed_tokens_cpu``) are CPU copies made here unless given.
-
-    Args:
-        seq_lens: int32 [B] (or longer), context + query length per request.
-        positions: int64 [B] (or longer), the position of each request's query token.
-        slot_mapping: int64 [B] (or longer), the KV slot each query token writes.
-        block_table: int32 [B, W] (or more rows).
-        query_start_loc: int32 [B+1] (or longer), normally ``arange(B+1)``.
-        max_seq_len: host upper bound on ``seq_lens``.
-        num_reqs: B; also the number of tokens.
-        query_start_loc_cpu: the host mirror of ``query_start_loc``; default a CPU copy.
-        seq_lens_cpu: the host (upper-bound) mirror of ``seq_lens``; default a CPU copy.
-        dcp_local_seq_lens: passed through (DCP only).
-
-    Raises:
-        ValueError: a tensor is too short for ``num_reqs`` or has the wrong dtype.
-        TypeError: the installed release has a required field this function cannot fill.
-    """
-    _check(seq_lens, "seq_lens", torch.int32, num_reqs)
-    _check(positions, "positions", torch.int64, num_reqs)
-    _check(slot_mapping, "slot_mapping", torch.int64, num_reqs)
-    _check(block_table, "block_table", torch.int32, num_reqs, ndim=2)
-    _check(query_start_loc, "query_start_loc", torch.int32, num_reqs + 1)
-    cad_cls, init_fields = _common_metadata_class()
-    if query_start_loc_cpu is None:
-        query_start_loc_cpu = query_start_loc.to("cpu", copy=True)
-    if seq_lens_cpu is None:
-        seq_lens_cpu = seq_lens.to("cpu", copy=True)
-    values: dict[str, Any] = {
-        "query_start_loc": query_start_loc,
-        "query_start_loc_cpu": query_start_loc_cpu,
-        "seq_lens": seq_lens,
-        "seq_lens_cpu": seq_lens_cpu,
-        "seq_lens_cpu_upper_bound": seq_lens_cpu,
-        "num_reqs": num_reqs,
-        "num_actual_tokens": num_reqs,
-        "max_query_len": 1,
-        "max_seq_len": max_seq_len,
-        "block_table_tensor": block_table,
-        "slot_mapping": slot_mapping,
-        "causal": True,
-        "positions": positions,
-        "dcp_local_seq_lens": dcp_local_seq_lens,
-    }
-    kwargs: dict[str, Any] = {}
-    missing: list[str] = []
-    for f in init_fields:
-        if f.name in values:
-            kwargs[f.name] = values[f.name]
-        elif f.name == "num_computed_tokens_cpu":  # releases before seq_lens_cpu_upper_bound
-            kwargs[f.name] = seq_lens_cpu - 1
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            missing.append(f.name)
-    if missing:
-        raise TypeError(
-            f"CommonAttentionMetadata of this vLLM release requires fields {missing} that "
-            "make_common_metadata does not know how to fill"
-        )
-    return cad_cls(**kwargs)
-
-
-_cad_class: tuple[type[Any], tuple[dataclasses.Field[Any], ...]] | None = None
-
-
-def _common_metadata_class() -> tuple[type[Any], tuple[dataclasses.Field[Any], ...]]:
-    """vLLM's ``CommonAttentionMetadata`` and its init fields, looked up once per process."""
-    global _cad_class
-    if _cad_class is None:
-        prepare_environment()
-        from vllm.v1.attention.backend import CommonAttentionMetadata
-
-        fields = tuple(f for f in dataclasses.fields(CommonAttentionMetadata) if f.init)
-        _cad_class = (CommonAttentionMetadata, fields)
-    return _cad_class
-
-
-def _check(
-    tensor: torch.Tensor, name: str, dtype: torch.dtype, min_len: int, *, ndim: int = 1
-) -> None:
-    if tensor.dtype != dtype:
-        raise ValueError(f"{name} must be {dtype}, got {tensor.dtype}")
-    if tensor.dim() != ndim or tensor.shape[0] < min_len:
-        raise ValueError(
-            f"{name} must be {ndim}-D with at least {min_len} rows, got shape {tuple(tensor.shape)}"
-        )
+    return make(seq_lens=seq_lens, positions=positions, slot_mapping=slot_mapping,
+                block_table=block_table, query_start_loc=query_start_loc,
+                max_seq_len=max_seq_len, num_reqs=num_reqs,
+                query_start_loc_cpu=query_start_loc_cpu, seq_lens_cpu=seq_lens_cpu,
+                dcp_local_seq_lens=dcp_local_seq_lens)
 
 
 def common_metadata_for(state: DraftState) -> CommonAttentionMetadata:
-    """``make_common_metadata`` over a draft state's buffers (aliased, not copied)."""
-    return make_common_metadata(
-        seq_lens=state.seq_lens,
-        positions=state.positions,
-        slot_mapping=state.slot_mapping,
-        block_table=state.block_table,
-        query_start_loc=state.query_start_loc,
-        max_seq_len=state.max_seq_len,
-        num_reqs=state.num_reqs,
-    )
+    """:func:`draftmeta.integrations.vllm.common_metadata.common_metadata_of` (the draft
+    state's buffers, aliased), after :func:`prepare_environment`."""
+    prepare_environment()
+    from draftmeta.integrations.vllm.common_metadata import common_metadata_of
+
+    return common_metadata_of(state)
 
 
 def build_metadata(
