@@ -21,22 +21,24 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import torch
+
+from draftmeta.integrations.vllm import common_metadata
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.attention.backend import AttentionMetadataBuilder, CommonAttentionMetadata
 
     from draftmeta.integrations.vllm.catalogue import HarnessRecipe
-    from draftmeta.state import DraftState
 
 __all__ = [
     "INDEXER_BLOCK_SIZE",
@@ -378,39 +380,29 @@ def make_builder(
         return builder_cls(spec, [layer.layer_name], config, dev)
 
 
-def make_common_metadata(
-    *,
-    seq_lens: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    block_table: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    max_seq_len: int,
-    num_reqs: int,
-    query_start_loc_cpu: torch.Tensor | None = None,
-    seq_lens_cpu: torch.Tensor | None = None,
-    dcp_local_seq_lens: torch.Tensor | None = None,
-) -> CommonAttentionMetadata:
-    """:func:`draftmeta.integrations.vllm.common_metadata.make_common_metadata` (the one
-    adapter between vLLM's common metadata and a draft state), after
-    :func:`prepare_environment`: vLLM is imported on first use."""
-    prepare_environment()
-    from draftmeta.integrations.vllm.common_metadata import make_common_metadata as make
-
-    return make(seq_lens=seq_lens, positions=positions, slot_mapping=slot_mapping,
-                block_table=block_table, query_start_loc=query_start_loc,
-                max_seq_len=max_seq_len, num_reqs=num_reqs,
-                query_start_loc_cpu=query_start_loc_cpu, seq_lens_cpu=seq_lens_cpu,
-                dcp_local_seq_lens=dcp_local_seq_lens)
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def common_metadata_for(state: DraftState) -> CommonAttentionMetadata:
-    """:func:`draftmeta.integrations.vllm.common_metadata.common_metadata_of` (the draft
-    state's buffers, aliased), after :func:`prepare_environment`."""
-    prepare_environment()
-    from draftmeta.integrations.vllm.common_metadata import common_metadata_of
+def _after_prepare_environment(fn: _F) -> _F:
+    """``fn`` (which imports vLLM on first use) run after :func:`prepare_environment`."""
 
-    return common_metadata_of(state)
+    @functools.wraps(fn)
+    def prepared(*args: Any, **kwargs: Any) -> Any:
+        prepare_environment()
+        return fn(*args, **kwargs)
+
+    return cast("_F", prepared)
+
+
+make_common_metadata = _after_prepare_environment(common_metadata.make_common_metadata)
+"""Describe a decode-only batch to vLLM: the one adapter's
+:func:`~draftmeta.integrations.vllm.common_metadata.make_common_metadata`, after
+:func:`prepare_environment`."""
+
+common_metadata_for = _after_prepare_environment(common_metadata.common_metadata_of)
+"""vLLM's common metadata over a draft state's buffers (aliased): the one adapter's
+:func:`~draftmeta.integrations.vllm.common_metadata.common_metadata_of`, after
+:func:`prepare_environment`."""
 
 
 def build_metadata(
