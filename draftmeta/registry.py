@@ -59,7 +59,7 @@ def _builder(entry: Any, dcp: bool = False) -> SpecFactory:
 
 
 def _flashmla_fp8(host_bound: HostBound | None = None) -> DraftSpec[Any]:
-    from draftmeta.backends.mla import MLASpec, mla_spec
+    from draftmeta.integrations.vllm.backends.mla import MLASpec, mla_spec
     from draftmeta.integrations.vllm.catalogue import current_release
 
     factory = current_release().entry("FLASHMLA").spec

@@ -1,9 +1,10 @@
 """The recorded class lists: one file per release, nested records included, no silent fallback.
 
 Where vLLM is not installed, specs are declared against stand-ins built from
-``draftmeta/backends/recorded/vllm-<release>.json``. These tests hold that those stand-ins give
-the same generated code and ``explain`` texts as vLLM's own classes, that a release's lists are
-never replaced by another release's, and that a missing recording says so.
+``draftmeta/integrations/vllm/backends/recorded/vllm-<release>.json``. These tests hold that
+those stand-ins give the same generated code and ``explain`` texts as vLLM's own classes, that
+a release's lists are never replaced by another release's, and that a missing recording says
+so.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from draftmeta.backends import vllm_classes
 from draftmeta.fields import FieldKind, class_fields
+from draftmeta.integrations.vllm.backends import vllm_classes
 from draftmeta.integrations.vllm.release import release_of, supported
 from tests.releases import stand_in_release
 

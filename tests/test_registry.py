@@ -7,7 +7,7 @@ import pkgutil
 
 import pytest
 
-import draftmeta.backends
+import draftmeta.integrations.vllm.backends
 from draftmeta import spec_cache
 from draftmeta.advance import advance_spec
 from draftmeta.codegen import explain
@@ -60,8 +60,9 @@ def test_a_spec_cache_is_emptied_by_clearing_the_registrys_caches() -> None:
 
 
 _UNAFFECTED = {
-    "draftmeta.backends.vllm_classes.source_fields",  # the installed source: no stand-ins
-    "draftmeta.backends.vllm_classes._read_recorded",  # a recorded file's contents
+    # the installed source (no stand-ins), a recorded file's contents
+    "draftmeta.integrations.vllm.backends.vllm_classes.source_fields",
+    "draftmeta.integrations.vllm.backends.vllm_classes._read_recorded",
 }
 """Caches in the backends whose results do not depend on which classes are loaded."""
 
@@ -69,8 +70,8 @@ _UNAFFECTED = {
 def test_every_cache_in_the_backends_is_cleared_with_the_registrys() -> None:
     registered = set(spec_cache.registered())
     found = []
-    for info in pkgutil.iter_modules(draftmeta.backends.__path__):
-        module = importlib.import_module(f"draftmeta.backends.{info.name}")
+    for info in pkgutil.iter_modules(draftmeta.integrations.vllm.backends.__path__):
+        module = importlib.import_module(f"draftmeta.integrations.vllm.backends.{info.name}")
         for name, value in vars(module).items():
             if hasattr(value, "cache_clear") and getattr(value, "__module__", "") == \
                     module.__name__:

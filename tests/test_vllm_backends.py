@@ -16,9 +16,13 @@ from draftmeta import (
     UpdateError,
     advance_state,
 )
-from draftmeta.backends.indexer import INDEXER_DECODE, INDEXER_METADATA, indexer_spec
-from draftmeta.backends.mla import MLASpec, mla_spec
-from draftmeta.backends.vllm_classes import (
+from draftmeta.integrations.vllm.backends.indexer import (
+    INDEXER_DECODE,
+    INDEXER_METADATA,
+    indexer_spec,
+)
+from draftmeta.integrations.vllm.backends.mla import MLASpec, mla_spec
+from draftmeta.integrations.vllm.backends.vllm_classes import (
     installed_vllm_version,
     load_metadata_class,
     source_fields,
@@ -480,7 +484,7 @@ def test_recorded_class_lists_are_what_recording_the_installed_vllm_writes() -> 
     # this build does not ship (borrowed, by name): exactly what record_classes would write
     import json
 
-    from draftmeta.backends.vllm_classes import recorded_path
+    from draftmeta.integrations.vllm.backends.vllm_classes import recorded_path
     from draftmeta.integrations.vllm.catalogue import current_release
     from draftmeta.integrations.vllm.record_classes import record
 
@@ -525,7 +529,7 @@ def test_reference_builders_equal_vllms(builder: str) -> None:
 
 
 def test_specs_build_from_the_recorded_lists_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    from draftmeta.backends import vllm_classes
+    from draftmeta.integrations.vllm.backends import vllm_classes
 
     monkeypatch.setenv("DRAFTMETA_VLLM_CLASSES", "recorded")
     vllm_classes.load_metadata_class.cache_clear()

@@ -326,7 +326,7 @@ def test_an_attribute_the_spec_does_not_cover_keeps_that_builder_rebuilding(
 ) -> None:
     """The negative control of the test above: AMX's attributes without their rules. Two
     builders of that backend refuse their metadata; vLLM's log gets one warning for it."""
-    from draftmeta.backends.mla import MLASpec
+    from draftmeta.integrations.vllm.backends.mla import MLASpec
 
     entry = RELEASE.entry("AMX_MLA")
     assert isinstance(entry.spec, MLASpec)

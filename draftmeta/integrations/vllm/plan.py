@@ -15,8 +15,8 @@ from typing import Any, Literal
 import attrs
 
 from draftmeta.advance import HostBound
-from draftmeta.backends.vllm_classes import import_class
 from draftmeta.errors import SpecError
+from draftmeta.integrations.vllm.backends.vllm_classes import import_class
 from draftmeta.integrations.vllm.carry_over import enabled as carry_over_enabled
 from draftmeta.integrations.vllm.catalogue import (
     BuilderEntry,

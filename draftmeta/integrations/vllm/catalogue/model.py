@@ -15,8 +15,8 @@ from typing import Any, Literal
 import attrs
 
 from draftmeta.advance import HostBound
-from draftmeta.backends.common import SpecFactory
-from draftmeta.backends.vllm_classes import ClassRef
+from draftmeta.integrations.vllm.backends.common import SpecFactory
+from draftmeta.integrations.vllm.backends.vllm_classes import ClassRef
 from draftmeta.integrations.vllm.carry_over import CarryOver
 from draftmeta.integrations.vllm.release import release_of
 from draftmeta.spec import DraftSpec
@@ -142,7 +142,7 @@ class BuilderEntry:
             draftmeta: spec names, coverage rows, harness and verify all use it.
         builder: the builder class.
         spec: declares the spec of the metadata it builds (see
-            :class:`~draftmeta.backends.common.SpecFactory`).
+            :class:`~draftmeta.integrations.vllm.backends.common.SpecFactory`).
         hook: what vLLM's own ``update_draft_decode_metadata`` does for it.
         harness: how tests build it on a CPU, or ``None`` where it needs a GPU.
         classes: the metadata classes its spec declares (recorded for machines without vLLM).

@@ -8,8 +8,8 @@ hook bodies read from the released wheel.
 
 from __future__ import annotations
 
-from draftmeta.backends.amx import AMX_DECODE_ATTRIBUTES, amx_decode_rules
-from draftmeta.backends.indexer import (
+from draftmeta.integrations.vllm.backends.amx import AMX_DECODE_ATTRIBUTES, amx_decode_rules
+from draftmeta.integrations.vllm.backends.indexer import (
     INDEXER_BUILDER,
     INDEXER_DECODE,
     INDEXER_METADATA,
@@ -17,8 +17,8 @@ from draftmeta.backends.indexer import (
     IndexerSpec,
     KpoolTailSpec,
 )
-from draftmeta.backends.mla import FLASHMLA_SCHED_META, MLAFamily, MLASpec
-from draftmeta.backends.vllm_classes import ClassRef
+from draftmeta.integrations.vllm.backends.mla import FLASHMLA_SCHED_META, MLAFamily, MLASpec
+from draftmeta.integrations.vllm.backends.vllm_classes import ClassRef
 from draftmeta.integrations.vllm.carry_over import CarryOver
 from draftmeta.integrations.vllm.catalogue.model import (
     BuilderEntry,

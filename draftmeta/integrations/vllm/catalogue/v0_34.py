@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import attrs
 
-from draftmeta.backends.mla import MLASpec
 from draftmeta.conditions import Equals, IsNone
+from draftmeta.integrations.vllm.backends.mla import MLASpec
 from draftmeta.integrations.vllm.catalogue import v0_33
 from draftmeta.integrations.vllm.catalogue.model import BuilderEntry, Measured, Release
 from draftmeta.rules import HostConstant, Unchanged

@@ -227,9 +227,9 @@ class FlashAttnSchedule(RecomputeHook):
 
     The scheduler's arguments include the builder's head configuration (query heads, head
     dimensions, page size), so the spec is declared without it and bound to each live builder
-    (:func:`draftmeta.backends.mla.flash_attn_compute_of`; the vLLM plugin binds every
-    builder's at its ``__init__``). An unbound schedule refuses every update in its check,
-    before anything is written.
+    (:func:`~draftmeta.integrations.vllm.backends.mla.flash_attn_compute_of`; the vLLM plugin
+    binds every builder's at its ``__init__``). An unbound schedule refuses every update in its
+    check, before anything is written.
 
     Runs inside a captured CUDA graph: FA3's scheduler launches one kernel over the device
     sequence lengths and the copy is a device copy (vLLM's own FlashAttention hook refreshes

@@ -2,8 +2,8 @@
 
 One spec per MLA builder family, declared against the metadata classes of the installed vLLM
 (imported, or rebuilt from source where import needs a GPU; see
-:mod:`draftmeta.backends.vllm_classes`), so a field added by a future vLLM release makes the
-declaration fail with the field's name.
+:mod:`~draftmeta.integrations.vllm.backends.vllm_classes`), so a field added by a future vLLM
+release makes the declaration fail with the field's name.
 
 Most step-dependent fields are views of the runner's buffers (``seq_lens``, ``slot_mapping``,
 the block table) and need no work beyond a storage check; what the specs add is the host
@@ -21,16 +21,16 @@ import attrs
 import torch
 
 from draftmeta.advance import HostBound
-from draftmeta.backends.common import decode_only, max_seq_len_rule
-from draftmeta.backends.hooks import (
+from draftmeta.conditions import IsNone, Precondition
+from draftmeta.derivations import TokenToRequest
+from draftmeta.integrations.vllm.backends.common import decode_only, max_seq_len_rule
+from draftmeta.integrations.vllm.backends.hooks import (
     FlashAttnCompute,
     FlashAttnSchedule,
     FlashMLAFp8TileSchedule,
     TileCompute,
 )
-from draftmeta.backends.vllm_classes import ClassRef, load_metadata_class
-from draftmeta.conditions import IsNone, Precondition
-from draftmeta.derivations import TokenToRequest
+from draftmeta.integrations.vllm.backends.vllm_classes import ClassRef, load_metadata_class
 from draftmeta.rules import (
     Alias,
     Derive,

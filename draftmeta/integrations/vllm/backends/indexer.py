@@ -21,11 +21,11 @@ import attrs
 import torch
 
 from draftmeta.advance import HostBound
-from draftmeta.backends.common import decode_only, max_seq_len_rule
-from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule, PagedMqaCompute
-from draftmeta.backends.vllm_classes import ClassRef, load_metadata_class
 from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameValue
 from draftmeta.derivations import Argument, CopyFrom, Derivation, Fill, argument_problem
+from draftmeta.integrations.vllm.backends.common import decode_only, max_seq_len_rule
+from draftmeta.integrations.vllm.backends.hooks import DeepGemmPagedMqaSchedule, PagedMqaCompute
+from draftmeta.integrations.vllm.backends.vllm_classes import ClassRef, load_metadata_class
 from draftmeta.rules import Alias, Derive, HostConstant, Recompute, Rule, Unchanged
 from draftmeta.spec import DraftSpec
 from draftmeta.spec_cache import spec_cache
