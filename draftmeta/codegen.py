@@ -446,13 +446,7 @@ class _Generator:
             exprs.append(" and ".join([f"{self.raw(g)} is not None" for g in guards] + [expr]))
         if self.part == "step":  # no diagnosis: the full update says which one failed
             self.emit("# 1. preconditions" if len(exprs) > 1 else "# 1. precondition")
-            if len(exprs) == 1:
-                self.emit(f"if not ({exprs[0]}):")
-            else:
-                self.emit("if not (")
-                for i, expr in enumerate(exprs):
-                    self.emit(f"({expr})" + (" and" if i < len(exprs) - 1 else ""), 2)
-                self.emit("):")
+            self.all_of(exprs)
             self.emit("return False", 2)
             return
         single = len(exprs) == 1
@@ -461,10 +455,7 @@ class _Generator:
         else:
             self.emit("# 1. preconditions: one combined test; on failure, find the first that "
                       "fails")
-            self.emit("if not (")
-            for i, expr in enumerate(exprs):
-                self.emit(f"({expr})" + (" and" if i < len(exprs) - 1 else ""), 2)
-            self.emit("):")
+            self.all_of(exprs)
         depth = 1 if single else 2
         for cond, expr in zip(self.spec.preconditions, exprs):
             observed = "f" + repr(cond.observed(self.raw))
@@ -472,6 +463,16 @@ class _Generator:
                 observed = f"{g + ' is None'!r} if {self.raw(g)} is None else {observed}"
             self.emit(f"if not ({expr}):", depth)
             self.emit(f"raise _PreconditionFailed(_SPEC, {cond.name!r}, {observed})", depth + 1)
+
+    def all_of(self, exprs: list[str]) -> None:
+        """``if not (...):`` over ``exprs``, one per line where there are several."""
+        if len(exprs) == 1:
+            self.emit(f"if not ({exprs[0]}):")
+            return
+        self.emit("if not (")
+        for i, expr in enumerate(exprs):
+            self.emit(f"({expr})" + (" and" if i < len(exprs) - 1 else ""), 2)
+        self.emit("):")
 
     def _active(self) -> list[tuple[str, Rule]]:
         return [(p, r) for p, r in self.spec.rules.items() if r.touches_field]
