@@ -123,7 +123,7 @@ def _rows(markdown: str) -> list[str]:
 def test_the_gpu_page_shows_every_row_of_the_committed_table() -> None:
     page = (RESULTS.parent.parent / "docs" / "e2e-cuda.md").read_text()
     rows = _rows((RESULTS / "e2e-cuda.md").read_text())
-    assert len(rows) == 27  # the header and 26 configurations
+    assert len(rows) == 39  # the header and 38 configurations
     assert [row for row in rows if row not in page] == []
 
 
@@ -144,3 +144,37 @@ def test_the_catalogues_gpu_figures_are_the_committed_json() -> None:
                 if (e["model"], e["backend"], e["k"], e["kv_cache_dtype"],
                     e["negative_control"]) == ("tiny", name, 3, "auto", False)}
         assert shown == [(want[1], want[8])], name
+
+
+def _merge_results() -> Any:
+    import importlib.util
+
+    path = RESULTS.parent / "h200" / "merge_results.py"
+    spec = importlib.util.spec_from_file_location("merge_results_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_merging_a_stage_replaces_its_configurations_adds_new_ones_and_recounts() -> None:
+    merge = _merge_results().merge
+    data: dict[str, Any] = json.loads((RESULTS / "e2e-cuda.json").read_text())
+    replaced = {**data["configurations"][0], "speedup": 9.99, "output_tokens_identical": False}
+    added = {**data["configurations"][0], "k": 7}
+    stage = {"command": "draftmeta e2e --ks 7", "configurations": [replaced, added],
+             "failed": [{"case": "x", "error": "y"}]}
+    merged = merge(data, [stage], None)
+    assert len(merged["configurations"]) == len(data["configurations"]) + 1
+    assert replaced in merged["configurations"] and added in merged["configurations"]
+    assert data["configurations"][0] not in merged["configurations"]
+    assert merged["output_tokens_identical"] is False
+    assert merged["commands"][-1] == "draftmeta e2e --ks 7"
+    assert merged["failed"][-1] == {"case": "x", "error": "y"}
+    assert merged["command"] == data["command"]
+
+
+def test_merging_the_committed_result_into_itself_changes_nothing() -> None:
+    merge = _merge_results().merge
+    data: dict[str, Any] = json.loads((RESULTS / "e2e-cuda.json").read_text())
+    assert merge(data, [], None) == data

@@ -15,6 +15,8 @@
 #   k1           K = 1 (no draft loop: the plugin has nothing to do), tiny model
 #   pluginlog    plugin_log.py: vLLM's default multiprocess engine, the plugin loaded by vLLM
 #                itself, on and off: draftmeta's line in vLLM's log (KS for `large`: KS="1 2 4")
+#   flashinfer   flashinfer_probe.py: whether vLLM can use FLASHINFER_MLA here (FlashInfer is
+#                not carried; vLLM 0.34 declares the backend for compute capability 10.x only)
 set -u
 . /root/vllm034/env.sh
 export PYTHONPATH=$PWD:$PYTHONPATH
@@ -48,6 +50,9 @@ for stage in "$@"; do
     large) e2e large "${LARGE_TIMEOUT:-400}" --models large \
              --backends FLASH_ATTN_MLA FLASHMLA --ks ${KS:-3};;
     k1) e2e k1 "${K1_TIMEOUT:-200}" --backends FLASH_ATTN_MLA FLASHMLA --ks 1;;
+    flashinfer)
+      timeout 120 python3 benchmarks/h200/flashinfer_probe.py 2>&1 | grep -v "^INFO" \
+        | tee "$OUT/h200-flashinfer-probe.log";;
     pluginlog)
       timeout "${LOG_TIMEOUT:-300}" python3 benchmarks/h200/plugin_log.py --out "$OUT" 2>&1 \
         | tail -40
