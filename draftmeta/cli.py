@@ -298,7 +298,7 @@ def _verify(args: argparse.Namespace) -> int:
         if args.device == "cpu":
             progress.update("importing vLLM's builders")
             from draftmeta.integrations.vllm.catalogue import current_release
-            from draftmeta.testing.vllm.equivalence import BUILDERS
+            from draftmeta.integrations.vllm.testing.equivalence import BUILDERS
 
             checked = list(BUILDERS)
             skipped = [e.name for e in current_release().builders if e.name not in BUILDERS]
@@ -503,8 +503,8 @@ def parser() -> argparse.ArgumentParser:
     _add_common(b)
     b.set_defaults(run=_bench)
 
-    from draftmeta.e2e.cli import add_parser as add_e2e
     from draftmeta.infer.cli import add_parser as add_infer
+    from draftmeta.integrations.vllm.e2e.cli import add_parser as add_e2e
 
     _add_common(add_e2e(sub))
     i = add_infer(sub)

@@ -27,7 +27,7 @@ Failure = tuple[str, int, int, Mismatch]
 def _cpu_rows(
     batches: int, steps: int, seed: int
 ) -> Iterator[tuple[str, int, int, list[Failure]]]:
-    from draftmeta.testing.vllm.equivalence import BUILDERS, check_batch, random_case
+    from draftmeta.integrations.vllm.testing.equivalence import BUILDERS, check_batch, random_case
 
     for builder in BUILDERS:
         failures: list[Failure] = []

@@ -278,7 +278,7 @@ SHIPPED = ["TRITON_MLA", "INDEXER"]
 def _shipped(name: str, state: DraftState) -> tuple[DraftSpec[Any], Any]:
     pytest.importorskip("vllm", reason="builds the shipped specs' metadata with vLLM")
     from draftmeta.integrations.vllm.catalogue import builder_spec
-    from draftmeta.testing.vllm import harness
+    from draftmeta.integrations.vllm.testing import harness
 
     config = harness.cached_vllm_config(max_model_len=state.max_model_len, block_size=64)
     kwargs: dict[str, Any] = {"block_size": 64}

@@ -15,7 +15,7 @@ import pytest
 
 from draftmeta import DraftSpec, HostConstant
 from draftmeta.cli import main
-from draftmeta.testing.vllm import equivalence
+from draftmeta.integrations.vllm.testing import equivalence
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -136,7 +136,7 @@ def test_argument_errors_exit_2_with_a_message(
 def test_verify_passes_shows_progress_and_names_the_backends_it_skips(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from draftmeta.testing.vllm.equivalence import BUILDERS
+    from draftmeta.integrations.vllm.testing.equivalence import BUILDERS
 
     assert main(["verify", "--batches", "3", "--steps", "4", "--seed", "7"]) == 0
     out, err = capsys.readouterr()

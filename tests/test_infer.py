@@ -127,7 +127,7 @@ JUSTIFIED: dict[str, dict[str, str]] = {
 
 def _vllm_names() -> list[str]:
     try:
-        from draftmeta.testing.vllm.harness import builder_names
+        from draftmeta.integrations.vllm.testing.harness import builder_names
 
         return list(builder_names())
     except Exception:
@@ -140,8 +140,8 @@ def test_a_vllm_builder_inferred_spec_matches_the_hand_written_one_and_verifies(
 ) -> None:
     pytest.importorskip("vllm")
     from draftmeta.infer import verify_vllm
-    from draftmeta.infer.vllm import infer_vllm
     from draftmeta.integrations.vllm.catalogue import builder_spec
+    from draftmeta.integrations.vllm.infer import infer_vllm
 
     inference = infer_vllm(name)
     assert not inference.unsettled, inference.unsettled
@@ -157,7 +157,7 @@ def test_a_vllm_builder_inferred_spec_matches_the_hand_written_one_and_verifies(
 def test_a_wrong_rule_in_an_inferred_vllm_spec_fails_verification() -> None:
     pytest.importorskip("vllm")
     from draftmeta.infer import verify_vllm
-    from draftmeta.infer.vllm import infer_vllm
+    from draftmeta.integrations.vllm.infer import infer_vllm
 
     inference = infer_vllm("TRITON_MLA")
     wrong = inference.spec({"max_seq_len": HostConstant()})
@@ -168,7 +168,7 @@ def test_a_wrong_rule_in_an_inferred_vllm_spec_fails_verification() -> None:
 
 def test_a_builder_class_resolves_to_its_catalogue_name() -> None:
     pytest.importorskip("vllm")
-    from draftmeta.infer.vllm import resolve
+    from draftmeta.integrations.vllm.infer import resolve
 
     assert resolve("vllm.v1.attention.backends.mla.indexer:KpoolTailMetadataBuilder") == (
         "KPOOL_TAIL")

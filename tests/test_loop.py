@@ -21,7 +21,7 @@ from tests.toy import ToyDecode, ToyMeta, toy_group, toy_metadata, toy_spec
 
 def _vllm_groups(state: DraftState, *, capable: bool) -> list[AttentionGroup]:
     pytest.importorskip("vllm", reason="compares with vLLM's real builders")
-    from draftmeta.testing.vllm import harness
+    from draftmeta.integrations.vllm.testing import harness
 
     _cad = harness.common_metadata_for
     config = harness.cached_vllm_config(max_model_len=state.max_model_len, block_size=64)

@@ -131,10 +131,10 @@ _E2E = textwrap.dedent("""
         progress("two fresh engines")
         return None
 
-    compare = types.ModuleType("draftmeta.e2e.compare")
+    compare = types.ModuleType("draftmeta.integrations.vllm.e2e.compare")
     compare.MatrixConfig = lambda **settings: types.SimpleNamespace(**settings)
     compare.run_matrix = run_matrix
-    report = types.ModuleType("draftmeta.e2e.report")
+    report = types.ModuleType("draftmeta.integrations.vllm.e2e.report")
     report.RESULT_NAME = "e2e-cpu"
     report.planned_extent = lambda config: Extent.of([], 1)
     report.extent = lambda data: Extent.of([], 1)
@@ -143,7 +143,7 @@ _E2E = textwrap.dedent("""
     report.write_results = lambda data, out: {{}}
     report.markdown = lambda data: "a table"
     sys.modules.update({{m.__name__: m for m in (compare, report)}})
-    from draftmeta.e2e.__main__ import main
+    from draftmeta.integrations.vllm.e2e.__main__ import main
 
     sys.exit(main(sys.argv[1:]))
 """)

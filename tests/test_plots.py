@@ -146,7 +146,7 @@ def test_the_e2e_plot_is_readable_at_page_width_and_the_committed_one_is_its_dra
 ) -> None:
     from matplotlib.image import imread
 
-    from draftmeta.e2e.report import plot
+    from draftmeta.integrations.vllm.e2e.report import plot
 
     data = json.loads((RESULTS / "e2e-cpu.json").read_text())
     figure = _drawn(lambda: plot(data, tmp_path / "e2e.png"), monkeypatch)
@@ -184,7 +184,7 @@ def test_the_cuda_e2e_plot_is_readable_at_page_width_and_the_committed_one_is_it
 ) -> None:
     from matplotlib.image import imread
 
-    from draftmeta.e2e.cuda_report import cuda_plot
+    from draftmeta.integrations.vllm.e2e.cuda_report import cuda_plot
 
     data = json.loads((RESULTS / "e2e-cuda.json").read_text())
     figure = _drawn(lambda: cuda_plot(data, tmp_path / "cuda.png"), monkeypatch)

@@ -36,12 +36,13 @@ def _never(*args: object, **kwargs: object) -> object:
 def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every command's run is the stand-in: reaching it raises :class:`Started`."""
     import draftmeta.bench
-    import draftmeta.e2e.compare
-    import draftmeta.e2e.cuda_matrix
+    import draftmeta.integrations.vllm.e2e.compare
+    import draftmeta.integrations.vllm.e2e.cuda_matrix
+    from draftmeta.integrations.vllm import e2e
 
     monkeypatch.setattr(draftmeta.bench, "run_bench", _never)
-    monkeypatch.setattr(draftmeta.e2e.compare, "run_matrix", _never)
-    monkeypatch.setattr(draftmeta.e2e.cuda_matrix, "run_cuda_matrix", _never)
+    monkeypatch.setattr(e2e.compare, "run_matrix", _never)
+    monkeypatch.setattr(e2e.cuda_matrix, "run_cuda_matrix", _never)
 
 
 def _bench_result(folder: Path, **config: object) -> Path:
@@ -182,15 +183,15 @@ def test_the_command_line_page_states_the_results_convention() -> None:
 def test_an_e2e_run_that_will_skip_amx_mla_here_does_not_replace_a_result_that_has_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import draftmeta.e2e.environment
+    from draftmeta.integrations.vllm.e2e import environment
 
     data = json.loads((RESULTS / "e2e-cpu.json").read_text())
     data["configurations"] += [{**c, "backend": "AMX_MLA"} for c in data["configurations"]]
     (tmp_path / "e2e-cpu.json").write_text(json.dumps(data))
-    monkeypatch.setattr(draftmeta.e2e.environment, "cpu_has_amx", lambda *args: False)
+    monkeypatch.setattr(environment, "cpu_has_amx", lambda *args: False)
     assert main(["e2e", "--out", str(tmp_path)]) == 2
     assert "8 configurations this run leaves out (AMX_MLA batch 1 K 1" in capsys.readouterr().err
-    monkeypatch.setattr(draftmeta.e2e.environment, "cpu_has_amx", lambda *args: True)
+    monkeypatch.setattr(environment, "cpu_has_amx", lambda *args: True)
     with pytest.raises(Started):  # where AMX_MLA runs, the default run covers it all
         main(["e2e", "--out", str(tmp_path)])
 
@@ -198,9 +199,8 @@ def test_an_e2e_run_that_will_skip_amx_mla_here_does_not_replace_a_result_that_h
 def test_a_cuda_run_whose_case_failed_writes_beside_a_fuller_result_not_over_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import draftmeta.e2e.cuda_matrix
-    import draftmeta.e2e.cuda_report
-    from draftmeta.e2e.cuda_matrix import CudaCase, CudaFailure
+    from draftmeta.integrations.vllm.e2e import cuda_matrix, cuda_report
+    from draftmeta.integrations.vllm.e2e.cuda_matrix import CudaCase, CudaFailure
 
     data = json.loads((RESULTS / "e2e-cuda.json").read_text())
     data["configurations"] = [c for c in data["configurations"] if c["model"] == "tiny"
@@ -209,14 +209,14 @@ def test_a_cuda_run_whose_case_failed_writes_beside_a_fuller_result_not_over_it(
     assert len(data["configurations"]) == 2
     (tmp_path / "e2e-cuda.json").write_text(json.dumps(data))
     failed = CudaFailure(CudaCase("tiny", "FLASHMLA", 3), "the engine did not start")
-    monkeypatch.setattr(draftmeta.e2e.cuda_matrix, "run_cuda_matrix",
+    monkeypatch.setattr(cuda_matrix, "run_cuda_matrix",
                         lambda *args, **kwargs: ([], [failed]))
-    monkeypatch.setattr(draftmeta.e2e.cuda_report, "cuda_summary", lambda *args, **kwargs: {
+    monkeypatch.setattr(cuda_report, "cuda_summary", lambda *args, **kwargs: {
         "configurations": [], "failed": [{"case": failed.case.label, "error": failed.error}],
         "output_tokens_identical": True, "draft_tokens_identical": True,
         "negative_control_caught": None})
     written: list[str] = []
-    monkeypatch.setattr(draftmeta.e2e.cuda_report, "write_cuda_results",
+    monkeypatch.setattr(cuda_report, "write_cuda_results",
                         lambda data, out, stem="e2e-cuda": written.append(stem) or {})
     argv = ["e2e", "--device", "cuda", "--backends", "FLASHMLA", "--ks", "3", "--json",
             "--out", str(tmp_path)]

@@ -28,13 +28,13 @@ from draftmeta.integrations.vllm.backends.vllm_classes import (
     source_fields,
 )
 from draftmeta.integrations.vllm.catalogue import builder_spec, current_release
-from draftmeta.testing import compare_metadata, random_state
-from draftmeta.testing.vllm.equivalence import (
+from draftmeta.integrations.vllm.testing.equivalence import (
     BUILDERS,
     CaseConfig,
     check_batch,
     random_case,
 )
+from draftmeta.testing import compare_metadata, random_state
 
 pytest.importorskip("vllm", reason="needs vLLM (pip install -e '.[vllm]')")
 
@@ -312,8 +312,8 @@ def test_mla_spec_under_dcp(world: int, interleave: int, overflow: str) -> None:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_indexer_schedule_hook_refills_the_persistent_buffer(seed: int) -> None:
+    from draftmeta.integrations.vllm.testing import harness
     from draftmeta.testing.reference_schedules import paged_mqa_schedule_reference
-    from draftmeta.testing.vllm import harness
     _cad = harness.common_metadata_for
 
     spec = indexer_spec(schedule_compute=paged_mqa_schedule_reference)
@@ -497,12 +497,12 @@ def test_recorded_class_lists_are_what_recording_the_installed_vllm_writes() -> 
 
 @pytest.mark.parametrize("builder", ["TRITON_MLA", "INDEXER"])
 def test_reference_builders_equal_vllms(builder: str) -> None:
+    from draftmeta.integrations.vllm.testing import harness
     from draftmeta.testing.reference_builds import (
         IndexerBuffers,
         build_indexer_metadata,
         build_mla_metadata,
     )
-    from draftmeta.testing.vllm import harness
     _cad = harness.common_metadata_for
 
     spec = builder_spec(builder)

@@ -19,10 +19,10 @@ from draftmeta.integrations.vllm.carry_over import (
     unchanged_values,
 )
 from draftmeta.integrations.vllm.catalogue import current_release
+from draftmeta.integrations.vllm.testing import harness
+from draftmeta.integrations.vllm.testing.equivalence import random_case
 from draftmeta.state import DraftState
 from draftmeta.testing import compare_metadata, random_state
-from draftmeta.testing.vllm import harness
-from draftmeta.testing.vllm.equivalence import random_case
 
 pytest.importorskip("vllm", reason="needs vLLM (pip install -e '.[vllm]')")
 

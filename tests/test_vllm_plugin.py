@@ -15,10 +15,10 @@ from draftmeta import advance_state
 from draftmeta.integrations.vllm import plugin
 from draftmeta.integrations.vllm.catalogue import current_release
 from draftmeta.integrations.vllm.release import supported_range
+from draftmeta.integrations.vllm.testing import harness
+from draftmeta.integrations.vllm.testing.equivalence import random_case
 from draftmeta.registry import clear_spec_caches
 from draftmeta.testing import compare_metadata, random_state
-from draftmeta.testing.vllm import harness
-from draftmeta.testing.vllm.equivalence import random_case
 from tests.releases import unsupported_version
 
 _cad = harness.common_metadata_for

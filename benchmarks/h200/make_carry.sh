@@ -13,7 +13,7 @@ recipe=${RECIPE:-$here/../../../shared/tools/vllm-on-h200/make_carry.sh}
 mkdir -p "$DEST"
 bash "$recipe" "$VENV" "$DEST/vllm"
 VLLM_CACHE_ROOT=$DEST/vllm-cache "$VENV/bin/python" -c "
-from draftmeta.testing.vllm import harness
+from draftmeta.integrations.vllm.testing import harness
 harness.make_vllm_config(max_model_len=4096, block_size=64)"
 ls "$DEST/vllm-cache/modelinfos"
 du -sh "$DEST"

@@ -1,5 +1,5 @@
 """Merge the JSON of ``engine_run.sh`` stages into one GPU e2e result, then write its Markdown
-and PNG beside it (``draftmeta.e2e.cuda_report.write_cuda_results``).
+and PNG beside it (``draftmeta.integrations.vllm.e2e.cuda_report.write_cuda_results``).
 
 A stage's configuration replaces the result's configuration with the same key (model, backend,
 K, KV-cache dtype, override, negative control, batch size) and is added otherwise; each stage's
@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from draftmeta.e2e.cuda_report import write_cuda_results
+from draftmeta.integrations.vllm.e2e.cuda_report import write_cuda_results
 
 KEY = ("model", "backend", "k", "kv_cache_dtype", "override_upstream", "negative_control",
        "batch_size")

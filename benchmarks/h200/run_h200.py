@@ -53,12 +53,12 @@ harness = use_cuda()
 from draftmeta.advance import advance_state  # noqa: E402
 from draftmeta.arguments import DEFAULT_OUT, OUT_HELP  # noqa: E402
 from draftmeta.fused import FusedStep  # noqa: E402
+from draftmeta.integrations.vllm.testing.equivalence import BUILDERS as SPECS  # noqa: E402
 from draftmeta.loop import AttentionGroup, DraftLoop  # noqa: E402
 from draftmeta.protocol import SpecBuilder  # noqa: E402
 from draftmeta.state import DraftState  # noqa: E402
 from draftmeta.step_graph import StepGraph  # noqa: E402
 from draftmeta.testing import compare_metadata, random_state  # noqa: E402
-from draftmeta.testing.vllm.equivalence import BUILDERS as SPECS  # noqa: E402
 
 # vLLM's eagle step kernel wraps a position that reaches max_model_len
 POLICY: Literal["wrap"] = "wrap"
@@ -102,7 +102,7 @@ def _builders(name: str, max_model_len: int, block_size: int) -> tuple[Any, Any]
 # ---------------------------------------------------------------------------------------------
 
 def equivalence(batches: int) -> dict[str, Any]:
-    from draftmeta.testing.vllm.equivalence import BUILDERS, random_case
+    from draftmeta.integrations.vllm.testing.equivalence import BUILDERS, random_case
 
     out: dict[str, Any] = {}
     for name in ("TRITON_MLA", "INDEXER"):

@@ -1,6 +1,7 @@
 """vLLM 0.33's own builders on CUDA, through draftmeta's harness with its CPU forcing switched off.
 
-``draftmeta.testing.vllm.harness`` forces vLLM's CPU platform (``prepare_environment``).
+``draftmeta.integrations.vllm.testing.harness`` forces vLLM's CPU platform
+(``prepare_environment``).
 On the H200 (vLLM's Python code unpacked by ``install.sh``, no compiled extensions) the same
 harness builds the real ``TritonMLAMetadataBuilder`` and ``DeepseekV32IndexerMetadataBuilder``
 on CUDA once its ``prepare_environment`` is replaced by :func:`use_cuda`, which sets the CUDA
@@ -25,7 +26,7 @@ _CUDA_ENV = {
 def use_cuda() -> Any:
     """Point draftmeta's vLLM harness at the CUDA platform; returns the harness module."""
     os.environ.update(_CUDA_ENV)
-    from draftmeta.testing.vllm import harness
+    from draftmeta.integrations.vllm.testing import harness
 
     def prepare_environment() -> None:
         os.environ.update(_CUDA_ENV)

@@ -22,8 +22,8 @@ __all__ = ["cpu_samples"]
 def cpu_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sample]:
     """Per backend, batch size and K: the ``advance``, ``rebuild`` and ``update`` samples;
     ``tick`` is called after each configuration."""
-    from draftmeta.testing.vllm import harness
-    from draftmeta.testing.vllm.equivalence import BUILDERS
+    from draftmeta.integrations.vllm.testing import harness
+    from draftmeta.integrations.vllm.testing.equivalence import BUILDERS
 
     for backend in config.backends:
         block = 64 if backend == "INDEXER" else config.block_size

@@ -8,7 +8,8 @@
 :mod:`~draftmeta.infer.classify` turns the evidence into a rule per field,
 :mod:`~draftmeta.infer.emit` writes the spec as Python source with the evidence as comments, and
 :mod:`~draftmeta.infer.verify` checks update against rebuild over random batches.
-:mod:`~draftmeta.infer.vllm` adapts vLLM's builders through the catalogue's harness recipes.
+:mod:`~draftmeta.integrations.vllm.infer` adapts vLLM's builders through the catalogue's harness
+recipes.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Infer, print the source, verify; print ``verified`` only when every batch passed."""
     from draftmeta.infer.verify import verify_vllm
-    from draftmeta.infer.vllm import infer_vllm, resolve
+    from draftmeta.integrations.vllm.infer import infer_vllm, resolve
 
     try:
         name = resolve(args.builder)

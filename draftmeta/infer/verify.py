@@ -1,7 +1,8 @@
 """Verify an inferred spec: update equals rebuild over many random batches.
 
 :func:`verify_generic` runs draftmeta's own update-versus-rebuild loop with a caller's build
-function; :func:`verify_vllm` runs :func:`draftmeta.testing.vllm.equivalence.check_batch`
+function; :func:`verify_vllm` runs
+:func:`draftmeta.integrations.vllm.testing.equivalence.check_batch`
 (a second builder instance, fresh buffers, both overflow and host-bound policies) with the
 inferred spec in place of the hand-written one.
 """
@@ -93,7 +94,7 @@ def verify_vllm(
     name: str, spec: DraftSpec[Any], *, batches: int = 200, seed: int = 0, max_steps: int = 8
 ) -> Verification:
     """``check_batch`` over ``random_case(name, seed + i)`` for ``i < batches`` with ``spec``."""
-    from draftmeta.testing.vllm.equivalence import check_batch, random_case
+    from draftmeta.integrations.vllm.testing.equivalence import check_batch, random_case
 
     start = time.perf_counter()
     failures: list[tuple[str, str]] = []

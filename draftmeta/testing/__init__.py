@@ -19,8 +19,8 @@ steps, the metadata updated in place equals the metadata rebuilt from scratch fo
 The rest of the test support lives beside them, imported on its own (this package imports none
 of it): :mod:`draftmeta.testing.reference_builds` (plain-torch models of vLLM's decode builds),
 :mod:`draftmeta.testing.reference_schedules` (reference implementations of two scheduler
-kernels) and :mod:`draftmeta.testing.vllm` (vLLM's real builders on a CPU, and update versus
-rebuild against them; importing it does not import vLLM).
+kernels) and :mod:`draftmeta.integrations.vllm.testing` (vLLM's real builders on a CPU, and
+update versus rebuild against them; importing it does not import vLLM).
 
 >>> from draftmeta.testing import check_spec, ValidPrefix  # doctest: +SKIP
 >>> print(check_spec(spec, build, valid={"kv_indices": ValidPrefix("kv_indptr", at=-1)}))

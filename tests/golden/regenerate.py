@@ -43,9 +43,9 @@ def fused_groups(specs: dict[str, Callable[..., Any]] | None = None) -> tuple[An
     by vLLM's own builders (``specs``: spec factories by builder name, default the shipped)."""
     import torch
 
+    from draftmeta.integrations.vllm.testing import harness
+    from draftmeta.integrations.vllm.testing.equivalence import BUILDERS
     from draftmeta.testing import random_state
-    from draftmeta.testing.vllm import harness
-    from draftmeta.testing.vllm.equivalence import BUILDERS
 
     factories = specs or BUILDERS
     block, max_len = 16, 256

@@ -28,6 +28,7 @@ from draftmeta.integrations.vllm.catalogue import (
 from draftmeta.spec import DraftSpec
 
 __all__ = [
+    "DISABLE_ENV",
     "FORCE_ENV",
     "OVERRIDE_ENV",
     "Decision",
@@ -35,6 +36,9 @@ __all__ = [
     "SpecOverride",
     "make_plan",
 ]
+
+DISABLE_ENV = "DRAFTMETA_VLLM_PLUGIN"
+"""Set to ``0`` (or ``off``, ``false``, ``no``) to turn the plugin off."""
 
 OVERRIDE_ENV = "DRAFTMETA_VLLM_OVERRIDE_UPSTREAM"
 """Set to ``1`` to install draftmeta's hook also on builders vLLM covers itself."""

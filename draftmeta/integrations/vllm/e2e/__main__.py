@@ -1,5 +1,6 @@
-"""``python -m draftmeta.e2e``: the ``draftmeta e2e`` command on its own, with the same
-arguments, output and quiet defaults (``-v`` for vLLM's and torch's log lines and warnings)."""
+"""``python -m draftmeta.integrations.vllm.e2e``: the ``draftmeta e2e`` command on its own, with
+the same arguments, output and quiet defaults (``-v`` for vLLM's and torch's log lines and
+warnings)."""
 
 from __future__ import annotations
 

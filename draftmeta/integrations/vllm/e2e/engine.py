@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from draftmeta.e2e.capture import GenerateRecord, Recorder
-from draftmeta.e2e.errors import E2EError
+from draftmeta.integrations.vllm.e2e.capture import GenerateRecord, Recorder
+from draftmeta.integrations.vllm.e2e.errors import E2EError
 
 if TYPE_CHECKING:
     from draftmeta.spec import DraftSpec
@@ -254,7 +254,7 @@ def open_engine(model_dir: Path, settings: EngineSettings) -> Iterator[Engine]:
     shut down and freed on exit.
 
     Weights are whatever vLLM's dummy loader gives, unless the caller holds
-    :func:`draftmeta.e2e.model.reinitialized_weights` around this.
+    :func:`draftmeta.integrations.vllm.e2e.model.reinitialized_weights` around this.
 
     Raises:
         E2EError: vLLM could not create the engine, or the plugin did not install.

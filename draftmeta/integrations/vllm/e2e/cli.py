@@ -26,7 +26,7 @@ from draftmeta.arguments import (
     seed,
     stdout_to_stderr,
 )
-from draftmeta.e2e.environment import BACKENDS, CUDA_BACKENDS, MODEL_NAMES
+from draftmeta.integrations.vllm.e2e.environment import BACKENDS, CUDA_BACKENDS, MODEL_NAMES
 
 __all__ = ["add_parser", "run"]
 
@@ -92,7 +92,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``draftmeta e2e`` with parsed ``args``; returns the exit code (see module docs)."""
-    from draftmeta.e2e.errors import E2EError, E2EUnavailable
+    from draftmeta.integrations.vllm.e2e.errors import E2EError, E2EUnavailable
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     problem = folder_problem("--out", Path(args.out))  # before the engines, not after them
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"draftmeta e2e: {line}", file=sys.stderr, flush=True)
 
     if args.device == "cuda":
-        from draftmeta.e2e.cuda_cli import run_cuda
+        from draftmeta.integrations.vllm.e2e.cuda_cli import run_cuda
 
         return run_cuda(args, stdout_to_stderr if args.json else contextlib.nullcontext,
                         progress)
@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"draftmeta e2e: {', '.join(cuda_only + wrong)} need(s) --device cuda",
               file=sys.stderr)
         return 2
-    from draftmeta.e2e.compare import MatrixConfig, run_matrix
-    from draftmeta.e2e.report import markdown, summary, write_results
+    from draftmeta.integrations.vllm.e2e.compare import MatrixConfig, run_matrix
+    from draftmeta.integrations.vllm.e2e.report import markdown, summary, write_results
 
     try:
         config = MatrixConfig(
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not args.force:
         from draftmeta.arguments import replace_problem
-        from draftmeta.e2e.report import RESULT_NAME, extent, planned_extent
+        from draftmeta.integrations.vllm.e2e.report import RESULT_NAME, extent, planned_extent
 
         problem = replace_problem(Path(args.out) / f"{RESULT_NAME}.json",
                                   planned_extent(config), extent)

@@ -19,7 +19,12 @@ from typing import Any
 import attrs
 
 from draftmeta.arguments import Extent
-from draftmeta.e2e.cuda_matrix import CudaCase, CudaComparison, CudaFailure, CudaMatrixConfig
+from draftmeta.integrations.vllm.e2e.cuda_matrix import (
+    CudaCase,
+    CudaComparison,
+    CudaFailure,
+    CudaMatrixConfig,
+)
 
 __all__ = ["CUDA_RESULT_NAME", "cuda_extent", "cuda_markdown", "cuda_plot", "cuda_summary",
            "planned_cuda_extent", "write_cuda_results"]

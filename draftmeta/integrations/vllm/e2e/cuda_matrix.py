@@ -28,8 +28,8 @@ from typing import Any
 
 import attrs
 
-from draftmeta.e2e.compare import make_prompts
-from draftmeta.e2e.cuda_engine import (
+from draftmeta.integrations.vllm.e2e.compare import make_prompts
+from draftmeta.integrations.vllm.e2e.cuda_engine import (
     CudaEngine,
     CudaEngineSettings,
     CudaRecorder,
@@ -38,10 +38,10 @@ from draftmeta.e2e.cuda_engine import (
     open_cuda_engine,
     prepare_cuda_environment,
 )
-from draftmeta.e2e.engine import SpecOverride
-from draftmeta.e2e.environment import CUDA_BACKENDS, MODEL_NAMES
-from draftmeta.e2e.errors import E2EUnavailable
-from draftmeta.e2e.model import (
+from draftmeta.integrations.vllm.e2e.engine import SpecOverride
+from draftmeta.integrations.vllm.e2e.environment import CUDA_BACKENDS, MODEL_NAMES
+from draftmeta.integrations.vllm.e2e.errors import E2EUnavailable
+from draftmeta.integrations.vllm.e2e.model import (
     LARGE_MODEL_CONFIG,
     MODEL_CONFIG,
     reinitialized_weights,
@@ -62,7 +62,7 @@ __all__ = [
 MODELS: Mapping[str, Mapping[str, Any]] = dict(zip(MODEL_NAMES, (MODEL_CONFIG,
                                                                  LARGE_MODEL_CONFIG)))
 """The models by name: the tiny DeepSeek-V3 of the CPU run, and one with DeepSeek-V3's layer
-dimensions (see :data:`draftmeta.e2e.model.LARGE_MODEL_CONFIG`)."""
+dimensions (see :data:`draftmeta.integrations.vllm.e2e.model.LARGE_MODEL_CONFIG`)."""
 
 
 @attrs.frozen

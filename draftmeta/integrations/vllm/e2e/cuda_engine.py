@@ -28,9 +28,9 @@ from typing import Any
 
 import attrs
 
-from draftmeta.e2e.engine import SpecOverride, plugin_session
-from draftmeta.e2e.errors import E2EError, E2EUnavailable
 from draftmeta.integrations.patching import Patches
+from draftmeta.integrations.vllm.e2e.engine import SpecOverride, plugin_session
+from draftmeta.integrations.vllm.e2e.errors import E2EError, E2EUnavailable
 
 __all__ = [
     "CUDA_ENVIRONMENT",

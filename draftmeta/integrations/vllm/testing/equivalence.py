@@ -19,9 +19,9 @@ import torch
 
 from draftmeta.advance import HostBound, OverflowPolicy, advance_state
 from draftmeta.integrations.vllm.catalogue import BuilderEntry
+from draftmeta.integrations.vllm.testing import harness
 from draftmeta.spec import DraftSpec
 from draftmeta.testing import Mismatch, compare_metadata, random_state
-from draftmeta.testing.vllm import harness
 
 __all__ = ["BUILDERS", "BatchResult", "CaseConfig", "check_batch", "random_case"]
 

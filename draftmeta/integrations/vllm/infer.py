@@ -30,7 +30,7 @@ def resolve(target: str) -> str:
             cls = getattr(importlib.import_module(module), qualname)
         except (ImportError, AttributeError) as exc:
             raise LookupError(f"cannot import {target}: {exc}") from None
-        from draftmeta.testing.vllm import harness
+        from draftmeta.integrations.vllm.testing import harness
 
         harness.prepare_environment()
         matches = [b.name for b in release.builders if b.harness is not None
@@ -57,7 +57,7 @@ def _compute_units() -> int | None:
 def infer_vllm(target: str) -> Inference:
     """Infer the spec of a vLLM builder that builds on this machine (see :func:`resolve`)."""
     from draftmeta.integrations.vllm.catalogue import current_release
-    from draftmeta.testing.vllm import harness
+    from draftmeta.integrations.vllm.testing import harness
 
     name = resolve(target)
     recipe = current_release().entry(name).harness

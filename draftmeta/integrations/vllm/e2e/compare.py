@@ -17,22 +17,22 @@ from pathlib import Path
 import attrs
 import torch
 
-from draftmeta.e2e.capture import Recorder
-from draftmeta.e2e.engine import (
+from draftmeta.integrations.vllm.e2e.capture import Recorder
+from draftmeta.integrations.vllm.e2e.engine import (
     BatchRun,
     EngineSettings,
     SpecOverride,
     measure_side_by_side,
     open_engine,
 )
-from draftmeta.e2e.environment import (
+from draftmeta.integrations.vllm.e2e.environment import (
     BACKENDS,
     backend_unavailable_reason,
     prepare_environment,
     require_vllm_cpu,
 )
-from draftmeta.e2e.errors import E2EUnavailable
-from draftmeta.e2e.model import reinitialized_weights, write_model
+from draftmeta.integrations.vllm.e2e.errors import E2EUnavailable
+from draftmeta.integrations.vllm.e2e.model import reinitialized_weights, write_model
 
 __all__ = [
     "Comparison",

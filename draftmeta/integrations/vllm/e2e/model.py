@@ -146,9 +146,9 @@ def reinitialized_weights(seed: int) -> Iterator[None]:
     vLLM's post-processing (MLA's absorbed projections, AMX packing) runs afterwards on them.
 
     Raises:
-        draftmeta.e2e.errors.E2EUnavailable: vLLM's dummy loader cannot be imported.
+        E2EUnavailable: vLLM's dummy loader cannot be imported.
     """
-    from draftmeta.e2e.errors import E2EUnavailable
+    from draftmeta.integrations.vllm.e2e.errors import E2EUnavailable
 
     try:
         from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader

@@ -1,0 +1,118 @@
+"""The hook path (vLLM 0.33 and 0.34's new model runner): ``update_draft_decode_metadata``.
+
+For a builder vLLM leaves without the hook, the plugin installs two replacements made here:
+:func:`replacement_init` makes the ``__init__`` that runs vLLM's ``__init__``, binds the spec to
+the builder and sets ``supports_draft_decode_metadata_update`` where the spec is supported and
+capture-safe and the catalogue does not refuse the instance; :func:`replacement_update` makes the
+``update_draft_decode_metadata`` that runs the generated full refresh from the buffers the
+metadata views, called inside vLLM's captured draft loop.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from draftmeta.errors import DraftMetaError, UpdateError
+from draftmeta.integrations.vllm.log import fallback
+from draftmeta.integrations.vllm.plan import DISABLE_ENV, Decision, SpecOverride, spec_for
+from draftmeta.spec import DraftSpec
+from draftmeta.state import DraftState
+
+__all__ = ["replacement_init", "replacement_update"]
+
+
+def _exactly(obj: Any, cls: type) -> bool:
+    """Whether ``obj`` is an instance of ``cls`` itself, not of a subclass."""
+    return type(obj) is cls
+
+
+def replacement_init(
+    decision: Decision, overrides: Mapping[str, SpecOverride] | None
+) -> Callable[..., None]:
+    """The replacement of ``decision``'s builder class's ``__init__``: vLLM's, then the spec
+    bound to the new builder and the hook flag set where it may be captured."""
+    cls, entry = decision.cls, decision.entry
+    assert cls is not None
+    original: Callable[..., None] = getattr(cls, "__init__")  # noqa: B009
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if not _exactly(self, cls):
+            return
+        dcp = getattr(self, "dcp_world_size", 1) > 1
+        self._draftmeta_states = _StateCache()
+        try:
+            spec = spec_for(entry, overrides, host_bound="frozen", dcp=dcp, builder=self)
+        except DraftMetaError as exc:  # fail closed: this builder keeps vLLM's behaviour
+            self._draftmeta_spec = None
+            fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: its spec bound to "
+                     "this builder does not fit (%s)", entry.name, exc)
+            return
+        self._draftmeta_spec = spec
+        # the spec bound to this builder (FA3's head configuration, FlashMLA's FP8 cache) is
+        # decided here: vLLM captures the hook, so a bound spec must be capture-safe too
+        refusal = entry.refuses_instance(self)
+        if refusal is not None:
+            fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: %s", entry.name, refusal)
+        self.supports_draft_decode_metadata_update = (
+            spec.supported and spec.capture_safe and refusal is None)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
+class _StateCache:
+    """Draft states over the buffers of the metadata objects one builder's hook has seen,
+    held by weak reference to the metadata (never by ``id()``), at most 16 of them."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[weakref.ref[Any], DraftState]] = []
+
+    def get(self, metadata: Any) -> DraftState | None:
+        for ref, state in self.entries:
+            if ref() is metadata:
+                return state
+        return None
+
+    def put(self, metadata: Any, state: DraftState) -> None:
+        self.entries = [(r, s) for r, s in self.entries if r() is not None][-15:]
+        self.entries.append((weakref.ref(metadata), state))
+
+
+def replacement_update(decision: Decision) -> Callable[..., None]:
+    """The replacement of ``decision``'s builder class's ``update_draft_decode_metadata``:
+    the bound spec's full refresh, or vLLM's own method where no spec is bound."""
+    cls, entry = decision.cls, decision.entry
+    assert cls is not None
+    original: Callable[..., None] = getattr(cls, "update_draft_decode_metadata")  # noqa: B009
+
+    def update_draft_decode_metadata(self: Any, metadata: Any) -> None:
+        spec: DraftSpec[Any] | None = self.__dict__.get("_draftmeta_spec")
+        if spec is None or not _exactly(self, cls):  # not bound (a subclass, a spec refused)
+            original(self, metadata)
+            return
+        if getattr(metadata, "num_decode_tokens", 1) == 0:
+            return
+        cache: _StateCache = self._draftmeta_states
+        state = cache.get(metadata)
+        if state is None:
+            uncovered = spec.uncovered(metadata)
+            if uncovered:  # the runner already chose in-place updates: stop loudly
+                raise UpdateError(
+                    spec.name, uncovered[0].split(" ")[0],
+                    f"the metadata {entry.name} built carries {uncovered[0]}, which the spec "
+                    f"has no rule for, so an in-place update would leave it stale; set "
+                    f"{DISABLE_ENV}=0 to let vLLM rebuild, and report the vLLM version",
+                )
+            state = entry.hook_state(self, metadata)
+            cache.put(metadata, state)
+        spec.update(metadata, state)
+
+    update_draft_decode_metadata.__qualname__ = f"{cls.__qualname__}.update_draft_decode_metadata"
+    update_draft_decode_metadata.__doc__ = (
+        "draftmeta's generated full refresh of the metadata from the buffers it views."
+    )
+    return update_draft_decode_metadata

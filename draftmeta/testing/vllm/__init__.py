@@ -1,7 +1,0 @@
-"""Test support against vLLM's real builders: :mod:`~draftmeta.testing.vllm.harness` constructs
-them on a CPU-only machine, :mod:`~draftmeta.testing.vllm.equivalence` checks draftmeta's update
-against their rebuild on one batch.
-
-Importing this package, or either module, does not import vLLM; the functions that need it
-import it when called. ``import draftmeta.testing`` does not import this package.
-"""
