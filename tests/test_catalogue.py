@@ -257,3 +257,32 @@ def test_every_release_declines_the_kpool_tail_hook_with_its_reason() -> None:
     for r in releases():
         entry = r.entry("KPOOL_TAIL")
         assert entry.hook_declined is not None and "block table" in entry.hook_declined
+
+
+def release_table_rows(page: str) -> list[tuple[str, str]]:
+    """``(release, draft paths)`` of each row of the release table of ``docs/vllm.md``."""
+    section = page[page.index("## Which release, and how to check"):]
+    table = section[section.index("| release |"):]
+    table = table[:table.index("\n\n")]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("| ")]
+    return [(cells[0], cells[-1]) for cells in
+            ([c.strip() for c in row.strip("|").split("|")] for row in rows)]
+
+
+def _expected_rows() -> list[tuple[str, str]]:
+    return [(r.version, ", ".join(p.replace("_", " ") for p in r.paths)) for r in releases()]
+
+
+def test_the_vllm_guides_release_table_lists_each_catalogue_release_and_its_draft_paths() -> None:
+    page = (ROOT / "docs" / "vllm.md").read_text()
+    assert release_table_rows(page) == _expected_rows()
+
+
+def test_a_release_table_that_drops_a_release_or_a_path_is_caught() -> None:
+    page = (ROOT / "docs" / "vllm.md").read_text()
+    assert "| older proposer, hook |" in page
+    assert release_table_rows(page.replace("| older proposer, hook |", "| hook |", 1)) \
+        != _expected_rows()
+    last = f"| {releases()[-1].version} |"
+    dropped = "\n".join(line for line in page.splitlines() if not line.startswith(last))
+    assert release_table_rows(dropped) != _expected_rows()
