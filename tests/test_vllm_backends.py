@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -305,6 +306,70 @@ def test_mla_spec_under_dcp(world: int, interleave: int, overflow: str) -> None:
             spec.update(meta, state)
             want = _vllm_dcp_mla_metadata(state, cls, decode_cls)
             assert compare_metadata(meta, want) == [], (seed, state.step)
+
+
+DCP_BUILDERS = [name for name in ("TRITON_MLA", "AMX_MLA", "INDEXER") if name in BUILDERS]
+"""The builders of the installed release that construct on a CPU under DCP: vLLM's own
+``CPU_MLA`` builder does not (its layer has no MLA DCP manager; the test below pins that)."""
+
+
+def _dcp_case(name: str, seed: int, world: int, rank: int, interleave: int) -> CaseConfig:
+    return attrs.evolve(random_case(name, seed), dcp_world_size=world, dcp_rank=rank,
+                        dcp_interleave=interleave)
+
+
+@pytest.mark.parametrize("name", DCP_BUILDERS)
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("interleave", [1, 8])
+def test_under_dcp_every_ranks_update_equals_vllms_real_rebuild(
+    name: str, world: int, interleave: int
+) -> None:
+    for rank in range(world):
+        for seed in range(3):
+            case = _dcp_case(name, seed * world + rank, world, rank, interleave)
+            result = check_batch(case)
+            assert result.steps_checked == case.steps - 1
+            assert result.ok, (str(case), result.mismatches[:3])
+
+
+def test_under_dcp_local_lengths_left_stale_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from draftmeta.integrations.vllm.testing import equivalence
+
+    def advance_keeping_local_lengths(state: DraftState, *args: Any) -> None:
+        local = state.dcp_local_seq_lens.clone()
+        advance_state(state, *args)
+        state.dcp_local_seq_lens.copy_(local)  # as a loop that never recomputes them
+
+    monkeypatch.setattr(equivalence, "advance_state", advance_keeping_local_lengths)
+    results = [check_batch(_dcp_case("TRITON_MLA", seed, 2, seed % 2, 1)) for seed in range(6)]
+    assert any(path == "decode.seq_lens" for r in results for _, m in r.mismatches
+               for path in [m.path]), [r.mismatches[:2] for r in results]
+
+
+def test_vllms_own_cpu_mla_builder_does_not_construct_under_dcp() -> None:
+    from draftmeta.integrations.vllm.testing import harness
+
+    if "CPU_MLA" not in BUILDERS:
+        pytest.skip("this release's catalogue has no CPU_MLA harness")
+    config = harness.cached_vllm_config(max_model_len=256, block_size=16, dcp_world_size=2)
+    with pytest.raises(AssertionError):  # the layer has no MLA DCP manager
+        harness.make_builder("CPU_MLA", config, block_size=16, dcp_rank=1)
+
+
+def test_the_stand_in_dcp_group_is_gone_after_the_builder_is_made() -> None:
+    from vllm.distributed import parallel_state
+
+    from draftmeta.integrations.vllm.testing import harness
+
+    original = parallel_state.get_dcp_group
+    config = harness.cached_vllm_config(max_model_len=256, block_size=16, dcp_world_size=4)
+    builder = harness.make_builder("TRITON_MLA", config, block_size=16, dcp_rank=3)
+    assert builder.dcp_world_size == 4
+    assert parallel_state.get_dcp_group is original
+    import vllm.model_executor.layers.attention.mla_attention as mla_attention
+    assert mla_attention.get_dcp_group is original
+    with pytest.raises(ValueError, match="rank must be in"), harness.dcp_group(2, 2):
+        pass
 
 
 # -- recompute hooks, exercised with reference implementations -------------------------------

@@ -98,7 +98,9 @@ def test_what_is_installed_where(active: plugin.Installed) -> None:
         assert set(active.older_proposer) >= {"CPU_MLA", "AMX_MLA", "TRITON_MLA", "INDEXER",
                                               "FLASHMLA", "KPOOL_TAIL"}
     assert "CPU_MLA" in active.hook  # upstream leaves it without the hook
-    assert "TRITON_MLA" not in active.hook  # upstream covers it
+    triton = next(d for d in active.plan.on("hook") if d.entry.name == "TRITON_MLA")
+    assert triton.covered_by == "vllm"  # upstream covers it where DCP is off
+    assert ("TRITON_MLA" in active.hook) == triton.dcp_only  # patched for DCP > 1 only
     # FlashMLA's kernel fills the fresh scheduler object on the device: capture-safe
     assert "FLASHMLA" in active.hook
     assert "FLASHINFER_MLA" not in active.hook  # its Invalidate rules are not capture-safe
@@ -205,6 +207,61 @@ def test_new_runner_hook_refreshes_metadata_captured_from_a_dummy_batch(
                 advance_state(real, "clamp")
     finally:
         plugin.unregister()
+
+
+@pytest.mark.skipif(not RELEASE.entry("TRITON_MLA").upstream_hook_without_dcp,
+                    reason="this release's TRITON_MLA hook is not declared without DCP only")
+@pytest.mark.parametrize("world, interleave", [(2, 1), (4, 8)])
+def test_under_dcp_draftmeta_hooks_the_builder_vllm_leaves_and_it_equals_the_rebuild(
+    world: int, interleave: int, active: plugin.Installed
+) -> None:
+    from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
+
+    from draftmeta.integrations.vllm.backends.common import dcp_max_seq_len
+
+    name = "TRITON_MLA"
+    assert name in active.hook  # patched, for the builders with DCP > 1 only
+    for seed in range(12):
+        rank = seed % world
+        case = random_case(name, seed)
+        g = torch.Generator().manual_seed(seed)
+        state = random_state(g, batch_size=case.batch_size, block_size=case.block_size,
+                             max_model_len=case.max_model_len, steps=case.steps)
+        state.dcp_world_size, state.dcp_rank, state.dcp_interleave = world, rank, interleave
+        state.dcp_local_seq_lens = torch.zeros_like(state.seq_lens)
+        advance_state(state, "clamp")  # the runner computes the rank's local lengths
+        config = harness.cached_vllm_config(max_model_len=case.max_model_len,
+                                            block_size=case.block_size, dcp_world_size=world,
+                                            dcp_interleave=interleave)
+        builder = harness.make_builder(name, config, block_size=case.block_size, dcp_rank=rank)
+        assert builder.supports_draft_decode_metadata_update is True  # vLLM's own says False
+        assert builder.__dict__["_draftmeta_spec"].name.endswith(".dcp.frozen")
+        metadata = builder.build(0, _cad(state))
+        reference = harness.make_builder(name, config, block_size=case.block_size,
+                                         dcp_rank=rank)
+        for step in range(case.steps - 1):
+            advance_state(state, "clamp")  # the runner's advance, local lengths recomputed
+            builder.update_draft_decode_metadata(metadata)
+            check = state.clone()
+            check.dcp_local_seq_lens = get_dcp_local_seq_lens(
+                check.seq_lens, world, rank, interleave).to(torch.int32)
+            want = type(reference).build.__get__(reference)(0, _cad(check))
+            diff = compare_metadata(metadata, want, ignore=lambda p: p == "max_seq_len")
+            assert diff == [], (seed, step, diff)
+            assert metadata.max_seq_len == dcp_max_seq_len(case.max_model_len, world,
+                                                           interleave)  # the frozen bound
+
+
+@pytest.mark.skipif(not RELEASE.entry("TRITON_MLA").upstream_hook_without_dcp,
+                    reason="this release's TRITON_MLA hook is not declared without DCP only")
+def test_without_dcp_the_builder_keeps_vllms_own_hook(active: plugin.Installed) -> None:
+    config = harness.cached_vllm_config(max_model_len=256, block_size=16)
+    builder = harness.make_builder("TRITON_MLA", config, block_size=16)
+    assert builder.supports_draft_decode_metadata_update is True  # vLLM's own flag
+    assert builder.__dict__["_draftmeta_spec"] is None  # the update calls vLLM's no-op
+    decision = next(d for d in active.plan.on("hook") if d.entry.name == "TRITON_MLA")
+    assert decision.covered_by == "vllm" and decision.dcp_only and decision.installs
+    assert "under DCP > 1" in decision.reason
 
 
 def test_unregister_restores_the_classes_exactly(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,9 @@
 #   k1           K = 1 (no draft loop: the plugin has nothing to do), tiny model
 #   pluginlog    plugin_log.py: vLLM's default multiprocess engine, the plugin loaded by vLLM
 #                itself, on and off: draftmeta's line in vLLM's log (KS for `large`: KS="1 2 4")
+#   dcp          hook_equivalence.py --dcp 2 and --dcp 4: the hooks under decode context
+#                parallelism, builders made for one rank of a stand-in DCP group (vLLM's direct
+#                symmetric-memory gathers off: the stand-in has no process group to probe)
 #   flashinfer   flashinfer_probe.py: whether vLLM can use FLASHINFER_MLA here (FlashInfer is
 #                not carried; vLLM 0.34 declares the backend for compute capability 10.x only)
 set -u
@@ -50,6 +53,13 @@ for stage in "$@"; do
     large) e2e large "${LARGE_TIMEOUT:-400}" --models large \
              --backends FLASH_ATTN_MLA FLASHMLA --ks ${KS:-3};;
     k1) e2e k1 "${K1_TIMEOUT:-200}" --backends FLASH_ATTN_MLA FLASHMLA --ks 1;;
+    dcp)
+      for w in 2 4; do
+        VLLM_USE_DIRECT_DCP_KV_GATHER=0 VLLM_USE_DIRECT_DCP_Q_GATHER=0 timeout 220 python3 \
+          benchmarks/h200/hook_equivalence.py --batches "${EQ_BATCHES:-16}" --dcp $w --out "$OUT" \
+          2>&1 | grep -v -e "^(MainProcess" -e "^INFO" -e "^W1204" -e "fa_utils" \
+          | tee "$OUT/h200-hook-equivalence-dcp$w.log"
+      done;;
     flashinfer)
       timeout 120 python3 benchmarks/h200/flashinfer_probe.py 2>&1 | grep -v "^INFO" \
         | tee "$OUT/h200-flashinfer-probe.log";;

@@ -21,7 +21,9 @@ block boundaries and the context limit, K = 2..8):
 Run on the H200 with vLLM 0.34 on the path (``.h200/run.sh install`` then
 ``. /root/vllm034/env.sh``):  ``python3 benchmarks/h200/hook_equivalence.py --out $OUT``.
 Prints one line per builder and writes ``hook-equivalence.json``; exit 1 on any mismatch or an
-uncaught negative control.
+uncaught negative control. ``--dcp N``: the same under decode context parallelism, each batch for
+one rank of a stand-in group of N (the rebuild's local lengths from vLLM's own function); writes
+``hook-equivalence-dcpN.json``.
 """
 
 from __future__ import annotations
@@ -53,11 +55,13 @@ CONTROLS = 6  # negative-control batches per builder
 HEADS = 4  # query heads of the FlashMLA kernel check: the harness model's, as its builder has
 
 
-def make_config(max_model_len: int, block_size: int, kv_cache_dtype: str) -> Any:
+def make_config(max_model_len: int, block_size: int, kv_cache_dtype: str, dcp_world: int = 1,
+                interleave: int = 1) -> Any:
     from vllm.config.compilation import CUDAGraphMode
 
     config = harness.make_vllm_config(max_model_len=max_model_len, block_size=block_size,
-                                      max_num_seqs=64)
+                                      max_num_seqs=64, dcp_world_size=dcp_world,
+                                      dcp_interleave=interleave)
     config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
     config.compilation_config.max_cudagraph_capture_size = 64
     config.cache_config.cache_dtype = kv_cache_dtype
@@ -162,22 +166,47 @@ class FlashMLAKernel:
         return out.clone()
 
 
-def check_case(name: str, kv: str, seed: int, *, wrong: bool) -> dict[str, Any]:
+def vllm_local_lengths(state: Any, world: int, rank: int, interleave: int) -> torch.Tensor:
+    """This DCP rank's share of ``state.seq_lens`` by vLLM's own function."""
+    from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
+
+    return get_dcp_local_seq_lens(state.seq_lens, world, rank, interleave).to(torch.int32)
+
+
+def check_case(name: str, kv: str, seed: int, *, wrong: bool, dcp_world: int = 1
+               ) -> dict[str, Any]:
+    """One random batch; under DCP (``dcp_world`` > 1) for rank ``seed % dcp_world`` of a
+    stand-in group, interleave 1 or 8, the rebuild's local lengths from vLLM's function."""
+    rank = seed % dcp_world
+    interleave = 1 if (seed // dcp_world) % 2 == 0 else 8
     g = torch.Generator().manual_seed(seed)
     pick = lambda opts: opts[int(torch.randint(len(opts), (1,), generator=g))]  # noqa: E731
     batch = pick([1, 1, 2, 3, 7, 16, 31, 64])
     steps = int(torch.randint(2, 9, (1,), generator=g))
     block_size = 64 if name == "FLASHMLA" else pick([16, 64])
     max_model_len = pick([256, 1000, 4096])
-    config = make_config(max_model_len, block_size, kv)
-    updater = harness.make_builder(name, config, block_size=block_size, device="cuda")
-    rebuilder = harness.make_builder(name, config, block_size=block_size, device="cuda")
-    spec = current_release().entry(name).make_spec(host_bound="frozen", builder=updater)
+    dcp = dcp_world > 1
+    config = make_config(max_model_len, block_size, kv, dcp_world, interleave)
+    updater = harness.make_builder(name, config, block_size=block_size, device="cuda",
+                                   dcp_rank=rank)
+    rebuilder = harness.make_builder(name, config, block_size=block_size, device="cuda",
+                                     dcp_rank=rank)
+    spec = current_release().entry(name).make_spec(host_bound="frozen", builder=updater,
+                                                   dcp=dcp)
     if wrong:
         spec = stale(spec)
     state = random_state(g, batch_size=batch, block_size=block_size,
                          max_model_len=max_model_len, steps=steps, device="cuda")
-    build = lambda b, s: harness.build_metadata(b, harness.common_metadata_for(s))  # noqa: E731
+    if dcp:
+        state.dcp_world_size, state.dcp_rank, state.dcp_interleave = dcp_world, rank, interleave
+        state.dcp_local_seq_lens = vllm_local_lengths(state, dcp_world, rank, interleave)
+
+    def build(builder: Any, s: Any) -> Any:
+        if dcp and builder is rebuilder:  # its local lengths from vLLM, into a copy
+            s = s.clone()
+            s.dcp_local_seq_lens = vllm_local_lengths(s, dcp_world, rank, interleave)
+        return harness.build_metadata(builder, harness.common_metadata_for(s))
+
     metadata = build(updater, state)
     kernel = (FlashMLAKernel(state, block_size, kv == "fp8", torch.Generator("cuda")
                              .manual_seed(seed)) if name == "FLASHMLA" else None)
@@ -225,6 +254,7 @@ def check_case(name: str, kv: str, seed: int, *, wrong: bool) -> dict[str, Any]:
             mismatches.append(f"after replay: {captured}")
     return {"builder": name, "kv_cache_dtype": kv, "seed": seed, "batch": batch,
             "steps": steps, "block_size": block_size, "max_model_len": max_model_len,
+            "dcp_world_size": dcp_world, "dcp_rank": rank, "dcp_interleave": interleave,
             "wrong_spec": wrong, "mismatches": mismatches[:5], "captured": captured}
 
 
@@ -235,8 +265,13 @@ def main() -> int:
                         help=f"{OUT_HELP}; writes hook-equivalence.json")
     parser.add_argument("--force", action="store_true",
                         help="replace the hook-equivalence.json already in --out")
+    parser.add_argument("--dcp", type=int, default=1,
+                        help="decode context parallelism: DCP world size of a stand-in group "
+                        "(each batch for rank seed %% world, interleave 1 or 8; default 1: "
+                        "off); writes hook-equivalence-dcpN.json")
     args = parser.parse_args()
-    existing = args.out / "hook-equivalence.json"  # a device run's fresh $OUT holds none
+    stem = "hook-equivalence" + (f"-dcp{args.dcp}" if args.dcp > 1 else "")
+    existing = args.out / f"{stem}.json"  # a device run's fresh $OUT holds none
     if existing.exists() and not args.force:
         parser.exit(2, f"{existing} exists; name another --out, or pass --force to replace "
                     "it\n")
@@ -249,10 +284,12 @@ def main() -> int:
     for name, kv in BUILDERS:
         start = time.perf_counter()
         try:
-            cases = [check_case(name, kv, seed, wrong=False) for seed in range(args.batches)]
+            cases = [check_case(name, kv, seed, wrong=False, dcp_world=args.dcp)
+                     for seed in range(args.batches)]
             # TRITON_MLA has no scheduler to leave stale: no negative control
             controls = ([] if name == "TRITON_MLA" else
-                        [check_case(name, kv, seed, wrong=True) for seed in range(CONTROLS)])
+                        [check_case(name, kv, seed, wrong=True, dcp_world=args.dcp)
+                         for seed in range(CONTROLS)])
         except Exception as exc:  # report the builder, go on with the next
             print(f"{name} {kv}: ERROR {type(exc).__name__}: {exc}", flush=True)
             results.append({"builder": name, "kv_cache_dtype": kv,
@@ -281,7 +318,7 @@ def main() -> int:
                         "negative_control_caught": caught, "negative_controls": len(controls),
                         "cases": cases, "controls": controls})
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hook-equivalence.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     print("hook equivalence:", "FAILED" if failed else "all equal, negative controls caught")
     return 1 if failed else 0
 

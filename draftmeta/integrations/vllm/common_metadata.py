@@ -170,4 +170,5 @@ def common_metadata_of(state: DraftState) -> CommonAttentionMetadata:
         query_start_loc=state.query_start_loc,
         max_seq_len=state.max_seq_len,
         num_reqs=state.num_reqs,
+        dcp_local_seq_lens=state.dcp_local_seq_lens,
     )

@@ -65,6 +65,9 @@ class Decision:
         covered_by: ``draftmeta``, ``vllm`` or ``none``.
         reason: one line saying why.
         cls: the imported builder class (``None`` where it cannot be imported here).
+        dcp_only: covered by vLLM's own hook where DCP is off, and by draftmeta's under
+            DCP > 1, where vLLM declares none
+            (:attr:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.upstream_hook_without_dcp`).
     """
 
     entry: BuilderEntry
@@ -72,11 +75,12 @@ class Decision:
     covered_by: CoveredBy
     reason: str
     cls: type | None = None
+    dcp_only: bool = False
 
     @property
     def installs(self) -> bool:
         """Whether the plugin patches the builder on this path."""
-        return self.covered_by == "draftmeta"
+        return self.covered_by == "draftmeta" or self.dcp_only
 
 
 @attrs.frozen
@@ -179,6 +183,8 @@ def _hook(entry: BuilderEntry, cls: type | None, why: str,
           overrides: Mapping[str, SpecOverride] | None) -> Decision:
     upstream = entry.hook
     if upstream != "none" and not _override_upstream():
+        if entry.upstream_hook_without_dcp and cls is not None:
+            return _hook_under_dcp(entry, cls, overrides)
         return Decision(entry, "hook", "vllm", f"vLLM's own hook ({upstream})", cls)
     if cls is None:
         fallback: CoveredBy = "vllm" if upstream != "none" else "none"
@@ -204,6 +210,24 @@ def _hook(entry: BuilderEntry, cls: type | None, why: str,
     also = f"; measured inside the engine: {measured[0]}" if measured else ""
     return Decision(entry, "hook", "draftmeta",
                     f"draftmeta's generated hook (spec {spec.name}){also}", cls)
+
+
+def _hook_under_dcp(entry: BuilderEntry, cls: type,
+                    overrides: Mapping[str, SpecOverride] | None) -> Decision:
+    """vLLM's own hook where DCP is off; draftmeta's under DCP > 1 where its DCP spec fits and
+    is capture-safe."""
+    own = f"vLLM's own hook ({entry.hook}) where DCP is off"
+    try:
+        spec = spec_for(entry, overrides, host_bound="frozen", dcp=True)
+    except SpecError as exc:
+        return Decision(entry, "hook", "vllm", f"{own}; none under DCP > 1: draftmeta's DCP "
+                        f"spec does not fit: {exc}", cls)
+    refused = ("; ".join(r for _, r in spec.unsupported_reasons) if not spec.supported
+               else spec.capture_unsafe_reason)
+    if refused is not None:
+        return Decision(entry, "hook", "vllm", f"{own}; none under DCP > 1: {refused}", cls)
+    return Decision(entry, "hook", "vllm", f"{own}; under DCP > 1, where vLLM declares none, "
+                    f"draftmeta's generated hook (spec {spec.name})", cls, dcp_only=True)
 
 
 def make_plan(

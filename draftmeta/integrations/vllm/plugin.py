@@ -107,7 +107,8 @@ class Installed:
         vllm_version: the installed ``vllm.__version__``.
         release: the catalogue used (``"0.34"``).
         older_proposer: builders updated in place by the older proposer path.
-        hook: builders given draftmeta's ``update_draft_decode_metadata``.
+        hook: builders given draftmeta's ``update_draft_decode_metadata`` (those whose vLLM
+            hook is declared only without DCP: for their instances with DCP > 1).
         skipped: ``{"NAME (path)": reason}`` for builders left alone.
         plan: the full plan (every decision with its reason).
     """

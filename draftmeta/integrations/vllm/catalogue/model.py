@@ -159,6 +159,11 @@ class BuilderEntry:
             PCP > 1, HiSparse); the builder then keeps vLLM's behaviour, with one log line.
         hook_state: the draft state over the buffers its built metadata views, for the
             generated hook (:func:`hook_state`: the MLA and flat layouts).
+        upstream_hook_without_dcp: vLLM declares its own hook only on builders with
+            ``dcp_world_size == 1`` (``TRITON_MLA``: "DCP local sequence lengths are not
+            advanced"), so under decode context parallelism the draft loop falls back to
+            rebuilding; draftmeta's hook then serves the builders with DCP > 1, where the DCP
+            spec fits and is capture-safe, and vLLM's own the others.
     """
 
     name: str
@@ -173,6 +178,7 @@ class BuilderEntry:
     hook_declined: str | None = None
     refuses_instance: Callable[[Any], str | None] = instance_refusal
     hook_state: Callable[[Any, Any], DraftState] = hook_state
+    upstream_hook_without_dcp: bool = False
 
     def slower_on(self, path: DraftPath) -> Measured | None:
         """The measurement showing its in-place path on ``path`` slower than vLLM's, if any."""

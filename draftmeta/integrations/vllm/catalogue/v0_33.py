@@ -61,13 +61,14 @@ def _mla(
     spec: MLASpec | None = None,
     carry_over: CarryOver | None = None,
     gpu_harness: HarnessRecipe | None = None,
+    upstream_hook_without_dcp: bool = False,
 ) -> BuilderEntry:
     factory = spec or MLASpec(family, metadata, decode)
     classes: tuple[ClassRef, ...] = (metadata,) if decode is None else (metadata, decode)
     if family == "flashmla":
         classes += (FLASHMLA_SCHED_META,)
     return BuilderEntry(name, class_ref(builder), factory, hook, harness, classes, carry_over,
-                        gpu_harness)
+                        gpu_harness, upstream_hook_without_dcp=upstream_hook_without_dcp)
 
 
 def _family(module: str, stem: str) -> tuple[ClassRef, ClassRef]:
@@ -94,7 +95,7 @@ RELEASE = Release(
              harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.amx_mla.AMXMLABackend"),
                                    block_size=32)),
         _mla("TRITON_MLA", f"{BACKENDS}.triton_mla.TritonMLAMetadataBuilder", "dense",
-             hook="no-op",
+             hook="no-op", upstream_hook_without_dcp=True,
              harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.triton_mla.TritonMLABackend")),
              carry_over=MLA_DECODE_READS),
         _mla("CUTLASS_MLA", f"{BACKENDS}.cutlass_mla.CutlassMLAMetadataBuilder", "dense"),

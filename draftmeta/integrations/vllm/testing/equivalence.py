@@ -26,8 +26,9 @@ from draftmeta.testing import Mismatch, compare_metadata, random_state
 __all__ = ["BUILDERS", "BatchResult", "CaseConfig", "check_batch", "random_case"]
 
 SpecFactory = Callable[..., DraftSpec[Any]]
-"""``(host_bound, builder=None) -> spec``: the spec of a builder's metadata under a host
-bound, bound to the live builder where one is given."""
+"""``(host_bound, builder=None, dcp=False) -> spec``: the spec of a builder's metadata under a
+host bound (and decode context parallelism), bound to the live builder where one is given;
+``dcp`` is passed only for a case with DCP, so a factory without it serves the others."""
 
 
 def _builders() -> dict[str, SpecFactory]:
@@ -36,9 +37,9 @@ def _builders() -> dict[str, SpecFactory]:
     factories: dict[str, SpecFactory] = {}
     for entry in current_release().builders:
         if entry.harness is not None:
-            def factory(host_bound: HostBound, builder: Any = None,
+            def factory(host_bound: HostBound, builder: Any = None, dcp: bool = False,
                         entry: BuilderEntry = entry) -> DraftSpec[Any]:
-                return entry.make_spec(host_bound=host_bound, builder=builder)
+                return entry.make_spec(host_bound=host_bound, builder=builder, dcp=dcp)
 
             factories[entry.name] = factory
     return factories
@@ -67,6 +68,10 @@ class CaseConfig:
         steps: draft steps K; the metadata is built for step 1 and updated K - 1 times.
         overflow: the source advance's overflow policy.
         host_bound: how the host ``max_seq_len`` moves.
+        dcp_world_size: decode context parallelism: ranks a sequence's KV cache is dealt to
+            (1: off).
+        dcp_rank: the rank whose metadata is built and updated.
+        dcp_interleave: tokens dealt to a rank at a time.
     """
 
     builder: str
@@ -78,12 +83,17 @@ class CaseConfig:
     steps: int
     overflow: OverflowPolicy
     host_bound: HostBound
+    dcp_world_size: int = 1
+    dcp_rank: int = 0
+    dcp_interleave: int = 1
 
     def __str__(self) -> str:
+        dcp = (f" dcp={self.dcp_world_size} rank={self.dcp_rank} interleave="
+               f"{self.dcp_interleave}" if self.dcp_world_size > 1 else "")
         return (
             f"{self.builder} seed={self.seed} B={self.batch_size}+{self.num_padded} "
             f"bs={self.block_size} L={self.max_model_len} K={self.steps} "
-            f"{self.overflow}/{self.host_bound}"
+            f"{self.overflow}/{self.host_bound}{dcp}"
         )
 
 
@@ -136,17 +146,28 @@ def check_batch(case: CaseConfig, *, spec: DraftSpec[Any] | None = None) -> Batc
 
     ``spec`` overrides the builder's registered spec (``draftmeta verify`` uses this to show
     that a deliberately broken spec is caught).
+
+    Under decode context parallelism (``case.dcp_world_size > 1``) both builders are made for
+    ``case.dcp_rank`` of a stand-in group
+    (:func:`~draftmeta.integrations.vllm.testing.harness.dcp_group`), the spec is the builder's
+    DCP spec, draftmeta's advance recomputes the rank's local lengths, and the rebuild gets
+    them from vLLM's own ``get_dcp_local_seq_lens``.
     """
+    dcp = case.dcp_world_size > 1
     config = harness.cached_vllm_config(
-        max_model_len=case.max_model_len, block_size=case.block_size
+        max_model_len=case.max_model_len, block_size=case.block_size,
+        dcp_world_size=case.dcp_world_size, dcp_interleave=case.dcp_interleave,
     )
     width = -(-case.max_model_len // case.block_size)
-    kwargs: dict[str, Any] = {"block_size": case.block_size}
+    kwargs: dict[str, Any] = {"block_size": case.block_size, "dcp_rank": case.dcp_rank}
     if case.builder == "INDEXER":
         kwargs["block_table_width"] = width
     updater = harness.make_builder(case.builder, config, **kwargs)
     rebuilder = harness.make_builder(case.builder, config, **kwargs)
-    spec = spec or BUILDERS[case.builder](case.host_bound, updater)
+    if spec is None:
+        factory = BUILDERS[case.builder]
+        spec = factory(case.host_bound, updater, dcp=True) if dcp else factory(
+            case.host_bound, updater)
 
     g = torch.Generator().manual_seed(case.seed)
     state = random_state(
@@ -157,18 +178,34 @@ def check_batch(case: CaseConfig, *, spec: DraftSpec[Any] | None = None) -> Batc
         steps=case.steps,
         num_padded=case.num_padded,
     )
+    if dcp:
+        state.dcp_world_size, state.dcp_rank = case.dcp_world_size, case.dcp_rank
+        state.dcp_interleave = case.dcp_interleave
+        state.dcp_local_seq_lens = _vllm_local_seq_lens(state, case)
     metadata = harness.build_metadata(updater, harness.common_metadata_for(state), draft_index=1)
     found: list[tuple[int, Mismatch]] = []
     for step in range(2, case.steps + 1):
         advance_state(state, case.overflow, case.host_bound)
         spec.update(metadata, state)
-        fresh = harness.common_metadata_for(state.clone())
+        copy = state.clone()
+        if dcp:  # the rebuild's local lengths from vLLM's function, not draftmeta's advance
+            copy.dcp_local_seq_lens = _vllm_local_seq_lens(copy, case)
+        fresh = harness.common_metadata_for(copy)
         rebuilt = harness.build_metadata(rebuilder, fresh, draft_index=step)
         mismatches = compare_metadata(metadata, rebuilt, ignore=_unfilled)
         for path in _UNFILLED_ON_CPU:
             mismatches += _shape_only(metadata, rebuilt, path)
         found += [(step, m) for m in mismatches]
     return BatchResult(case, case.steps - 1, tuple(found))
+
+
+def _vllm_local_seq_lens(state: Any, case: CaseConfig) -> torch.Tensor:
+    """This rank's share of ``state.seq_lens`` by vLLM's ``get_dcp_local_seq_lens``."""
+    from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
+
+    local = get_dcp_local_seq_lens(state.seq_lens, case.dcp_world_size, case.dcp_rank,
+                                   case.dcp_interleave)
+    return torch.as_tensor(local).to(torch.int32).contiguous()
 
 
 def _shape_only(a: object, b: object, path: str) -> list[Mismatch]:

@@ -20,6 +20,7 @@ Importing this module does not import vLLM. Every function that needs vLLM first
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import functools
 import json
@@ -27,9 +28,10 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
+import attrs
 import torch
 
 from draftmeta.integrations.vllm import common_metadata
@@ -46,6 +48,7 @@ __all__ = [
     "builder_names",
     "cached_vllm_config",
     "common_metadata_for",
+    "dcp_group",
     "make_builder",
     "make_common_metadata",
     "make_vllm_config",
@@ -77,7 +80,7 @@ _MLA_LAYER_PREFIX: Final = "draftmeta_harness.layers.0.self_attn.attn"
 _INDEXER_LAYER_NAME: Final = "draftmeta_harness.layers.0.self_attn.indexer.k_cache"
 
 _model_dirs: dict[int, str] = {}
-_config_cache: dict[tuple[int, int, int], VllmConfig] = {}
+_config_cache: dict[tuple[int, int, int, int, int], VllmConfig] = {}
 
 
 def prepare_environment() -> None:
@@ -164,6 +167,8 @@ def make_vllm_config(
     block_size: int,
     max_num_seqs: int = 256,
     tmp_dir: str | None = None,
+    dcp_world_size: int = 1,
+    dcp_interleave: int = 1,
 ) -> VllmConfig:
     """Create a fresh ``VllmConfig`` for a tiny DeepSeek-V3.2-style model, offline.
 
@@ -183,11 +188,17 @@ def make_vllm_config(
         block_size: The KV-cache block size.
         max_num_seqs: The scheduler's maximum batch size (sizes some builder buffers).
         tmp_dir: Where to write the model's config.json; None for a managed temp directory.
+        dcp_world_size: decode context parallelism: the ranks a sequence's KV cache is dealt
+            to (``parallel_config.decode_context_parallel_size``; set after the config is made,
+            no process group needed: :func:`make_builder` answers for it).
+        dcp_interleave: tokens dealt to a rank at a time
+            (``parallel_config.cp_kv_cache_interleave_size``).
     """
-    if max_model_len <= 0 or block_size <= 0 or max_num_seqs <= 0:
+    if min(max_model_len, block_size, max_num_seqs, dcp_world_size, dcp_interleave) <= 0:
         raise ValueError(
-            "max_model_len, block_size and max_num_seqs must be positive, got "
-            f"{max_model_len}, {block_size}, {max_num_seqs}"
+            "max_model_len, block_size, max_num_seqs, dcp_world_size and dcp_interleave must "
+            f"be positive, got {max_model_len}, {block_size}, {max_num_seqs}, "
+            f"{dcp_world_size}, {dcp_interleave}"
         )
     prepare_environment()
     from vllm.engine.arg_utils import EngineArgs
@@ -205,25 +216,73 @@ def make_vllm_config(
     ).create_engine_config()
     if config.cache_config.block_size != block_size:
         config.cache_config.block_size = block_size
+    config.parallel_config.decode_context_parallel_size = dcp_world_size
+    config.parallel_config.cp_kv_cache_interleave_size = dcp_interleave
     return config
 
 
 def cached_vllm_config(
-    *, max_model_len: int, block_size: int, max_num_seqs: int = 256
+    *, max_model_len: int, block_size: int, max_num_seqs: int = 256, dcp_world_size: int = 1,
+    dcp_interleave: int = 1,
 ) -> VllmConfig:
     """Like :func:`make_vllm_config`, but return one shared config per argument tuple.
 
     The shared config is mutable: :func:`make_builder` registers an MLA layer in its
     ``compilation_config.static_forward_context`` (once); do not change it otherwise.
     """
-    key = (max_model_len, block_size, max_num_seqs)
+    key = (max_model_len, block_size, max_num_seqs, dcp_world_size, dcp_interleave)
     config = _config_cache.get(key)
     if config is None:
         config = make_vllm_config(
-            max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs
+            max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
+            dcp_world_size=dcp_world_size, dcp_interleave=dcp_interleave,
         )
         _config_cache[key] = config
     return config
+
+
+@attrs.frozen
+class _StandInGroup:
+    """What vLLM's builders read of the DCP process group: its size and this rank (and a
+    ``device_group`` that MLA's DCP manager binds its chunked-prefill KV gather to at
+    construction; decode never calls it)."""
+
+    world_size: int
+    rank_in_group: int
+    device_group: Any = None
+
+
+@contextlib.contextmanager
+def dcp_group(world_size: int, rank: int = 0) -> Iterator[None]:
+    """Inside, vLLM's ``get_dcp_group()`` answers a stand-in group of ``world_size`` ranks
+    with this process as ``rank``, in every loaded vLLM module that imported it (builders and
+    MLA layers read the DCP world size from it when constructed); no ``torch.distributed``.
+
+    Raises:
+        ValueError: ``rank`` is not one of the ``world_size`` ranks.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    prepare_environment()
+    from vllm.distributed import parallel_state
+
+    original = parallel_state.get_dcp_group
+    group = _StandInGroup(world_size, rank)
+
+    def stand_in() -> _StandInGroup:
+        return group
+
+    def holding(function: object) -> list[Any]:
+        return [m for name, m in list(sys.modules.items())
+                if name.startswith("vllm") and getattr(m, "get_dcp_group", None) is function]
+
+    for module in holding(original):
+        module.get_dcp_group = stand_in
+    try:
+        yield
+    finally:  # modules imported inside took the stand-in by name: they get the original too
+        for module in holding(stand_in):
+            module.get_dcp_group = original
 
 
 def _recipe(name: str) -> HarnessRecipe:
@@ -324,6 +383,7 @@ def make_builder(
     block_size: int,
     block_table_width: int | None = None,
     device: torch.device | str = "cpu",
+    dcp_rank: int = 0,
 ) -> AttentionMetadataBuilder[Any]:
     """Construct vLLM's real metadata builder ``name`` for ``config``.
 
@@ -342,9 +402,13 @@ def make_builder(
         block_table_width: INDEXER only: the block-table width W its buffers are sized for;
             defaults to ``ceil(max_model_len / block_size)``.
         device: The builders' device; only the CPU works without a GPU.
+        dcp_rank: this builder's rank among the config's
+            ``parallel_config.decode_context_parallel_size`` DCP ranks (:func:`dcp_group`
+            answers for the group while the builder is constructed).
 
     Raises:
-        ValueError: an unknown name, one that needs a GPU, or a non-positive block size.
+        ValueError: an unknown name, one that needs a GPU, a non-positive block size, or a
+            rank outside the DCP group.
     """
     kind = _recipe(name).kind
     if block_size <= 0:
@@ -353,7 +417,8 @@ def make_builder(
     from vllm.config import set_current_vllm_config
 
     dev = torch.device(device)
-    with set_current_vllm_config(config):
+    world = config.parallel_config.decode_context_parallel_size
+    with set_current_vllm_config(config), dcp_group(world, dcp_rank):
         if kind == "kpool_tail":  # the GLM-5.3-Flash K-pool tail: block_size is the pool size
             from vllm.v1.attention.backends.mla.indexer import KpoolTailMetadataBuilder
 
