@@ -183,6 +183,11 @@ def check_case(name: str, kv: str, seed: int, *, wrong: bool, dcp_world: int = 1
     pick = lambda opts: opts[int(torch.randint(len(opts), (1,), generator=g))]  # noqa: E731
     batch = pick([1, 1, 2, 3, 7, 16, 31, 64])
     steps = int(torch.randint(2, 9, (1,), generator=g))
+    if wrong and dcp_world > 1:
+        # a stale schedule shows only where a rank's length crosses one of the kernel's blocks
+        # during the loop, and under DCP a rank's lengths grow N times slower: the controls
+        # take the largest batch and the longest loop, so that some request crosses one
+        batch, steps = 64, 8
     block_size = 64 if name == "FLASHMLA" else pick([16, 64])
     max_model_len = pick([256, 1000, 4096])
     dcp = dcp_world > 1
