@@ -215,8 +215,6 @@ def test_new_runner_hook_refreshes_metadata_captured_from_a_dummy_batch(
 def test_under_dcp_draftmeta_hooks_the_builder_vllm_leaves_and_it_equals_the_rebuild(
     world: int, interleave: int, active: plugin.Installed
 ) -> None:
-    from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
-
     from draftmeta.integrations.vllm.backends.common import dcp_max_seq_len
 
     name = "TRITON_MLA"
@@ -243,8 +241,8 @@ def test_under_dcp_draftmeta_hooks_the_builder_vllm_leaves_and_it_equals_the_reb
             advance_state(state, "clamp")  # the runner's advance, local lengths recomputed
             builder.update_draft_decode_metadata(metadata)
             check = state.clone()
-            check.dcp_local_seq_lens = get_dcp_local_seq_lens(
-                check.seq_lens, world, rank, interleave).to(torch.int32)
+            check.dcp_local_seq_lens = harness.dcp_local_seq_lens(check.seq_lens, world, rank,
+                                                                  interleave)
             want = type(reference).build.__get__(reference)(0, _cad(check))
             diff = compare_metadata(metadata, want, ignore=lambda p: p == "max_seq_len")
             assert diff == [], (seed, step, diff)

@@ -166,13 +166,6 @@ class FlashMLAKernel:
         return out.clone()
 
 
-def vllm_local_lengths(state: Any, world: int, rank: int, interleave: int) -> torch.Tensor:
-    """This DCP rank's share of ``state.seq_lens`` by vLLM's own function."""
-    from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
-
-    return get_dcp_local_seq_lens(state.seq_lens, world, rank, interleave).to(torch.int32)
-
-
 def check_case(name: str, kv: str, seed: int, *, wrong: bool, dcp_world: int = 1
                ) -> dict[str, Any]:
     """One random batch; under DCP (``dcp_world`` > 1) for rank ``seed % dcp_world`` of a
@@ -204,12 +197,14 @@ def check_case(name: str, kv: str, seed: int, *, wrong: bool, dcp_world: int = 1
                          max_model_len=max_model_len, steps=steps, device="cuda")
     if dcp:
         state.dcp_world_size, state.dcp_rank, state.dcp_interleave = dcp_world, rank, interleave
-        state.dcp_local_seq_lens = vllm_local_lengths(state, dcp_world, rank, interleave)
+        state.dcp_local_seq_lens = harness.dcp_local_seq_lens(state.seq_lens, dcp_world, rank,
+                                                              interleave)
 
     def build(builder: Any, s: Any) -> Any:
         if dcp and builder is rebuilder:  # its local lengths from vLLM, into a copy
             s = s.clone()
-            s.dcp_local_seq_lens = vllm_local_lengths(s, dcp_world, rank, interleave)
+            s.dcp_local_seq_lens = harness.dcp_local_seq_lens(s.seq_lens, dcp_world, rank,
+                                                              interleave)
         return harness.build_metadata(builder, harness.common_metadata_for(s))
 
     metadata = build(updater, state)

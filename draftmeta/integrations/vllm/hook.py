@@ -42,10 +42,10 @@ def replacement_init(
         if not _exactly(self, cls):
             return
         dcp = getattr(self, "dcp_world_size", 1) > 1
-        self._draftmeta_states = _StateCache()
         if decision.dcp_only and not dcp:  # vLLM's own hook serves this builder
             self._draftmeta_spec = None
             return
+        self._draftmeta_states = _StateCache()
         try:
             spec = spec_for(entry, overrides, host_bound="frozen", dcp=dcp, builder=self)
         except DraftMetaError as exc:  # fail closed: this builder keeps vLLM's behaviour

@@ -197,12 +197,9 @@ def _hook(entry: BuilderEntry, cls: type | None, why: str,
         spec = spec_for(entry, overrides, host_bound="frozen")
     except SpecError as exc:
         return Decision(entry, "hook", "none", f"draftmeta's spec does not fit: {exc}", cls)
-    if not spec.supported:
-        reasons = "; ".join(r for _, r in spec.unsupported_reasons)
-        return Decision(entry, "hook", "none", f"no hook: {reasons}", cls)
-    unsafe = spec.capture_unsafe_reason
-    if unsafe is not None:
-        return Decision(entry, "hook", "none", f"no hook: not capture-safe: {unsafe}", cls)
+    refused = _why_no_hook(spec)
+    if refused is not None:
+        return Decision(entry, "hook", "none", f"no hook: {refused}", cls)
     slower = _measured_slower(entry, "hook", cls, "vllm" if upstream != "none" else "none")
     if slower is not None:
         return slower
@@ -210,6 +207,14 @@ def _hook(entry: BuilderEntry, cls: type | None, why: str,
     also = f"; measured inside the engine: {measured[0]}" if measured else ""
     return Decision(entry, "hook", "draftmeta",
                     f"draftmeta's generated hook (spec {spec.name}){also}", cls)
+
+
+def _why_no_hook(spec: DraftSpec[Any]) -> str | None:
+    """Why ``spec`` cannot serve as a hook inside vLLM's captured draft loop, or ``None``."""
+    if not spec.supported:
+        return "; ".join(r for _, r in spec.unsupported_reasons)
+    unsafe = spec.capture_unsafe_reason
+    return None if unsafe is None else f"not capture-safe: {unsafe}"
 
 
 def _hook_under_dcp(entry: BuilderEntry, cls: type,
@@ -222,8 +227,7 @@ def _hook_under_dcp(entry: BuilderEntry, cls: type,
     except SpecError as exc:
         return Decision(entry, "hook", "vllm", f"{own}; none under DCP > 1: draftmeta's DCP "
                         f"spec does not fit: {exc}", cls)
-    refused = ("; ".join(r for _, r in spec.unsupported_reasons) if not spec.supported
-               else spec.capture_unsafe_reason)
+    refused = _why_no_hook(spec)
     if refused is not None:
         return Decision(entry, "hook", "vllm", f"{own}; none under DCP > 1: {refused}", cls)
     return Decision(entry, "hook", "vllm", f"{own}; under DCP > 1, where vLLM declares none, "

@@ -200,12 +200,8 @@ def check_batch(case: CaseConfig, *, spec: DraftSpec[Any] | None = None) -> Batc
 
 
 def _vllm_local_seq_lens(state: Any, case: CaseConfig) -> torch.Tensor:
-    """This rank's share of ``state.seq_lens`` by vLLM's ``get_dcp_local_seq_lens``."""
-    from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
-
-    local = get_dcp_local_seq_lens(state.seq_lens, case.dcp_world_size, case.dcp_rank,
-                                   case.dcp_interleave)
-    return torch.as_tensor(local).to(torch.int32).contiguous()
+    return harness.dcp_local_seq_lens(state.seq_lens, case.dcp_world_size, case.dcp_rank,
+                                      case.dcp_interleave)
 
 
 def _shape_only(a: object, b: object, path: str) -> list[Mismatch]:

@@ -49,6 +49,7 @@ __all__ = [
     "cached_vllm_config",
     "common_metadata_for",
     "dcp_group",
+    "dcp_local_seq_lens",
     "make_builder",
     "make_common_metadata",
     "make_vllm_config",
@@ -239,6 +240,18 @@ def cached_vllm_config(
         )
         _config_cache[key] = config
     return config
+
+
+def dcp_local_seq_lens(seq_lens: torch.Tensor, world_size: int, rank: int,
+                       interleave: int) -> torch.Tensor:
+    """One DCP rank's share of the global ``seq_lens`` by vLLM's own
+    ``get_dcp_local_seq_lens``, int32 as the runner keeps it: what a rebuild is given, so that
+    draftmeta's own recomputation is checked against vLLM's."""
+    prepare_environment()
+    from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
+
+    local = get_dcp_local_seq_lens(seq_lens, world_size, rank, interleave)
+    return torch.as_tensor(local).to(torch.int32).contiguous()
 
 
 @attrs.frozen
