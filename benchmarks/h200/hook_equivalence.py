@@ -3,7 +3,9 @@
 For ``FLASH_ATTN_MLA``, ``FLASHMLA`` (bf16 and FP8 KV cache) and ``TRITON_MLA``, built by
 vLLM's real builders on CUDA with full CUDA graphs configured (the persistent scheduler buffers
 the captured kernels read), over random decode batches (1 to 64 requests, mixed lengths near
-block boundaries and the context limit, K = 2..8):
+block boundaries and the context limit, every 4th batch placed so that each request, under DCP
+each rank's share, enters a new 256-token tile of the kernels' schedulers at the first step;
+K = 2..8):
 
 1. **update == rebuild**: build at draft step 1; at every later step advance the draft state
    (clamp, frozen host bound: what vLLM's fused loop does), run draftmeta's hook (the spec the
@@ -16,7 +18,8 @@ block boundaries and the context limit, K = 2..8):
    captured once in a CUDA graph, the state advanced on the device, the graph replayed, and
    the result compared with an eager rebuild at the new lengths: what vLLM's fused draft loop
    relies on.
-3. **negative controls**: the same checks with the scheduler left ``Unchanged`` must fail.
+3. **negative controls**: the same checks with the scheduler left ``Unchanged``, on batches
+   that cross a scheduler tile at the first step, must fail, every one.
 
 Run on the H200 with vLLM 0.34 on the path (``.h200/run.sh install`` then
 ``. /root/vllm034/env.sh``):  ``python3 benchmarks/h200/hook_equivalence.py --out $OUT``.
@@ -48,10 +51,16 @@ from draftmeta.integrations.vllm.catalogue import current_release  # noqa: E402
 from draftmeta.rules import Unchanged  # noqa: E402
 from draftmeta.spec import DraftSpec  # noqa: E402
 from draftmeta.testing import compare_metadata, random_state  # noqa: E402
+from draftmeta.testing.states import state_for_lengths  # noqa: E402
 
 BUILDERS = (("FLASH_ATTN_MLA", "auto"), ("FLASHMLA", "auto"), ("FLASHMLA", "fp8"),
             ("TRITON_MLA", "auto"))
 CONTROLS = 6  # negative-control batches per builder
+CROSSING_EVERY = 4  # every 4th regular batch crosses a scheduler tile at the loop's first step
+TILE = 256
+"""A multiple of every power-of-two tile of the kernels' schedulers (FlashMLA's 64-token
+blocks, FA3's n-blocks): a length that is a multiple of it enters a new tile of each of them at
+the next step (``ceil(length / tile)`` goes up by one)."""
 HEADS = 4  # query heads of the FlashMLA kernel check: the harness model's, as its builder has
 
 
@@ -166,23 +175,45 @@ class FlashMLAKernel:
         return out.clone()
 
 
+def crossing_lengths(g: torch.Generator, batch: int, max_model_len: int, steps: int,
+                     dcp_world: int = 1, rank: int = 0, interleave: int = 1) -> torch.Tensor:
+    """Context lengths at which every request's length (under DCP: this rank's share, by
+    vLLM's own function) is a multiple of :data:`TILE` and grows at the loop's first advance:
+    every request enters a new tile of the kernel's scheduler there, so a schedule left stale
+    may differ from the rebuild's from the first step on."""
+    lengths = torch.arange(TILE, max_model_len - steps + 1, dtype=torch.int32)
+    if dcp_world == 1:
+        local, after = lengths, lengths + 1
+    else:
+        local = harness.dcp_local_seq_lens(lengths, dcp_world, rank, interleave)
+        after = harness.dcp_local_seq_lens(lengths + 1, dcp_world, rank, interleave)
+    fits = lengths[(local % TILE == 0) & (local > 0) & (after == local + 1)]
+    if not len(fits):
+        raise ValueError(f"no length up to {max_model_len - steps} lets rank {rank} of "
+                         f"{dcp_world} enter a new {TILE}-token tile: raise max_model_len")
+    return fits[torch.randint(len(fits), (batch,), generator=g)]
+
+
 def check_case(name: str, kv: str, seed: int, *, wrong: bool, dcp_world: int = 1
                ) -> dict[str, Any]:
     """One random batch; under DCP (``dcp_world`` > 1) for rank ``seed % dcp_world`` of a
-    stand-in group, interleave 1 or 8, the rebuild's local lengths from vLLM's function."""
+    stand-in group, interleave 1 or 8, the rebuild's local lengths from vLLM's function.
+    Negative controls and every :data:`CROSSING_EVERY`-th batch cross a scheduler tile at the
+    first step (:func:`crossing_lengths`); the others mix lengths as ``random_state`` does."""
     rank = seed % dcp_world
     interleave = 1 if (seed // dcp_world) % 2 == 0 else 8
     g = torch.Generator().manual_seed(seed)
     pick = lambda opts: opts[int(torch.randint(len(opts), (1,), generator=g))]  # noqa: E731
     batch = pick([1, 1, 2, 3, 7, 16, 31, 64])
     steps = int(torch.randint(2, 9, (1,), generator=g))
-    if wrong and dcp_world > 1:
-        # a stale schedule shows only where a rank's length crosses one of the kernel's blocks
-        # during the loop, and under DCP a rank's lengths grow N times slower: the controls
-        # take the largest batch and the longest loop, so that some request crosses one
-        batch, steps = 64, 8
     block_size = 64 if name == "FLASHMLA" else pick([16, 64])
     max_model_len = pick([256, 1000, 4096])
+    # a stale schedule shows only where a length crosses one of the kernel's tiles during the
+    # loop, which random lengths do now and then (and under DCP a rank's share grows N times
+    # slower): the controls, and some regular batches, are placed to cross one
+    crossing = wrong or seed % CROSSING_EVERY == CROSSING_EVERY - 1
+    if crossing:
+        max_model_len = 4096
     dcp = dcp_world > 1
     config = make_config(max_model_len, block_size, kv, dcp_world, interleave)
     updater = harness.make_builder(name, config, block_size=block_size, device="cuda",
@@ -193,8 +224,14 @@ def check_case(name: str, kv: str, seed: int, *, wrong: bool, dcp_world: int = 1
                                                    dcp=dcp)
     if wrong:
         spec = stale(spec)
-    state = random_state(g, batch_size=batch, block_size=block_size,
-                         max_model_len=max_model_len, steps=steps, device="cuda")
+    if crossing:
+        state = state_for_lengths(g, crossing_lengths(g, batch, max_model_len, steps, dcp_world,
+                                                      rank, interleave),
+                                  block_size=block_size, max_model_len=max_model_len,
+                                  device="cuda")
+    else:
+        state = random_state(g, batch_size=batch, block_size=block_size,
+                             max_model_len=max_model_len, steps=steps, device="cuda")
     if dcp:
         state.dcp_world_size, state.dcp_rank, state.dcp_interleave = dcp_world, rank, interleave
         state.dcp_local_seq_lens = harness.dcp_local_seq_lens(state.seq_lens, dcp_world, rank,
@@ -255,7 +292,8 @@ def check_case(name: str, kv: str, seed: int, *, wrong: bool, dcp_world: int = 1
     return {"builder": name, "kv_cache_dtype": kv, "seed": seed, "batch": batch,
             "steps": steps, "block_size": block_size, "max_model_len": max_model_len,
             "dcp_world_size": dcp_world, "dcp_rank": rank, "dcp_interleave": interleave,
-            "wrong_spec": wrong, "mismatches": mismatches[:5], "captured": captured}
+            "crosses_a_tile": crossing, "wrong_spec": wrong, "mismatches": mismatches[:5],
+            "captured": captured}
 
 
 def main() -> int:
@@ -298,14 +336,14 @@ def main() -> int:
             continue
         bad = [c for c in cases if c["mismatches"]]
         caught = sum(1 for c in controls if c["mismatches"])
-        # a stale schedule shows only where a length crosses one of the kernel's blocks within
-        # the batch's steps (FlashMLA's 64-token blocks, FA3's n-blocks), which not every
-        # random batch does: at least one control must be caught (counts are printed)
-        need = min(1, len(controls))
+        # every control crosses a scheduler tile at its first step: each must be caught
+        need = len(controls)
         steps = sum(c["steps"] - 1 for c in cases)
         replays = [c["captured"] for c in cases if c["captured"] != "-"]
-        print(f"{name} {kv}: {len(cases)} batches, {steps} updated steps, "
-              f"{len(bad)} mismatched; captured+replayed {len(replays)} "
+        crossing = sum(1 for c in cases if c["crosses_a_tile"])
+        print(f"{name} {kv}: {len(cases)} batches ({crossing} crossing a tile at the first "
+              f"step), {steps} updated steps, {len(bad)} mismatched; captured+replayed "
+              f"{len(replays)} "
               f"({sum('equal' in r for r in replays)} equal); negative control caught "
               f"{caught}/{len(controls)} ({time.perf_counter() - start:.0f} s)", flush=True)
         for c in bad[:3]:
@@ -313,6 +351,7 @@ def main() -> int:
         failed |= bool(bad) or caught < need
         results.append({"builder": name, "kv_cache_dtype": kv, "batches": len(cases),
                         "updated_steps": steps, "mismatched": len(bad),
+                        "crossing_a_tile": crossing,
                         "replayed": len(replays),
                         "replayed_equal": sum("equal" in r for r in replays),
                         "negative_control_caught": caught, "negative_controls": len(controls),
