@@ -220,3 +220,25 @@ def test_a_state_buffer_that_became_none_is_checked_again() -> None:
     advance_state(state, "clamp")
     state.dcp_local_seq_lens = torch.zeros_like(state.seq_lens)  # None when sealed
     _refused(spec, meta, state, sealed)
+
+
+def test_new_views_of_the_same_memory_stay_sealed_and_other_memory_does_not() -> None:
+    """vLLM's older proposer re-slices the slot mapping at every step: a new view of the sealed
+    memory passes at every step, a buffer in other memory does not."""
+    spec, state, meta, sealed = _sealed()
+    _, step = spec.sealed
+    for _ in range(2):
+        advance_state(state, "clamp")
+        state.slot_mapping = state.slot_mapping[:]
+        assert step(meta, state, sealed) is True
+    advance_state(state, "clamp")
+    state.slot_mapping = state.slot_mapping.clone()  # other memory: the metadata's view is stale
+    _refused(spec, meta, state, sealed)
+
+
+def test_a_state_buffer_replaced_by_something_else_than_a_tensor_is_refused() -> None:
+    spec, state, meta, sealed = _sealed()
+    advance_state(state, "clamp")
+    state.block_table = state.block_table.tolist()  # type: ignore[assignment]
+    _, step = spec.sealed
+    assert step(meta, state, sealed) is False  # no exception: the full update says what
