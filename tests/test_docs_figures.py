@@ -361,6 +361,25 @@ def test_a_wrong_floor_ratio_is_caught() -> None:
         check_floor(page.replace(shown, f"{ratio + 0.2:.1f}x cheaper"))
 
 
+def check_lines(page: str) -> None:
+    """Every per-statement figure of the ``--lines`` paragraph is one of the JSON's."""
+    timed = {f"{v:.1f}" for k, v in _json("e2e-floor-lines.json")["update_line_us"].items()
+             if " L" in k}
+    shown = re.findall(r"(\d+\.\d) us", _flat(_paragraph(page, "`--lines` times every")))
+    assert shown and set(shown) <= timed, sorted(set(shown) - timed)
+
+
+def test_the_per_statement_costs_quoted_are_the_committed_json() -> None:
+    check_lines(_text("docs/e2e.md"))
+
+
+def test_a_per_statement_cost_not_in_the_json_is_caught() -> None:
+    page = _text("docs/e2e.md")
+    assert "costs 8.8 us" in page
+    with pytest.raises(AssertionError):
+        check_lines(page.replace("costs 8.8 us", "costs 4.4 us"))
+
+
 def test_the_vllm_guides_measured_slower_figure_is_the_committed_e2e_run() -> None:
     refresh = _json("e2e-cpu.json")["refresh_us_per_step"]
     guide = _flat(_text("docs/vllm.md"))
