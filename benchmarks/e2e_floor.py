@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     from draftmeta.integrations.vllm.e2e.engine import EngineSettings, open_engine
     from draftmeta.integrations.vllm.e2e.model import reinitialized_weights, write_model
 
-    phases: dict[str, list[float]] = {}
-    undo = (instrument_phases(phases, lines=args.lines) if args.phases or args.lines
+    timings: dict[str, list[float]] = {}  # per phase, or per statement with --lines
+    undo = (instrument_phases(timings, lines=args.lines) if args.phases or args.lines
             else None)
     per_index: dict[str, dict[int, list[float]]] = {m: {} for m in modes}
     identical = True
@@ -246,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
             result[f"ratio_off_over_{other}_in_place"] = round(later["off"] / later[other], 2)
             result[f"ratio_off_over_{other}_all_refreshes"] = round(
                 refresh["off"] / refresh[other], 2)
-    if phases:
+    if timings:
         result["update_line_us" if args.lines else "update_phase_us"] = {
-            p: round(statistics.median(v), 2) for p, v in phases.items()}
+            p: round(statistics.median(v), 2) for p, v in timings.items()}
     print(json.dumps(result, indent=2))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / RESULT).write_text(json.dumps(result, indent=2) + "\n")

@@ -262,13 +262,19 @@ def check_case(name: str, kv: str, seed: int, *, wrong: bool, dcp_world: int = 1
     # schedule left stale is only wrong, and a control only informative, where it does)
     first = fa3_schedule(metadata, batch) if name == "FLASH_ATTN_MLA" else None
     changed = False
+
+    def schedule_changed(rebuilt: Any) -> bool:
+        """Whether the rebuild's FA3 schedule differs from the first (False where not FA3)."""
+        if first is None:
+            return False
+        now = fa3_schedule(rebuilt, batch)
+        return now.shape != first.shape or not torch.equal(now, first)
+
     for step in range(2, steps + 1):
         advance_state(state, "clamp", "frozen")
         spec.update(metadata, state)
         rebuilt = build(rebuilder, state.clone())
-        if first is not None:
-            now = fa3_schedule(rebuilt, batch)
-            changed |= now.shape != first.shape or not torch.equal(now, first)
+        changed |= schedule_changed(rebuilt)
         mismatches += [f"step {step} {m}" for m in compare(metadata, rebuilt, name, batch)]
         if kernel is not None:
             a, b = kernel(metadata), kernel(rebuilt)
@@ -295,9 +301,7 @@ def check_case(name: str, kv: str, seed: int, *, wrong: bool, dcp_world: int = 1
         graph.replay()
         torch.cuda.synchronize()
         rebuilt = build(rebuilder, state.clone())
-        if first is not None:
-            now = fa3_schedule(rebuilt, batch)
-            changed |= now.shape != first.shape or not torch.equal(now, first)
+        changed |= schedule_changed(rebuilt)
         if kernel is not None:
             expected = kernel(rebuilt)
             ok = torch.equal(out[0], expected)
