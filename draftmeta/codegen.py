@@ -179,6 +179,9 @@ class _RuleEmitter:
     def once_per_object(self) -> bool:
         return self._gen.part == "seal"
 
+    def sealed(self, ref: str) -> bool:
+        return self._gen.part == "step" and ref in self._gen.sealed_tensors()
+
 
 class _Generator:
     def __init__(
@@ -193,6 +196,7 @@ class _Generator:
         self.host_values: dict[str, str] = {}  # host path -> local holding its new value
         # lines written only if a line follows them (a phase's header, a rule's preamble)
         self.pending: list[str] = []
+        self._sealed_tensors: frozenset[str] | None = None  # sealed_tensors(), made once
 
     # -- rendering ----------------------------------------------------------------------------
 
@@ -352,6 +356,13 @@ class _Generator:
                 if name not in state:
                     state.append(name)
         return records, tensors, state
+
+    def sealed_tensors(self) -> frozenset[str]:
+        """The references of the tensors a seal holds: metadata paths and ``state.X``."""
+        if self._sealed_tensors is None:
+            _, tensors, state = self.sealed_refs()
+            self._sealed_tensors = frozenset([*tensors, *(f"state.{n}" for n in state)])
+        return self._sealed_tensors
 
     def seal(self) -> None:
         """The seal's return: the records, tensors and state buffers the checks verified."""

@@ -57,6 +57,12 @@ class InPlaceFunction(abc.ABC):
     name: ClassVar[str]
     formula: ClassVar[str]
     arguments: ClassVar[tuple[Argument, ...] | None] = None
+    checks_layout_only: ClassVar[bool] = False
+    """Whether :meth:`check` reads nothing of its tensor arguments but their kind, shape,
+    strides, dtype and device: a sealed step whose arguments are all tensors the seal checked
+    (the same objects, or state buffers over the same memory and layout) then skips it, since
+    it would return what it returned at the seal. Leave it ``False`` for a check that reads
+    anything else (a tensor's values, a backend's state)."""
 
     def is_noop(self, out: torch.Tensor, *inputs: object) -> bool:
         """Whether ``apply`` would write nothing because ``out`` is already its result (a copy
@@ -415,6 +421,7 @@ class Fill(Derivation):
 
     name: ClassVar[str] = "fill"
     arguments: ClassVar[tuple[Argument, ...]] = ()
+    checks_layout_only: ClassVar[bool] = True
     value: int = attrs.field(default=0, validator=attrs.validators.instance_of((int, float)))
 
     @property
@@ -452,6 +459,7 @@ class CopyFrom(Derivation):
 
     name: ClassVar[str] = "copy"
     arguments: ClassVar[tuple[Argument, ...]] = ("tensor",)
+    checks_layout_only: ClassVar[bool] = True
     flat: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @property

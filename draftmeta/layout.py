@@ -9,13 +9,14 @@ mapping and DCP-local lengths, so a field declared :class:`~draftmeta.rules.Unch
 shares memory with one of them is not unchanged at all.
 
 :class:`LayoutGuard` checks all of this in the generated update's structure phase. The checks
-are exact for overlapping byte ranges and conservative for interleaved strided views (two views
-whose ranges interleave without sharing an element are refused too). A set of tensor objects
-that passed is remembered (the guard holds strong references to them), so in the steady state
-a check costs one ``id`` per tensor and a list comparison; new tensor objects with a layout
-verified before (new views of the same buffers, or new tensors laid out the same way, as vLLM
-makes every draft loop) cost one address-independent signature per tensor and a dictionary
-lookup.
+are exact for overlapping byte ranges (whichever storage objects hold them: two storages over
+one memory are caught too) and conservative for interleaved strided views (two views whose
+ranges interleave without sharing an element are refused too). A set of tensor objects that
+passed is remembered (the guard holds strong references to them), so in the steady state a check
+costs one ``id`` per tensor and a list comparison; new tensor objects (new views of the same
+buffers, or new tensors, as vLLM makes every draft loop) are verified afresh, which reads the
+address, size and contiguity of each (a memo of their layout read more of each tensor than the
+verdict does).
 """
 
 from __future__ import annotations
@@ -57,53 +58,33 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     return False
 
 
-Extent = tuple[int, int, int] | None
-"""``(storage base, first byte, end byte)`` of a tensor's memory, ``None`` if it has none."""
+Span = tuple[int, int] | None
+"""``(first byte, end byte)`` of a tensor's elements in memory, ``None`` if it has none."""
 
 
-def _extent(t: torch.Tensor) -> Extent:
-    if t.numel() == 0 or t.device.type == "meta":
+def _span(t: torch.Tensor) -> Span:
+    """Where ``t``'s elements lie: a contiguous tensor (the common case) costs three calls."""
+    nbytes = t.nbytes
+    if nbytes == 0:
         return None
-    span = sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
     start = t.data_ptr()
-    size = t.element_size()
-    return start - int(t.storage_offset()) * size, start, start + span * size
+    if t.is_contiguous():
+        return start, start + nbytes
+    reach = sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
+    return start, start + reach * t.element_size()
 
 
-def _meet(ea: Extent, eb: Extent) -> bool:
-    if ea is None or eb is None or ea[0] != eb[0]:
+def _share(a: torch.Tensor, sa: Span, b: torch.Tensor, sb: Span) -> bool:
+    """Whether two tensors' byte ranges intersect in one device's memory (the devices are
+    read only where the addresses meet; a meta tensor has no memory)."""
+    if sa is None or sb is None or not (sa[0] < sb[1] and sb[0] < sa[1]):
         return False
-    return ea[1] < eb[2] and eb[1] < ea[2]
+    return a.device == b.device and a.device.type != "meta"
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the byte ranges of ``a`` and ``b`` in memory intersect."""
-    return _meet(_extent(a), _extent(b))
-
-
-def _layout_signature(held: Sequence[object]) -> tuple[object, ...]:
-    """Everything the layout verdict depends on, independent of where the memory lies.
-
-    For each tensor: which storage it views (numbered in order of first appearance, so new
-    allocations laid out like verified ones match), its offset, shape, strides, dtype and device;
-    for anything else its type. Two argument sets with one signature get one verdict: overlap
-    is decided per storage, from offsets, shapes, strides and element sizes alone.
-    """
-    storages: dict[int, int] = {}
-    signature: list[object] = []
-    for x in held:
-        if isinstance(x, torch.Tensor):
-            offset = int(x.storage_offset())
-            base = x.data_ptr() - offset * x.element_size()
-            storage = storages.setdefault(base, len(storages))
-            signature.append((storage, offset, x.shape, x.stride(), x.dtype, x.device))
-        else:
-            signature.append(type(x))
-    return tuple(signature)
-
-
-_SIGNATURES_KEPT = 64
-"""Verified layouts a guard remembers (a draft loop sees one per batch shape it captures)."""
+    return _share(a, _span(a), b, _span(b))
 
 
 @attrs.frozen
@@ -136,14 +117,13 @@ class LayoutGuard:
             fields are compared with each other, not with the state.
     """
 
-    __slots__ = ("_entries", "_held", "_ids", "_owns_state", "_verified")
+    __slots__ = ("_entries", "_held", "_ids", "_owns_state")
 
     def __init__(self, entries: Sequence[Written], *, owns_state: bool = False) -> None:
         self._entries = tuple(entries)
         self._owns_state = owns_state
         self._ids: list[int] = []
         self._held: tuple[object, ...] = ()
-        self._verified: dict[tuple[object, ...], None] = {}  # insertion-ordered, bounded
 
     @property
     def entries(self) -> tuple[Written, ...]:
@@ -168,24 +148,17 @@ class LayoutGuard:
         if ids == self._ids:
             return None
         # New tensor objects (vLLM makes new views of its persistent buffers, and CPU builders
-        # new tensors, every draft loop): the verdict depends only on their relative layout, so
-        # a layout verified before passes.
-        signature = _layout_signature(held)
-        if signature in self._verified:
-            self._ids, self._held = ids, held
-            return None
+        # new tensors, every draft loop): verified afresh, which reads three properties of
+        # each contiguous tensor (an address-independent memo of the layout read more)
         problem = self._verify(args, buffers)
         if problem is None:
             self._ids, self._held = ids, held  # strong references: the ids stay unique
-            self._verified[signature] = None
-            if len(self._verified) > _SIGNATURES_KEPT:
-                del self._verified[next(iter(self._verified))]
         return problem
 
     def _verify(
         self, args: tuple[object, ...], buffers: tuple[object, ...]
     ) -> tuple[str, str] | None:
-        written: list[tuple[str, torch.Tensor]] = []
+        written: list[tuple[str, torch.Tensor, Span]] = []
         unchanged: list[tuple[str, torch.Tensor]] = []
         i = 0
         for entry in self._entries:
@@ -200,40 +173,42 @@ class LayoutGuard:
                 continue
             if entry.fn is not None and entry.fn.is_noop(out, *inputs):
                 continue  # a copy onto itself: nothing is written
-            if has_internal_overlap(out):
+            if not out.is_contiguous() and has_internal_overlap(out):
                 return entry.path, (
                     f"has elements sharing memory (strides {out.stride()} for shape "
                     f"{tuple(out.shape)}, an expanded view?); an in-place write would be "
                     "undefined: make it a real buffer"
                 )
+            span = _span(out)
             for k, src in enumerate(inputs):
-                if isinstance(src, torch.Tensor) and overlaps(out, src):
+                if isinstance(src, torch.Tensor) and _share(out, span, src, _span(src)):
                     return entry.path, (
                         f"overlaps the memory of its input {k} (a destination may not share "
                         "memory with its source): write into a separate buffer"
                     )
-            written.append((entry.path, out))
-        extents = [(path, _extent(out)) for path, out in written]
-        state = [(name, _extent(buf)) for name, buf in zip(STATE_BUFFERS, buffers)
+            written.append((entry.path, out, span))
+        if not written and not unchanged:
+            return None
+        state = [(name, buf, _span(buf)) for name, buf in zip(STATE_BUFFERS, buffers)
                  if isinstance(buf, torch.Tensor)]
-        for j, (path, extent) in enumerate(extents):
-            for other, other_extent in extents[:j]:
-                if _meet(extent, other_extent):
+        for j, (path, out, span) in enumerate(written):
+            for other, other_out, other_span in written[:j]:
+                if _share(out, span, other_out, other_span):
                     return path, (
                         f"shares memory with {other!r}, which this update also writes: give "
                         "each written field its own buffer"
                     )
-            for name, buf_extent in state:
-                if _meet(extent, buf_extent):
+            for name, buf, buf_span in state:
+                if _share(out, span, buf, buf_span):
                     return path, (
                         f"shares memory with state.{name}, so writing it would corrupt the "
                         f"draft state; declare it Alias({name!r}) if it is a view of that "
                         "buffer, or give it its own buffer"
                     )
         for path, t in unchanged:
-            t_extent = _extent(t)
-            for name, buf_extent in state:
-                if name in ADVANCED and _meet(t_extent, buf_extent):
+            t_span = _span(t)
+            for name, buf, buf_span in state:
+                if name in ADVANCED and _share(t, t_span, buf, buf_span):
                     return path, (
                         f"is declared unchanged but shares memory with state.{name}, which "
                         f"the loop advances every step; declare it Alias({name!r})"

@@ -13,16 +13,16 @@ everything again.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
 
-from draftmeta import DraftState, advance_state
+from draftmeta import CopyFrom, Derive, DraftState, advance_state
 from draftmeta.errors import UpdateError
 from draftmeta.testing import compare_metadata, random_state
 from tests.test_atomicity import _snapshot
-from tests.toy import Scheduler, ToyDecode, ToyMeta, toy_metadata, toy_spec
+from tests.toy import Scheduler, ToyDecode, ToyMeta, toy_metadata, toy_rules, toy_spec
 
 
 def _state(seed: int = 0) -> DraftState:
@@ -242,3 +242,61 @@ def test_a_state_buffer_replaced_by_something_else_than_a_tensor_is_refused() ->
     state.block_table = state.block_table.tolist()  # type: ignore[assignment]
     _, step = spec.sealed
     assert step(meta, state, sealed) is False  # no exception: the full update says what
+
+
+class _CountedCopy(CopyFrom):
+    """``CopyFrom`` counting its checks (class-level: attrs instances are frozen)."""
+
+    checks: ClassVar[list[int]] = []
+
+    def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        type(self).checks.append(1)
+        return super().check(out, *inputs)
+
+
+class _CountedCopyReadingMore(_CountedCopy):
+    """The same, declared to read more than the layout (a check on values, say)."""
+
+    checks: ClassVar[list[int]] = []
+    checks_layout_only: ClassVar[bool] = False
+
+
+@pytest.mark.parametrize(("formula", "checks_per_step"), [(_CountedCopy, 0),
+                                                          (_CountedCopyReadingMore, 1)])
+def test_a_layout_only_formula_check_on_sealed_tensors_runs_at_the_seal_not_at_each_step(
+    formula: type[_CountedCopy], checks_per_step: int,
+) -> None:
+    formula.checks.clear()
+    spec = toy_spec(rules={**toy_rules(), "decode.lens_copy": Derive(formula(),
+                                                                       ("decode.seq_lens",))})
+    state = _state()
+    meta = toy_metadata(state)
+    seal, step = spec.sealed
+    advance_state(state, "clamp")
+    sealed = seal(meta, state)
+    assert len(formula.checks) == 1
+    for k in range(1, 4):
+        advance_state(state, "clamp")
+        assert step(meta, state, sealed) is True
+        assert compare_metadata(meta, toy_metadata(state), opaque=_opaque) == []
+        assert len(formula.checks) == 1 + k * checks_per_step
+
+
+def test_a_layout_only_formula_check_runs_again_where_the_tensor_is_not_the_sealed_one() -> None:
+    _CountedCopy.checks.clear()
+    spec = toy_spec(rules={**toy_rules(), "decode.lens_copy": Derive(_CountedCopy(),
+                                                                       ("decode.seq_lens",))})
+    state = _state()
+    meta = toy_metadata(state)
+    seal, step = spec.sealed
+    advance_state(state, "clamp")
+    sealed = seal(meta, state)
+    advance_state(state, "clamp")
+    assert meta.decode is not None
+    rows = meta.decode.lens_copy.shape[0]
+    meta.decode.lens_copy = torch.zeros(rows, 3, dtype=torch.int32)  # another, misshapen tensor
+    assert step(meta, state, sealed) is False  # not the sealed tensor: the full update decides
+    assert len(_CountedCopy.checks) == 1  # the step wrote nothing and checked nothing
+    with pytest.raises(UpdateError, match=r"decode\.lens_copy"):
+        spec.update(meta, state)
+    assert len(_CountedCopy.checks) == 2

@@ -6,7 +6,11 @@
 #   floor-cpu    benchmarks/e2e_floor.py --backend CPU_MLA (off, on, floor), plugin forced on
 #   lines-amx    benchmarks/e2e_floor.py --backend AMX_MLA --lines (off, on): per-statement costs
 #   e2e-amx      draftmeta e2e --backends AMX_MLA (tokens identical, tokens/s, host time)
-# REPEATS (default 10) sets e2e_floor.py's --repeats; E2E_ARGS adds to draftmeta e2e's options.
+# A stage name ending in -before runs the same with this project's code from .before/ (a copy of
+# an earlier commit's draftmeta/, carried), for before/after comparisons in one run; alternate
+# them (floor-amx-before floor-amx floor-amx floor-amx-before). Each JSON comes back as
+# <position>-<stage>-<file>. REPEATS (default 10) sets e2e_floor.py's --repeats; E2E_ARGS adds
+# to draftmeta e2e's options.
 set -uo pipefail
 out=${OUT:-/tmp/cpu-engine-out}
 tmp=$(mktemp -d)
@@ -16,8 +20,19 @@ log=$out/cpu-engine.log
 { echo "== machine"; lscpu | grep -E 'Model name|^CPU\(s\)|Thread|NUMA node\(s\)';
   grep -o -w -E 'amx_(bf16|tile|int8)|avx512_bf16' /proc/cpuinfo | sort | uniq -c; } >> "$log"
 status=0
-for stage in "$@"; do
-  echo "== $stage ($(date -u +%H:%M:%S))" | tee -a "$log"
+n=0
+for name in "$@"; do
+  n=$((n + 1))
+  stage=${name%-before}
+  if [ "$stage" != "$name" ]; then
+    # (python -m puts the current folder, this checkout, first: only the scripts can run before)
+    [ "$stage" != e2e-amx ] || { echo "$name: e2e-amx has no before" | tee -a "$log"; status=1; continue; }
+    [ -d .before/draftmeta ] || { echo "$name: no .before/draftmeta carried" | tee -a "$log"; status=1; continue; }
+    export PYTHONPATH=$PWD/.before
+  else
+    unset PYTHONPATH
+  fi
+  echo "== $name ($(date -u +%H:%M:%S))" | tee -a "$log"
   start=$SECONDS
   case $stage in
     floor-amx) py benchmarks/e2e_floor.py --backend AMX_MLA --repeats "${REPEATS:-10}" \
@@ -32,11 +47,11 @@ for stage in "$@"; do
   esac >> "$log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
-  echo "   $stage: exit $rc after $((SECONDS - start)) s" | tee -a "$log"
+  echo "   $name: exit $rc after $((SECONDS - start)) s" | tee -a "$log"
   for f in "$tmp/$stage"/*.json; do
-    [ -e "$f" ] && cp "$f" "$out/$stage-$(basename "$f")"
+    [ -e "$f" ] && mv "$f" "$out/$n-$name-$(basename "$f")"
   done
-  [ "$stage" = e2e-amx ] && cp "$tmp/$stage"/*.md "$out/" 2>/dev/null
+  [ "$stage" = e2e-amx ] && mv "$tmp/$stage"/*.md "$out/$n-$name-e2e-cpu.md" 2>/dev/null
 done
 grep -E '^(draftmeta|e2e_floor|Traceback|[A-Za-z]*Error)' "$log" | tail -20
 exit $status

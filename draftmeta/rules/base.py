@@ -143,6 +143,11 @@ class Emitter(Protocol):
         """Whether the function being written runs once per metadata object (a seal, at the
         first step of a new object): a memo of the objects its last call saw would only miss."""
 
+    def sealed(self, ref: str) -> bool:
+        """Whether the function being written is a sealed step and ``ref`` a tensor it has
+        verified to be the one the seal checked (the same object, or a state buffer over the
+        same memory, shape, strides and dtype)."""
+
 
 def _plus(expr: str, offset: int) -> str:
     if offset > 0:
@@ -179,9 +184,14 @@ def _require_tensor(em: Emitter, path: str) -> None:
         em.error(path, repr("is None, expected a tensor"), 1)
 
 
-def _formula_check(em: Emitter, path: str, call: tuple[str, str]) -> None:
+def _formula_check(em: Emitter, path: str, call: tuple[str, str], function: InPlaceFunction,
+                   inputs: Sequence[str]) -> None:
     """``check`` of a formula or hook: its problem, or an exception it raised, as an
-    :class:`~draftmeta.errors.UpdateError` of ``path``."""
+    :class:`~draftmeta.errors.UpdateError` of ``path``; in a sealed step, nothing where the
+    check reads only the layout of tensors the seal checked (it passed there)."""
+    if function.checks_layout_only and all(em.sealed(r) for r in (path, *inputs)):
+        em.comment(f"{path}: its formula's check passed at the seal, on these same tensors")
+        return
     name, args = call
     em.emit("try:")
     em.emit(f"_problem = {name}.check({args})", 1)

@@ -308,7 +308,7 @@ class Derive(Rule):
         _require_tensor(em, path)
 
     def lower_formula_check(self, em: Emitter, path: str) -> None:
-        _formula_check(em, path, self._call(em, path))
+        _formula_check(em, path, self._call(em, path), self.derivation, self.inputs)
 
     def memory(self, em: Emitter, path: str) -> Sequence[Memory]:
         refs = (em.ref(path), *(em.ref(r) for r in self.inputs))
@@ -376,7 +376,7 @@ class Recompute(Rule):
         _require_tensor(em, path)
 
     def lower_formula_check(self, em: Emitter, path: str) -> None:
-        _formula_check(em, path, self._call(em, path))
+        _formula_check(em, path, self._call(em, path), self.hook, (*self.inputs, *self.also))
 
     def memory(self, em: Emitter, path: str) -> Sequence[Memory]:
         refs = tuple(em.ref(r) for r in self.inputs)
