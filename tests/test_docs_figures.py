@@ -385,3 +385,67 @@ def test_the_vllm_guides_measured_slower_figure_is_the_committed_e2e_run() -> No
     guide = _flat(_text("docs/vllm.md"))
     assert (f"{refresh['on']:.1f} us per draft step with the plugin, {refresh['off']:.1f} us "
             "without") in guide
+
+
+# -- AMX_MLA on a CPU with AMX: e2e-cpu-amx-xeon*.json, e2e-floor-*-xeon*.json --------------
+
+
+def _amx_figures() -> tuple[set[str], set[str]]:
+    """The microseconds and ratios the Xeon runs give, as a page may write them: us with one
+    decimal; ratios with two decimals or one (the JSON's own, and each run's vLLM build over the
+    plugin's call at draft indices 2 and 3)."""
+    us: set[float] = set()
+    ratios: set[float] = set()
+    for name in ("e2e-cpu-amx-xeon.json", "e2e-cpu-amx-xeon-ccb1ce4.json"):
+        data = _json(name)
+        for key in ("refresh_us_per_step", "refresh_us_per_later_step"):
+            us |= set(data[key].values())
+        ratios |= {data["goals"][k] for k in ("refresh_ratio", "later_refresh_ratio",
+                                               "tokens_per_s_ratio")}
+    for name in ("e2e-floor-amx-xeon.json", "e2e-floor-cpu-xeon.json"):
+        for run in _json(name)["runs"]:
+            by_index = run["us_per_call_by_draft_index"]
+            us |= {v for mode in by_index.values() for v in mode.values()}
+            ratios |= {v for k, v in run.items() if k.startswith("ratio_")}
+            ratios |= {by_index["off"][i] / by_index["on"][i] for i in ("2", "3")}
+    us |= set(_json("e2e-floor-amx-xeon-lines.json")["update_line_us"].values())
+    return ({f"{v:.1f}" for v in us},
+            {f"{v:.2f}" for v in ratios} | {f"{v:.1f}" for v in ratios})
+
+
+def check_amx_text(text: str, where: str) -> None:
+    """Every ``N us`` and every ratio (``1.29x``, ``1.37-1.55x``) of ``text`` is one the Xeon
+    runs give, the four refresh figures of the final matrix are there, and so is its count of
+    configurations."""
+    flat = _flat(text)
+    data = _json("e2e-cpu-amx-xeon.json")
+    for key in ("refresh_us_per_step", "refresh_us_per_later_step"):
+        for mode in ("off", "on"):
+            assert f"{data[key][mode]:.1f} us" in flat, (where, key, mode)
+    us, ratios = _amx_figures()
+    shown_us = re.findall(r"(\d+(?:\.\d+)?) us\b", flat)
+    assert shown_us and [n for n in shown_us if n not in us] == [], (where, shown_us)
+    shown_ratios = [n for pair in re.findall(r"(\d+\.\d+)(?:-(\d+\.\d+))?x\b", flat)
+                    for n in pair if n]
+    assert shown_ratios and [n for n in shown_ratios if n not in ratios] == [], (
+        where, [n for n in shown_ratios if n not in ratios])
+    count = len(data["configurations"])
+    assert f"all {count} configurations" in flat or (
+        count == 8 and "all eight configurations" in flat), (where, count)
+
+
+def test_the_e2e_pages_amx_section_is_the_committed_xeon_runs() -> None:
+    check_amx_text(_section(_text("docs/e2e.md"), "## AMX_MLA on a CPU with AMX\n"), "e2e.md")
+
+
+def test_the_readmes_amx_paragraph_is_the_committed_xeon_run() -> None:
+    check_amx_text(_paragraph(_text("README.md"), "On a CPU with AMX"), "README")
+
+
+def test_an_amx_figure_not_in_the_xeon_runs_is_caught() -> None:
+    section = _section(_text("docs/e2e.md"), "## AMX_MLA on a CPU with AMX\n")
+    assert "1.37-1.55x" in section and "47.6 us" in section
+    with pytest.raises(AssertionError):
+        check_amx_text(section.replace("1.37-1.55x", "1.37-1.95x"), "e2e.md")
+    with pytest.raises(AssertionError):
+        check_amx_text(section.replace("47.6 us", "27.6 us"), "e2e.md")
