@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -36,6 +39,16 @@ class _Capture(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+@pytest.fixture
+def e2e_floor(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """``benchmarks/e2e_floor.py`` imported as a module (and forgotten afterwards)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import e2e_floor as module
+
+    yield module
+    sys.modules.pop("e2e_floor", None)
 
 
 @pytest.fixture

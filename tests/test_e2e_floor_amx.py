@@ -6,9 +6,6 @@ No engine here (no CPU with AMX): the floor's AMX part runs on a stand-in decode
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
@@ -16,26 +13,15 @@ import torch
 
 from draftmeta.integrations.vllm.backends import amx
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def floor(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import e2e_floor
-
-    yield e2e_floor
-    sys.modules.pop("e2e_floor", None)
-
 
 def test_the_amx_floor_copies_the_lengths_and_recomputes_the_split_count(
-    floor: ModuleType, monkeypatch: pytest.MonkeyPatch,
+    e2e_floor: ModuleType, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(amx, "compute_units", lambda: 4)
     seq_lens = torch.tensor([700, 4100, 9], dtype=torch.int32)
     decode = SimpleNamespace(seq_lens=seq_lens, seq_lens_i64=seq_lens.to(torch.int64) - 1,
                              num_kv_splits=1)
-    extras = floor.amx_floor_extras()
+    extras = e2e_floor.amx_floor_extras()
     extras(SimpleNamespace(decode=decode), 4100)
     assert decode.seq_lens_i64.dtype == torch.int64
     assert decode.seq_lens_i64.tolist() == [700, 4100, 9]

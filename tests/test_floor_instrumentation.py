@@ -8,30 +8,15 @@ No engine here: the toy spec's seal and step run the instrumented code directly.
 from __future__ import annotations
 
 import ast
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pytest
 import torch
 
 from draftmeta import advance_state
 from draftmeta.codegen import _generate
 from draftmeta.testing import compare_metadata, random_state
 from tests.toy import Scheduler, toy_metadata, toy_spec
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def floor(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import e2e_floor
-
-    yield e2e_floor
-    sys.modules.pop("e2e_floor", None)
 
 
 def _three_steps(spec: Any) -> None:
@@ -57,9 +42,9 @@ def _statements(part: str) -> int:
     return len(function.body) - 1
 
 
-def test_lines_time_every_statement_of_the_seal_and_the_step_once(floor: ModuleType) -> None:
+def test_lines_time_every_statement_of_the_seal_and_the_step_once(e2e_floor: ModuleType) -> None:
     samples: dict[str, list[float]] = {}
-    undo = floor.instrument_phases(samples, lines=True)
+    undo = e2e_floor.instrument_phases(samples, lines=True)
     try:
         _three_steps(toy_spec())
     finally:
@@ -71,9 +56,9 @@ def test_lines_time_every_statement_of_the_seal_and_the_step_once(floor: ModuleT
     assert any(k.startswith("seal L") and " return " in k for k in samples)  # its seal too
 
 
-def test_phases_time_each_phase_comment(floor: ModuleType) -> None:
+def test_phases_time_each_phase_comment(e2e_floor: ModuleType) -> None:
     samples: dict[str, list[float]] = {}
-    undo = floor.instrument_phases(samples)
+    undo = e2e_floor.instrument_phases(samples)
     try:
         _three_steps(toy_spec())
     finally:
@@ -85,9 +70,9 @@ def test_phases_time_each_phase_comment(floor: ModuleType) -> None:
         *phases, "call", "total"}
 
 
-def test_undoing_the_instrumentation_compiles_plain_functions_again(floor: ModuleType) -> None:
+def test_undoing_the_instrumentation_compiles_plain_functions_again(e2e_floor: ModuleType) -> None:
     samples: dict[str, list[float]] = {}
-    floor.instrument_phases(samples, lines=True)()
+    e2e_floor.instrument_phases(samples, lines=True)()
     spec = toy_spec()
     _three_steps(spec)
     assert samples == {}

@@ -12,8 +12,8 @@ from __future__ import annotations
 import ast
 import json
 import shutil
-import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -158,41 +158,31 @@ def test_a_result_that_cannot_be_read_is_not_replaced(tmp_path: Path) -> None:
 
 
 def test_e2e_floor_refuses_to_replace_a_fuller_result_before_it_needs_vllm(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], e2e_floor: ModuleType,
 ) -> None:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import e2e_floor
-
     shutil.copy(RESULTS / "e2e-floor.json", tmp_path)
     with pytest.raises(SystemExit) as exit_:
         e2e_floor.main(["--modes", "off,on", "--out", str(tmp_path)])
     assert exit_.value.code == 2
     assert "holds a fuller result: 1 configuration this run leaves out (floor CPU_MLA batch 4" \
         in capsys.readouterr().err
-    sys.modules.pop("e2e_floor", None)
 
 
 def test_an_e2e_floor_run_of_another_backend_does_not_replace_the_result_there(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], e2e_floor: ModuleType,
 ) -> None:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import e2e_floor
-
     shutil.copy(RESULTS / "e2e-floor.json", tmp_path)
     with pytest.raises(SystemExit) as exit_:
         e2e_floor.main(["--backend", "AMX_MLA", "--out", str(tmp_path)])
     assert exit_.value.code == 2
     assert "3 configurations this run leaves out (floor CPU_MLA batch 4" in capsys.readouterr().err
-    sys.modules.pop("e2e_floor", None)
 
 
 def test_e2e_floor_says_why_amx_mla_cannot_run_on_a_cpu_without_amx_before_it_needs_vllm(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    e2e_floor: ModuleType,
 ) -> None:
     from draftmeta.integrations.vllm.e2e import environment
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import e2e_floor
 
     monkeypatch.setattr(environment, "cpu_has_amx", lambda *args: False)
     with pytest.raises(SystemExit) as exit_:
@@ -200,7 +190,6 @@ def test_e2e_floor_says_why_amx_mla_cannot_run_on_a_cpu_without_amx_before_it_ne
     assert exit_.value.code == 1
     assert "AMX_MLA cannot run here: this CPU has no AMX" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
-    sys.modules.pop("e2e_floor", None)
 
 
 def test_the_command_line_page_states_the_results_convention() -> None:

@@ -34,9 +34,11 @@ def _opaque(obj: object) -> bool:
     return isinstance(obj, Scheduler)
 
 
-def _sealed(seed: int = 0) -> tuple[Any, DraftState, ToyMeta[ToyDecode], tuple[object, ...]]:
-    """Metadata built for one step, then sealed at the next (its first in-place update)."""
-    spec = toy_spec()
+def _sealed(seed: int = 0, spec: Any = None
+            ) -> tuple[Any, DraftState, ToyMeta[ToyDecode], tuple[object, ...]]:
+    """Metadata built for one step, then sealed at the next (its first in-place update), by
+    ``spec`` (the toy spec unless given)."""
+    spec = spec if spec is not None else toy_spec()
     state = _state(seed)
     meta = toy_metadata(state)
     seal, _ = spec.sealed
@@ -261,19 +263,20 @@ class _CountedCopyReadingMore(_CountedCopy):
     checks_layout_only: ClassVar[bool] = False
 
 
+def _copying_with(formula: CopyFrom) -> Any:
+    """The toy spec, its copied lengths written by ``formula``."""
+    return toy_spec(rules={**toy_rules(), "decode.lens_copy": Derive(formula,
+                                                                       ("decode.seq_lens",))})
+
+
 @pytest.mark.parametrize(("formula", "checks_per_step"), [(_CountedCopy, 0),
                                                           (_CountedCopyReadingMore, 1)])
 def test_a_layout_only_formula_check_on_sealed_tensors_runs_at_the_seal_not_at_each_step(
     formula: type[_CountedCopy], checks_per_step: int,
 ) -> None:
     formula.checks.clear()
-    spec = toy_spec(rules={**toy_rules(), "decode.lens_copy": Derive(formula(),
-                                                                       ("decode.seq_lens",))})
-    state = _state()
-    meta = toy_metadata(state)
-    seal, step = spec.sealed
-    advance_state(state, "clamp")
-    sealed = seal(meta, state)
+    spec, state, meta, sealed = _sealed(spec=_copying_with(formula()))
+    _, step = spec.sealed
     assert len(formula.checks) == 1
     for k in range(1, 4):
         advance_state(state, "clamp")
@@ -284,13 +287,8 @@ def test_a_layout_only_formula_check_on_sealed_tensors_runs_at_the_seal_not_at_e
 
 def test_a_layout_only_formula_check_runs_again_where_the_tensor_is_not_the_sealed_one() -> None:
     _CountedCopy.checks.clear()
-    spec = toy_spec(rules={**toy_rules(), "decode.lens_copy": Derive(_CountedCopy(),
-                                                                       ("decode.seq_lens",))})
-    state = _state()
-    meta = toy_metadata(state)
-    seal, step = spec.sealed
-    advance_state(state, "clamp")
-    sealed = seal(meta, state)
+    spec, state, meta, sealed = _sealed(spec=_copying_with(_CountedCopy()))
+    _, step = spec.sealed
     advance_state(state, "clamp")
     assert meta.decode is not None
     rows = meta.decode.lens_copy.shape[0]
