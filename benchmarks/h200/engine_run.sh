@@ -13,6 +13,8 @@
 #   override     TRITON_MLA: vLLM's own hook against draftmeta's in its place, K = 3
 #   large        the DeepSeek-V3-sized model: FLASH_ATTN_MLA, FLASHMLA, K = 3, batch 1 and 8
 #   k1           K = 1 (no draft loop: the plugin has nothing to do), tiny model
+#   eager        engines without CUDA graphs (--eager: every draft loop on the host), tiny
+#                model, BACKENDS (default FLASH_ATTN_MLA FLASHMLA), K = KS (default 2 3 4)
 #   pluginlog    plugin_log.py: vLLM's default multiprocess engine, the plugin loaded by vLLM
 #                itself, on and off: draftmeta's line in vLLM's log (KS for `large`: KS="1 2 4")
 #   dcp          hook_equivalence.py --dcp 2 and --dcp 4: the hooks under decode context
@@ -53,6 +55,8 @@ for stage in "$@"; do
     large) e2e large "${LARGE_TIMEOUT:-400}" --models large \
              --backends FLASH_ATTN_MLA FLASHMLA --ks ${KS:-3};;
     k1) e2e k1 "${K1_TIMEOUT:-200}" --backends FLASH_ATTN_MLA FLASHMLA --ks 1;;
+    eager) e2e "eager${EAGER_NAME:-}" "${EAGER_TIMEOUT:-560}" --eager \
+             --backends ${BACKENDS:-FLASH_ATTN_MLA FLASHMLA} --ks ${KS:-2 3 4};;
     dcp)
       for w in 2 4; do
         VLLM_USE_DIRECT_DCP_KV_GATHER=0 VLLM_USE_DIRECT_DCP_Q_GATHER=0 timeout 220 python3 \

@@ -68,6 +68,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--negative-control", action="store_true",
                    help="cuda only: also FLASHMLA with a deliberately wrong spec (its draft "
                         "tokens must differ)")
+    p.add_argument("--eager", action="store_true",
+                   help="cuda only: engines without CUDA graphs (cudagraph_mode NONE, as "
+                        "enforce_eager): every draft loop runs on the host, step by step")
     p.add_argument("--batch-sizes", type=positive, nargs="+", default=None,
                    help="prompts per generate (cpu default: 1 4; cuda: 1 8)")
     p.add_argument("--ks", type=_k, nargs="+", default=[1, 2, 3, 4],
@@ -111,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
                         progress)
     cuda_only = [name for name, given in (("--models", args.models),
                                           ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
-                                          ("--negative-control", args.negative_control))
+                                          ("--negative-control", args.negative_control),
+                                          ("--eager", args.eager))
                  if given]
     wrong = [b for b in args.backends or () if b not in BACKENDS]
     if cuda_only or wrong:

@@ -40,11 +40,11 @@ DEFAULT_MODELS = ["tiny"]
 
 
 def cases_from(models: list[str], backends: list[str], ks: list[int], *,
-               kv_cache_dtype: str = "auto", negative_control: bool = False
-               ) -> tuple[CudaCase, ...]:
+               kv_cache_dtype: str = "auto", negative_control: bool = False,
+               eager: bool = False) -> tuple[CudaCase, ...]:
     """The engine pairs for these options: every model x backend x K (``TRITON_MLA`` with
-    draftmeta's hook replacing vLLM's own), each with ``kv_cache_dtype``, and the negative
-    control once (first model, first K >= 2).
+    draftmeta's hook replacing vLLM's own), each with ``kv_cache_dtype`` and ``eager``, and the
+    negative control once (first model, first K >= 3).
 
     Raises:
         ValueError: an unknown model or backend, an FP8 cache for a backend that takes none,
@@ -60,7 +60,7 @@ def cases_from(models: list[str], backends: list[str], ks: list[int], *,
                          f"{', '.join(sorted(set(backends) - {'FLASHMLA'}))} take no FP8 cache "
                          "here: run them without it")
     cases = [CudaCase(model, backend, k, override_upstream=backend == "TRITON_MLA",
-                      kv_cache_dtype=kv_cache_dtype)
+                      kv_cache_dtype=kv_cache_dtype, eager=eager)
              for model in models for backend in backends for k in ks]
     if negative_control:
         # its wrong spec leaves the scheduler object of draft step 1 in place for steps 2..:
@@ -71,7 +71,7 @@ def cases_from(models: list[str], backends: list[str], ks: list[int], *,
                              "scheduler shows from a loop's second draft step on); add one to "
                              "--ks")
         cases.append(CudaCase(models[0], "FLASHMLA", drafting[0], negative_control=True,
-                              kv_cache_dtype=kv_cache_dtype))
+                              kv_cache_dtype=kv_cache_dtype, eager=eager))
     return tuple(cases)
 
 
@@ -100,7 +100,7 @@ def run_cuda(args: argparse.Namespace,
             cases=cases_from(args.models or DEFAULT_MODELS,
                              args.backends or DEFAULT_BACKENDS, args.ks,
                              kv_cache_dtype=args.kv_cache_dtype,
-                             negative_control=args.negative_control),
+                             negative_control=args.negative_control, eager=args.eager),
             batch_sizes=tuple(dict.fromkeys(args.batch_sizes or DEFAULT_BATCH_SIZES)),
             max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS,
             warmups=args.warmups,

@@ -78,6 +78,9 @@ class CudaEngineSettings:
         max_num_seqs: the most requests per batch (captured batch sizes follow from it).
         gpu_memory_utilization: the share of GPU memory this engine may take (two engines are
             alive at once).
+        eager: no CUDA graphs (``cudagraph_mode`` ``NONE``, what ``enforce_eager`` gives):
+            every draft loop runs on the host, step by step; else ``FULL_DECODE_ONLY`` (every
+            batch size up to ``max_num_seqs`` captured).
     """
 
     backend: str
@@ -90,6 +93,12 @@ class CudaEngineSettings:
     max_model_len: int = 1024
     max_num_seqs: int = 16
     gpu_memory_utilization: float = 0.2
+    eager: bool = False
+
+    @property
+    def cudagraph_mode(self) -> str:
+        """vLLM's ``compilation_config["cudagraph_mode"]`` for this engine."""
+        return "NONE" if self.eager else "FULL_DECODE_ONLY"
 
 
 @attrs.frozen
@@ -122,6 +131,10 @@ class LoopCounts:
         hook_calls: ``update_draft_decode_metadata`` calls (per attention group) outside
             capture.
         hook_seconds: host time in those calls.
+        build_calls: builds of the draft steps' attention metadata (all groups at once) in
+            draft loops that ran on the host: one per step on the rebuild path, one per loop
+            (before its first step) on the fused path without a graph.
+        build_seconds: host time in those builds.
     """
 
     fused_replays: int = 0
@@ -129,6 +142,8 @@ class LoopCounts:
     rebuilt: int = 0
     hook_calls: int = 0
     hook_seconds: float = 0.0
+    build_calls: int = 0
+    build_seconds: float = 0.0
 
 
 def _hook_owner(builder: Any) -> str:
@@ -160,6 +175,7 @@ class CudaRecorder:
     fused: list[bool] = attrs.field(factory=list)
     _patches: Patches = attrs.field(factory=Patches, init=False)
     _capturing: bool = attrs.field(default=False, init=False)
+    _in_loop: bool = attrs.field(default=False, init=False)
 
     def start(self, *, recording: bool) -> None:
         """Begin a new ``generate``: clear draft tokens and counts."""
@@ -186,6 +202,8 @@ class CudaRecorder:
                   self._wrap_fused(speculator._run_fused_multi_step_decode))
         p.replace(speculator, "_multi_step_decode",
                   self._wrap_rebuild(speculator._multi_step_decode))
+        p.replace(speculator, "_build_uniform_attn_metadata",
+                  self._wrap_build(speculator._build_uniform_attn_metadata))
         p.replace(speculator, "capture", self._wrap_capture(speculator.capture))
         p.replace(proposer, "propose", self._wrap_propose(proposer.propose))
         p.replace(AttentionGroup, "update_draft_decode_metadata",
@@ -234,7 +252,11 @@ class CudaRecorder:
                 recorder.counts.fused_replays += 1
             else:
                 recorder.counts.fused_eager += 1
-            original(speculator, num_reqs, skip_attn, batch_desc, *args, **kwargs)
+            recorder._in_loop = True
+            try:
+                original(speculator, num_reqs, skip_attn, batch_desc, *args, **kwargs)
+            finally:
+                recorder._in_loop = False
 
         return run_fused
 
@@ -244,9 +266,27 @@ class CudaRecorder:
         def multi_step_decode(speculator: Any, *args: Any, **kwargs: Any) -> None:
             if not recorder._capturing:
                 recorder.counts.rebuilt += 1
-            original(speculator, *args, **kwargs)
+            recorder._in_loop = True
+            try:
+                original(speculator, *args, **kwargs)
+            finally:
+                recorder._in_loop = False
 
         return multi_step_decode
+
+    def _wrap_build(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        recorder = self
+
+        def build(speculator: Any, *args: Any, **kwargs: Any) -> Any:
+            if recorder._capturing or not recorder._in_loop:
+                return original(speculator, *args, **kwargs)
+            start = time.perf_counter()
+            built = original(speculator, *args, **kwargs)
+            recorder.counts.build_seconds += time.perf_counter() - start
+            recorder.counts.build_calls += 1
+            return built
+
+        return build
 
     def _wrap_propose(self, original: Callable[..., Any]) -> Callable[..., Any]:
         recorder = self
@@ -343,13 +383,14 @@ def _create_llm(model_dir: Path, settings: CudaEngineSettings) -> Any:
             seed=settings.seed,
             attention_config={"backend": settings.backend},
             speculative_config={"method": "mtp", "num_speculative_tokens": settings.k},
-            compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
+            compilation_config={"mode": 0, "cudagraph_mode": settings.cudagraph_mode},
             disable_log_stats=True,
         )
     except Exception as exc:
         raise E2EError(
             f"vLLM could not create a GPU MTP engine with backend {settings.backend}, "
-            f"K={settings.k}, kv_cache_dtype={settings.kv_cache_dtype}: "
+            f"K={settings.k}, kv_cache_dtype={settings.kv_cache_dtype}, cudagraph_mode="
+            f"{settings.cudagraph_mode}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
 

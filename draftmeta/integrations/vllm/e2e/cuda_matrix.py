@@ -17,6 +17,11 @@ Configurations:
 * the negative control: ``FLASHMLA`` with a deliberately wrong spec injected (the scheduler
   object left unchanged between steps, so steps 2.. reuse step 1's tile schedule): its draft
   tokens must differ from plugin off.
+
+Every case runs either with CUDA graphs for the draft loop (the default) or ``eager``, without
+any (``cudagraph_mode`` ``NONE``, as ``enforce_eager``): there vLLM's fused path, where the
+plugin gives it one, builds the metadata once per draft loop and runs the hook on the host
+before every step, and the rebuild path builds before every step.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class CudaCase:
         negative_control: plugin on runs :func:`stale_scheduler_spec` (draft tokens must
             differ; not timed).
         kv_cache_dtype: vLLM's ``kv_cache_dtype``.
+        eager: both engines without CUDA graphs (:attr:`CudaEngineSettings.eager`).
     """
 
     model: str
@@ -85,12 +91,15 @@ class CudaCase:
     override_upstream: bool = False
     negative_control: bool = False
     kv_cache_dtype: str = "auto"
+    eager: bool = False
 
     @property
     def label(self) -> str:
-        """``tiny FLASHMLA K=3`` (with ``override``, ``fp8``, ``wrong spec`` as they apply)."""
+        """``tiny FLASHMLA K=3`` (with ``override``, ``fp8``, ``eager``, ``wrong spec`` as they
+        apply)."""
         extra = [x for x, on in (("override", self.override_upstream),
                                  (self.kv_cache_dtype, self.kv_cache_dtype != "auto"),
+                                 ("eager", self.eager),
                                  ("wrong spec", self.negative_control)) if on]
         return " ".join([self.model, self.backend, f"K={self.k}", *extra])
 
@@ -290,7 +299,7 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
             backend=case.backend, k=case.k, plugin=plugin,
             override_upstream=case.override_upstream and plugin,
             kv_cache_dtype=case.kv_cache_dtype, seed=config.seed,
-            spec_overrides=overrides if plugin else None)
+            spec_overrides=overrides if plugin else None, eager=case.eager)
 
     progress(f"{case.label}: starting the plugin-off and plugin-on engines")
     with open_cuda_engine(model_dir, settings(False), recorder) as off, \

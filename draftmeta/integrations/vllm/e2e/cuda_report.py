@@ -3,8 +3,9 @@
 :func:`cuda_summary` gives one JSON object: the machine, and one entry per case and batch size
 with both engines' tok/s (every measured generate, median, min, max), the ratio of medians, the
 draft loops the last measured generate took (fused replays, fused without a graph, rebuilt),
-the hook's calls and host time outside capture, whether vLLM chose the fused loop, and which
-builder served each attention group and whose hook it had.
+the hook's calls and host time outside capture, the draft loops' metadata builds and their
+host time, whether vLLM chose the fused loop, and which builder served each attention group and
+whose hook it had.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from draftmeta.integrations.vllm.e2e.cuda_matrix import (
 )
 
 __all__ = ["CUDA_RESULT_NAME", "cuda_extent", "cuda_markdown", "cuda_plot", "cuda_summary",
-           "planned_cuda_extent", "write_cuda_results"]
+           "host_us_per_loop", "planned_cuda_extent", "write_cuda_results"]
 
 CUDA_RESULT_NAME = "e2e-cuda"
 """The stem of the CUDA run's files in its results folder."""
@@ -35,14 +36,20 @@ CUDA_RESULT_NAME = "e2e-cuda"
 JSONObject = dict[str, Any]
 
 
+def _case(entry: JSONObject) -> CudaCase:
+    """The case of one configuration of :func:`cuda_summary`'s object (results written before
+    ``eager`` existed ran with graphs)."""
+    return CudaCase(entry["model"], entry["backend"], entry["k"], entry["override_upstream"],
+                    entry["negative_control"], entry["kv_cache_dtype"],
+                    entry.get("eager", False))
+
+
 def cuda_extent(data: JSONObject) -> Extent:
     """What :func:`cuda_summary`'s object holds: one configuration per case and batch size, and
     the fewest measured generates of any timed one."""
     labels, repeats = [], []
     for e in data["configurations"]:
-        case = CudaCase(e["model"], e["backend"], e["k"], e["override_upstream"],
-                        e["negative_control"], e["kv_cache_dtype"])
-        labels.append(f"{case.label} batch {e['batch_size']}")
+        labels.append(f"{_case(e).label} batch {e['batch_size']}")
         rates = (e.get("tokens_per_s") or {}).get("off")
         if rates:
             repeats.append(len(rates["all"]))
@@ -70,6 +77,7 @@ def _entry(c: CudaComparison) -> JSONObject:
         "backend": c.case.backend,
         "k": c.case.k,
         "kv_cache_dtype": c.case.kv_cache_dtype,
+        "eager": c.case.eager,
         "override_upstream": c.case.override_upstream,
         "negative_control": c.case.negative_control,
         "batch_size": c.batch_size,
@@ -140,10 +148,7 @@ def cuda_markdown(data: JSONObject) -> str:
         "|---|---:|---|---:|---:|---:|---|---|",
     ]
     for e in data["configurations"]:
-        case = " ".join([e["model"], e["backend"], f"K={e['k']}"]
-                        + (["override"] if e["override_upstream"] else [])
-                        + ([e["kv_cache_dtype"]] if e["kv_cache_dtype"] != "auto" else [])
-                        + (["wrong spec"] if e["negative_control"] else []))
+        case = _case(e).label
         same = ("same" if e["output_tokens_identical"] and e["draft_tokens_identical"]
                 else f"DIFFER ({e['differing_draft_tokens']} drafts)")
         ratio = "-" if e["speedup"] is None else f"{e['speedup']:.2f}x"
@@ -153,7 +158,33 @@ def cuda_markdown(data: JSONObject) -> str:
             f"{_loop_path(e, 'on')} |")
     for failed in data.get("failed", []):
         lines.append(f"| {failed['case']} | - | FAILED: {failed['error'][:200]} | | | | | |")
+    host = [(e, off, on) for e in data["configurations"]
+            if (off := host_us_per_loop(e, "off")) is not None
+            and (on := host_us_per_loop(e, "on")) is not None]
+    if host:
+        lines += [
+            "",
+            "Host time on draft metadata per draft loop run on the host (the last measured "
+            "generate's metadata builds and hook calls over its loops), us:",
+            "",
+            "| case | batch | off | on | off/on |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        lines += [f"| {_case(e).label} | {e['batch_size']} | {off:.0f} | {on:.0f} | "
+                  f"{off / on:.2f}x |" for e, off, on in host]
     return "\n".join(lines) + "\n"
+
+
+def host_us_per_loop(entry: JSONObject, side: str) -> float | None:
+    """Microseconds of host time on draft metadata (builds and hook calls) per draft loop that
+    ran on the host, for one side (``off`` or ``on``) of one configuration; ``None`` where
+    none ran there (every loop replayed a graph) or the result predates the build timing."""
+    loops = entry["draft_loops"][side]
+    on_host: int = loops["fused_eager"] + loops["rebuilt"]
+    if not on_host or "build_seconds" not in loops:
+        return None
+    seconds: float = loops["build_seconds"] + loops["hook_seconds"]
+    return seconds / on_host * 1e6
 
 
 def cuda_plot(data: JSONObject, path: Path) -> Path | None:
