@@ -26,6 +26,9 @@ _cad = harness.common_metadata_for
 pytest.importorskip("vllm", reason="needs vLLM (pip install -e '.[vllm]')")
 
 RELEASE = current_release()
+CAPTURED = "FULL_DECODE_ONLY"
+"""The builders' engine captures its draft loop in full CUDA graphs, as vLLM's GPU runner does
+by default: where the plugin offers its hook (vLLM's CPU platform would force ``NONE``)."""
 BUILDER_CLASSES = {
     e.name: f"{e.builder.module}.{e.builder.qualname}"
     for e in RELEASE.builders if e.harness is not None
@@ -137,7 +140,7 @@ def test_older_proposer_path_equals_the_unpatched_builder(
         state = random_state(g, batch_size=case.batch_size, block_size=case.block_size,
                              max_model_len=case.max_model_len, steps=case.steps)
         config = harness.cached_vllm_config(max_model_len=case.max_model_len,
-                                            block_size=case.block_size)
+                                            block_size=case.block_size, cudagraph_mode=CAPTURED)
         kwargs: dict[str, Any] = {"block_size": case.block_size}
         if name == "INDEXER":
             kwargs["block_table_width"] = state.block_table.shape[1]
@@ -184,7 +187,7 @@ def test_new_runner_hook_refreshes_metadata_captured_from_a_dummy_batch(
             dummy.slot_mapping.fill_(-1)
             dummy.max_seq_len = 1
             config = harness.cached_vllm_config(max_model_len=case.max_model_len,
-                                                block_size=case.block_size)
+                                                block_size=case.block_size, cudagraph_mode=CAPTURED)
             kwargs: dict[str, Any] = {"block_size": case.block_size}
             if name == "INDEXER":
                 kwargs["block_table_width"] = real.block_table.shape[1]
@@ -230,7 +233,7 @@ def test_under_dcp_draftmeta_hooks_the_builder_vllm_leaves_and_it_equals_the_reb
         advance_state(state, "clamp")  # the runner computes the rank's local lengths
         config = harness.cached_vllm_config(max_model_len=case.max_model_len,
                                             block_size=case.block_size, dcp_world_size=world,
-                                            dcp_interleave=interleave)
+                                            dcp_interleave=interleave, cudagraph_mode=CAPTURED)
         builder = harness.make_builder(name, config, block_size=case.block_size, dcp_rank=rank)
         assert builder.supports_draft_decode_metadata_update is True  # vLLM's own says False
         assert builder.__dict__["_draftmeta_spec"].name.endswith(".dcp.frozen")
@@ -253,7 +256,7 @@ def test_under_dcp_draftmeta_hooks_the_builder_vllm_leaves_and_it_equals_the_reb
 @pytest.mark.skipif(not RELEASE.entry("TRITON_MLA").upstream_hook_without_dcp,
                     reason="this release's TRITON_MLA hook is not declared without DCP only")
 def test_without_dcp_the_builder_keeps_vllms_own_hook(active: plugin.Installed) -> None:
-    config = harness.cached_vllm_config(max_model_len=256, block_size=16)
+    config = harness.cached_vllm_config(max_model_len=256, block_size=16, cudagraph_mode=CAPTURED)
     builder = harness.make_builder("TRITON_MLA", config, block_size=16)
     assert builder.supports_draft_decode_metadata_update is True  # vLLM's own flag
     assert builder.__dict__["_draftmeta_spec"] is None  # the update calls vLLM's no-op
@@ -361,7 +364,8 @@ def _older_loop_counts(name: str, seed: int = 3) -> tuple[Any, Any]:
     case = random_case(name, seed)
     state = random_state(torch.Generator().manual_seed(seed), batch_size=4,
                          block_size=case.block_size, max_model_len=1024, steps=5)
-    config = harness.cached_vllm_config(max_model_len=1024, block_size=case.block_size)
+    config = harness.cached_vllm_config(max_model_len=1024, block_size=case.block_size,
+                                        cudagraph_mode=CAPTURED)
     builder = harness.make_builder(name, config, block_size=case.block_size)
     return builder, _v1_loop(builder, state, 5, "wrap")[-1]
 
@@ -416,7 +420,8 @@ def test_the_hook_refuses_metadata_carrying_an_uncovered_attribute(
     try:
         state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
                              max_model_len=512, steps=4)
-        config = harness.cached_vllm_config(max_model_len=512, block_size=16)
+        config = harness.cached_vllm_config(max_model_len=512, block_size=16,
+                                            cudagraph_mode=CAPTURED)
         builder = harness.make_builder("CPU_MLA", config, block_size=16)
         assert builder.supports_draft_decode_metadata_update is True
         metadata = builder.build(0, _cad(state))
@@ -449,7 +454,8 @@ def test_a_spec_that_does_not_fit_its_builder_leaves_that_builder_to_vllm(
     plugin.register(spec_overrides={"CPU_MLA": _refused_when_bound})
     try:
         assert "CPU_MLA" in plugin.installed().hook  # type: ignore[union-attr]
-        config = harness.cached_vllm_config(max_model_len=512, block_size=16)
+        config = harness.cached_vllm_config(max_model_len=512, block_size=16,
+                                            cudagraph_mode=CAPTURED)
         builder = harness.make_builder("CPU_MLA", config, block_size=16)  # no raise
         assert builder.supports_draft_decode_metadata_update is False  # vLLM's own value
         warned = _plugin_warnings(vllm_log)
@@ -490,7 +496,8 @@ def _shadow_run(monkeypatch: pytest.MonkeyPatch, interval: str, loops: int) -> l
         for seed in range(loops):
             state = random_state(torch.Generator().manual_seed(seed), batch_size=3,
                                  block_size=16, max_model_len=1024, steps=4)
-            config = harness.cached_vllm_config(max_model_len=1024, block_size=16)
+            config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
+                                                cudagraph_mode=CAPTURED)
             builder = harness.make_builder("CPU_MLA", config, block_size=16)
             check = state.clone()
             last = _v1_loop(builder, state, 4, "wrap")[-1]
@@ -560,7 +567,8 @@ def test_a_builder_whose_spec_refuses_at_run_time_warns_in_vllms_log_once_and_re
     plugin.register(spec_overrides={"CPU_MLA": _refusing_cpu_mla} if spec == "refusing"
                     else None)
     try:
-        config = harness.cached_vllm_config(max_model_len=1024, block_size=16)
+        config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
+                                            cudagraph_mode=CAPTURED)
         for seed in range(3):
             state = random_state(torch.Generator().manual_seed(seed), batch_size=3,
                                  block_size=16, max_model_len=1024, steps=4)
@@ -622,7 +630,7 @@ def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_upd
     is set up afresh and updated in place again."""
     name, k = "CPU_MLA", 4
     plugin.reset_stats()
-    config = harness.cached_vllm_config(max_model_len=256, block_size=16)
+    config = harness.cached_vllm_config(max_model_len=256, block_size=16, cudagraph_mode=CAPTURED)
     builder = harness.make_builder(name, config, block_size=16)
     builder.vllm_config = _ConfigWithK(builder.vllm_config, k)
     for loop in range(3):
@@ -639,7 +647,7 @@ def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_upd
 
 def _k_builder(k: int) -> Any:
     plugin.reset_stats()
-    config = harness.cached_vllm_config(max_model_len=256, block_size=16)
+    config = harness.cached_vllm_config(max_model_len=256, block_size=16, cudagraph_mode=CAPTURED)
     builder = harness.make_builder("CPU_MLA", config, block_size=16)
     builder.vllm_config = _ConfigWithK(builder.vllm_config, k)
     return builder
@@ -760,7 +768,8 @@ def test_a_builder_instance_with_prefill_context_parallelism_keeps_vllms_behavio
     plugin.unregister()
     plugin.register()
     try:
-        config = harness.cached_vllm_config(max_model_len=256, block_size=16)
+        config = harness.cached_vllm_config(max_model_len=256, block_size=16,
+                                            cudagraph_mode=CAPTURED)
         for _ in range(2):
             builder = harness.make_builder("CPU_MLA", config, block_size=16)
             assert builder.supports_draft_decode_metadata_update is (pcp == 1)
@@ -770,6 +779,44 @@ def test_a_builder_instance_with_prefill_context_parallelism_keeps_vllms_behavio
         else:
             assert len(warnings) == 1, warnings  # once per builder, not per instance
             assert "CPU_MLA keeps vLLM's behaviour: prefill context parallelism" in warnings[0]
+    finally:
+        plugin.unregister()
+
+
+@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL_DECODE_ONLY"])
+def test_in_an_engine_without_full_cuda_graphs_every_builder_keeps_vllms_behaviour(
+    mode: str, monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
+) -> None:
+    """Without full CUDA graphs (``enforce_eager`` gives ``NONE``) vLLM would run the hook on
+    the host at every draft step: FA3's scheduler buffer is no persistent one there (its engine
+    failed to start on the H200) and at K = 2 it costs more than the rebuild. So the builder
+    keeps vLLM's behaviour exactly: no hook where vLLM has none (``CPU_MLA``), vLLM's own hook
+    where it has one (``TRITON_MLA`` under the override), one warning each saying why.
+    ``FULL_DECODE_ONLY`` is the control: draftmeta's hook on both, nothing logged."""
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setenv(plugin.OVERRIDE_ENV, "1")
+    plugin.unregister()
+    plugin.register()
+    try:
+        config = harness.cached_vllm_config(max_model_len=256, block_size=16,
+                                            cudagraph_mode=mode)
+        for name in ("CPU_MLA", "TRITON_MLA"):
+            vllms = type(harness.make_builder(name, config, block_size=16))
+            for _ in range(2):
+                builder = harness.make_builder(name, config, block_size=16)
+                assert type(builder) is vllms
+                captured = mode == "FULL_DECODE_ONLY"
+                assert builder.supports_draft_decode_metadata_update is (
+                    captured or name == "TRITON_MLA")  # TRITON_MLA: vLLM's own flag
+                assert (builder.__dict__["_draftmeta_spec"] is not None) is captured
+        warnings = _plugin_warnings(vllm_log)
+        if mode == "FULL_DECODE_ONLY":
+            assert warnings == []
+        else:
+            assert len(warnings) == 2, warnings  # once per builder name, not per instance
+            for name, line in zip(("CPU_MLA", "TRITON_MLA"), warnings):
+                assert (f"{name} keeps vLLM's behaviour: this engine captures no full CUDA "
+                        f"graphs (cudagraph_mode {mode}") in line
     finally:
         plugin.unregister()
 

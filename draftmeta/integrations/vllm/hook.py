@@ -53,14 +53,19 @@ def replacement_init(
             fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: its spec bound to "
                      "this builder does not fit (%s)", entry.name, exc)
             return
-        self._draftmeta_spec = spec
         # the spec bound to this builder (FA3's head configuration, FlashMLA's FP8 cache) is
         # decided here: vLLM captures the hook, so a bound spec must be capture-safe too
         refusal = entry.refuses_instance(self)
-        if refusal is not None:
-            fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: %s", entry.name, refusal)
-        self.supports_draft_decode_metadata_update = (
-            spec.supported and spec.capture_safe and refusal is None)
+        if refusal is not None or not (spec.supported and spec.capture_safe):
+            # vLLM's behaviour exactly: its own hook flag (TRITON_MLA's, under the override)
+            # and method stay, and a builder without one rebuilds
+            self._draftmeta_spec = None
+            if refusal is not None:
+                fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: %s", entry.name,
+                         refusal)
+            return
+        self._draftmeta_spec = spec
+        self.supports_draft_decode_metadata_update = True
 
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__wrapped__ = original  # type: ignore[attr-defined]

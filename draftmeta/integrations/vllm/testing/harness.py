@@ -81,7 +81,7 @@ _MLA_LAYER_PREFIX: Final = "draftmeta_harness.layers.0.self_attn.attn"
 _INDEXER_LAYER_NAME: Final = "draftmeta_harness.layers.0.self_attn.indexer.k_cache"
 
 _model_dirs: dict[int, str] = {}
-_config_cache: dict[tuple[int, int, int, int, int], VllmConfig] = {}
+_config_cache: dict[tuple[int, int, int, int, int, str | None], VllmConfig] = {}
 
 
 def prepare_environment() -> None:
@@ -170,6 +170,7 @@ def make_vllm_config(
     tmp_dir: str | None = None,
     dcp_world_size: int = 1,
     dcp_interleave: int = 1,
+    cudagraph_mode: str | None = None,
 ) -> VllmConfig:
     """Create a fresh ``VllmConfig`` for a tiny DeepSeek-V3.2-style model, offline.
 
@@ -194,6 +195,10 @@ def make_vllm_config(
             no process group needed: :func:`make_builder` answers for it).
         dcp_interleave: tokens dealt to a rank at a time
             (``parallel_config.cp_kv_cache_interleave_size``).
+        cudagraph_mode: a ``CUDAGraphMode`` name for ``compilation_config.cudagraph_mode``,
+            set after the config is made (vLLM's CPU platform forces ``NONE``):
+            ``"FULL_DECODE_ONLY"`` configures builders as vLLM's GPU runner does when it
+            captures its draft loop, where the plugin offers its hook; ``None`` keeps ``NONE``.
     """
     if min(max_model_len, block_size, max_num_seqs, dcp_world_size, dcp_interleave) <= 0:
         raise ValueError(
@@ -219,24 +224,30 @@ def make_vllm_config(
         config.cache_config.block_size = block_size
     config.parallel_config.decode_context_parallel_size = dcp_world_size
     config.parallel_config.cp_kv_cache_interleave_size = dcp_interleave
+    if cudagraph_mode is not None:
+        from vllm.config.compilation import CUDAGraphMode
+
+        config.compilation_config.cudagraph_mode = CUDAGraphMode[cudagraph_mode]
     return config
 
 
 def cached_vllm_config(
     *, max_model_len: int, block_size: int, max_num_seqs: int = 256, dcp_world_size: int = 1,
-    dcp_interleave: int = 1,
+    dcp_interleave: int = 1, cudagraph_mode: str | None = None,
 ) -> VllmConfig:
     """Like :func:`make_vllm_config`, but return one shared config per argument tuple.
 
     The shared config is mutable: :func:`make_builder` registers an MLA layer in its
     ``compilation_config.static_forward_context`` (once); do not change it otherwise.
     """
-    key = (max_model_len, block_size, max_num_seqs, dcp_world_size, dcp_interleave)
+    key = (max_model_len, block_size, max_num_seqs, dcp_world_size, dcp_interleave,
+           cudagraph_mode)
     config = _config_cache.get(key)
     if config is None:
         config = make_vllm_config(
             max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
             dcp_world_size=dcp_world_size, dcp_interleave=dcp_interleave,
+            cudagraph_mode=cudagraph_mode,
         )
         _config_cache[key] = config
     return config
