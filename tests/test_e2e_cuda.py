@@ -182,3 +182,36 @@ def test_merging_the_committed_result_into_itself_changes_nothing() -> None:
     merge = _merge_results().merge
     data: dict[str, Any] = json.loads((RESULTS / "e2e-cuda.json").read_text())
     assert merge(data, [], None) == data
+
+
+def _eager_rows(page: str) -> list[str]:
+    section = page.split("## Engines without CUDA graphs", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("| FLASHMLA K=")]
+
+
+def _eager_row(entry: dict[str, Any]) -> str:
+    from draftmeta.integrations.vllm.e2e.cuda_report import host_us_per_loop
+
+    def rate(side: str) -> str:
+        spread = entry["tokens_per_s"][side]
+        return f"{spread['median']:.0f} ({spread['min']:.0f}-{spread['max']:.0f})"
+
+    off, on = host_us_per_loop(entry, "off"), host_us_per_loop(entry, "on")
+    assert off is not None and on is not None
+    return (f"| FLASHMLA K={entry['k']} eager | {entry['batch_size']} | {rate('off')} | "
+            f"{rate('on')} | {entry['speedup']:.2f}x | {off:.0f} / {on:.0f} "
+            f"({off / on:.2f}x) |")
+
+
+def test_the_gpu_pages_eager_table_is_the_committed_json() -> None:
+    """Every row of the page's table of engines without CUDA graphs, as the committed run's
+    JSON gives it (tok/s spread, ratio, host time on draft metadata per loop); and the
+    FLASH_ATTN_MLA run it reports failing did fail, with the reason the page quotes."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "e2e-cuda.md").read_text()
+    data = json.loads((RESULTS / "e2e-cuda-eager-flashmla.json").read_text())
+    assert data["output_tokens_identical"] and data["draft_tokens_identical"]
+    assert _eager_rows(page) == [_eager_row(e) for e in data["configurations"]]
+    failed = json.loads((RESULTS / "e2e-cuda-eager-fa.json").read_text())["failed"]
+    assert [f["case"] for f in failed] == [f"tiny FLASH_ATTN_MLA K={k} eager" for k in (2, 3, 4)]
+    assert all("returned (33, 1), which does not fit the persistent buffer (17, 1)" in f["error"]
+               for f in failed)
