@@ -10,17 +10,37 @@ metadata views, called inside vLLM's captured draft loop.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from draftmeta.errors import DraftMetaError, UpdateError
-from draftmeta.integrations.vllm.log import fallback
+from draftmeta.integrations.vllm.log import LOGGER_NAME, fallback
 from draftmeta.integrations.vllm.plan import DISABLE_ENV, Decision, SpecOverride, spec_for
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
-__all__ = ["replacement_init", "replacement_update"]
+__all__ = ["replacement_init", "replacement_update", "without_full_cudagraphs"]
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+def without_full_cudagraphs(builder: Any) -> str | None:
+    """Why the builder's engine gets no hook, where it captures no full CUDA graphs
+    (``cudagraph_mode`` ``NONE``, as ``enforce_eager`` gives, or ``PIECEWISE``), else ``None``
+    (also where the builder does not say). vLLM would then call the hook on the host at every
+    draft step after building at the first: FA3's scheduler metadata is no persistent buffer
+    there (its engine failed to start on the H200) and at K = 2 the hook cost more than the
+    rebuild (docs/e2e-cuda.md, engines without CUDA graphs). Said at DEBUG only: a CPU engine
+    never captures, and takes the older proposer path anyway."""
+    compilation = getattr(getattr(builder, "vllm_config", None), "compilation_config", None)
+    mode = getattr(compilation, "cudagraph_mode", None)
+    has_full = getattr(mode, "has_full_cudagraphs", None)
+    if not callable(has_full) or has_full():
+        return None
+    return (f"this engine captures no full CUDA graphs (cudagraph_mode "
+            f"{getattr(mode, 'name', mode)}), where the hook would run on the host")
 
 
 def _exactly(obj: Any, cls: type) -> bool:
@@ -44,6 +64,11 @@ def replacement_init(
         dcp = getattr(self, "dcp_world_size", 1) > 1
         if decision.dcp_only and not dcp:  # vLLM's own hook serves this builder
             self._draftmeta_spec = None
+            return
+        eager = without_full_cudagraphs(self)
+        if eager is not None:  # the hook serves captured draft loops: vLLM's behaviour here
+            self._draftmeta_spec = None
+            logger.debug("draftmeta: %s keeps vLLM's behaviour: %s", entry.name, eager)
             return
         self._draftmeta_states = _StateCache()
         try:

@@ -90,16 +90,8 @@ class Measured:
 
 def instance_refusal(builder: Any) -> str | None:
     """Why a generated hook cannot serve this builder *instance*, or ``None``: what only the
-    built builder knows (its engine's CUDA graphs, its parallel configuration, its
-    sparse-attention mode), checked once where the plugin binds the hook (after the builder's
-    ``__init__``)."""
-    eager = _without_full_cudagraphs(builder)
-    if eager is not None:
-        return (f"this engine captures no full CUDA graphs (cudagraph_mode {eager}, as "
-                "enforce_eager gives), so vLLM would call the hook on the host at every draft "
-                "step after building at the first: slower than its rebuild at K = 2, and "
-                "FA3's scheduler metadata is no persistent buffer there (measured: "
-                "docs/e2e-cuda.md, engines without CUDA graphs)")
+    built builder knows (its parallel configuration, its sparse-attention mode), checked once
+    where the plugin binds the hook (after the builder's ``__init__``)."""
     pcp = getattr(builder, "pcp_world_size", 1)
     if pcp != 1:
         return (f"prefill context parallelism (pcp_world_size={pcp}): the spec describes one "
@@ -107,18 +99,6 @@ def instance_refusal(builder: Any) -> str | None:
     if getattr(builder, "hisparse_config", None) is not None:
         return "HiSparse attention: its metadata carries state the spec does not describe"
     return None
-
-
-def _without_full_cudagraphs(builder: Any) -> str | None:
-    """The name of the builder's engine's ``cudagraph_mode`` where it captures no full CUDA
-    graphs (``NONE``, ``PIECEWISE``: every draft loop then runs on the host), else ``None``
-    (also where the builder does not say)."""
-    compilation = getattr(getattr(builder, "vllm_config", None), "compilation_config", None)
-    mode = getattr(compilation, "cudagraph_mode", None)
-    has_full = getattr(mode, "has_full_cudagraphs", None)
-    if not callable(has_full) or has_full():
-        return None
-    return str(getattr(mode, "name", mode))
 
 
 def hook_state(builder: Any, metadata: Any) -> DraftState:
