@@ -249,6 +249,25 @@ def test_coverage_json_is_one_object_with_the_documented_fields(
 
 
 @needs_vllm
+def test_coverage_says_the_hook_serves_only_engines_that_capture_full_cuda_graphs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The class-level plan cannot see an engine's cudagraph_mode, so the report says, in
+    JSON and as text, which engines its hook rows apply to (an eager engine keeps vLLM's
+    behaviour: tests/test_vllm_plugin.py checks that decision)."""
+    from draftmeta.integrations.vllm.coverage import HOOK_ENGINES
+
+    monkeypatch.setenv("DRAFTMETA_VLLM_PLUGIN", "1")
+    assert main(["coverage", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hook_engines"] == HOOK_ENGINES
+    assert main(["coverage"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("Hook rows covered by draftmeta apply to engines that capture full CUDA graphs "
+            "(vLLM's default on a GPU); in an engine without them (enforce_eager=True, "
+            "cudagraph_mode NONE or PIECEWISE) every builder keeps vLLM's behaviour") in text
+
+
+@needs_vllm
 def test_coverage_says_when_the_plugin_is_turned_off(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from draftmeta.integrations.vllm.catalogue import DEFAULT_RELEASE, installed_version, release
 
-__all__ = ["PROOF", "coverage", "coverage_table"]
+__all__ = ["HOOK_ENGINES", "PROOF", "coverage", "coverage_table"]
 
 PROOF = {
     "CI": "equal to vLLM's own rebuild over random batches, in CI (CPU)",
@@ -71,8 +71,10 @@ def coverage() -> dict[str, Any]:
     ``reason``), ``builders`` (one object per builder and draft path: ``backend``, ``builder``,
     ``path``, ``covered_by`` (what runs now: ``draftmeta`` only while the plugin is active),
     ``with_plugin`` (what would run with it active), ``reason``, ``proven`` (a key of
-    :data:`PROOF`)) and ``blocking_full_capture`` (builders that keep vLLM's new runner
-    rebuilding every group, and so from capturing the whole draft loop).
+    :data:`PROOF`)), ``blocking_full_capture`` (builders that keep vLLM's new runner
+    rebuilding every group, and so from capturing the whole draft loop) and ``hook_engines``
+    (which engines a ``hook`` row covered by draftmeta applies to: :data:`HOOK_ENGINES`, or
+    ``None`` where the release has no hook path).
     """
     from draftmeta.integrations.vllm.catalogue import releases
     from draftmeta.integrations.vllm.plan import Unsupported, make_plan
@@ -85,6 +87,7 @@ def coverage() -> dict[str, Any]:
         "plugin": _plugin_state(version),
         "builders": [],
         "blocking_full_capture": [],
+        "hook_engines": None,
     }
     if version is None:
         report["release"] = DEFAULT_RELEASE
@@ -114,7 +117,18 @@ def coverage() -> dict[str, Any]:
     if "hook" in plan.release.paths:
         report["blocking_full_capture"] = [r["backend"] for r in report["builders"]
                                            if r["path"] == "hook" and r["covered_by"] == "none"]
+        report["hook_engines"] = HOOK_ENGINES
     return report
+
+
+HOOK_ENGINES = (
+    "hook rows covered by draftmeta apply to engines that capture full CUDA graphs (vLLM's "
+    "default on a GPU); in an engine without them (enforce_eager=True, cudagraph_mode NONE or "
+    "PIECEWISE) every builder keeps vLLM's behaviour (docs/e2e-cuda.md: engines without CUDA "
+    "graphs)"
+)
+"""Which engines draftmeta's hook serves (the plugin decides per builder instance, from its
+engine's ``cudagraph_mode``, which the class-level plan cannot see)."""
 
 
 def _summary(report: dict[str, Any]) -> str:
@@ -157,6 +171,10 @@ def coverage_table(report: dict[str, Any] | None = None, *, width: int = 100) ->
         for proof in proofs:
             lines.extend(textwrap.wrap(f"proven {proof}: {PROOF[proof]}", width,
                                        subsequent_indent="  "))
+    if report.get("hook_engines"):
+        lines.append("")
+        lines.extend(textwrap.wrap(report["hook_engines"][0].upper()
+                                   + report["hook_engines"][1:] + ".", width))
     if report["blocking_full_capture"]:
         blockers = ", ".join(report["blocking_full_capture"])
         lines.append("")
