@@ -215,3 +215,22 @@ def test_the_gpu_pages_eager_table_is_the_committed_json() -> None:
     assert [f["case"] for f in failed] == [f"tiny FLASH_ATTN_MLA K={k} eager" for k in (2, 3, 4)]
     assert all("returned (33, 1), which does not fit the persistent buffer (17, 1)" in f["error"]
                for f in failed)
+
+
+def test_host_time_per_loop_counts_host_run_loops_of_results_that_timed_them() -> None:
+    """Builds and hook calls over the loops that ran on the host (rebuilt or fused without a
+    graph); ``None`` where every loop replayed a graph or the result predates the build
+    timing, and then the table of host times leaves the configuration out."""
+    from draftmeta.integrations.vllm.e2e.cuda_report import host_us_per_loop
+
+    timed = {"fused_replays": 0, "fused_eager": 4, "rebuilt": 0, "hook_calls": 8,
+             "hook_seconds": 0.0004, "build_calls": 4, "build_seconds": 0.0008}
+    graphs = {**timed, "fused_replays": 4, "fused_eager": 0}
+    old = {k: v for k, v in timed.items() if not k.startswith("build")}
+    assert host_us_per_loop({"draft_loops": {"on": timed}}, "on") == pytest.approx(300.0)
+    assert host_us_per_loop({"draft_loops": {"on": graphs}}, "on") is None
+    assert host_us_per_loop({"draft_loops": {"on": old}}, "on") is None
+    committed = json.loads((RESULTS / "e2e-cuda.json").read_text())  # captured, before timing
+    assert "Host time on draft metadata" not in cuda_markdown(committed)
+    eager = json.loads((RESULTS / "e2e-cuda-eager-flashmla.json").read_text())
+    assert "| tiny FLASHMLA K=4 eager | 8 | 976 | 515 | 1.90x |" in cuda_markdown(eager)
