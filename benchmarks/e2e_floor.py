@@ -192,6 +192,13 @@ def read_extent(data: dict[str, Any]) -> Extent:
                      "update_line_us" in data, data["backend"])
 
 
+def _mean_from(medians: dict[int, float], first: int) -> float | None:
+    """The mean of the per-index medians from draft index ``first`` on, ``None`` where the
+    draft loop has no such index (K = 2 has no index 2, the first in-place step)."""
+    values = [v for i, v in medians.items() if i >= first]
+    return round(statistics.mean(values), 1) if values else None
+
+
 def cpu_model() -> str:
     """The CPU's model name as Linux reports it (``"unknown"`` elsewhere)."""
     with contextlib.suppress(OSError):
@@ -282,10 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         undo()
     medians = {m: {i: round(statistics.median(v), 1) for i, v in sorted(idx.items())}
                for m, idx in per_index.items()}
-    later = {m: round(statistics.mean(v for i, v in med.items() if i >= 2), 1)
-             for m, med in medians.items()}
-    refresh = {m: round(statistics.mean(v for i, v in med.items() if i >= 1), 1)
-               for m, med in medians.items()}
+    later = {m: _mean_from(med, 2) for m, med in medians.items()}  # None where K <= 2
+    refresh = {m: _mean_from(med, 1) for m, med in medians.items()}
     result: dict[str, Any] = {
         "vllm_version": version, "backend": args.backend, "k": args.k,
         "batch_size": args.batch_size, "max_tokens": args.max_tokens, "repeats": args.repeats,
@@ -296,10 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         "us_per_refresh_step": refresh,
     }
     for other in ("on", "floor"):
-        if "off" in later and other in later:
-            result[f"ratio_off_over_{other}_in_place"] = round(later["off"] / later[other], 2)
-            result[f"ratio_off_over_{other}_all_refreshes"] = round(
-                refresh["off"] / refresh[other], 2)
+        for key, means in (("in_place", later), ("all_refreshes", refresh)):
+            off, it = means.get("off"), means.get(other)
+            if off is not None and it is not None:
+                result[f"ratio_off_over_{other}_{key}"] = round(off / it, 2)
     if timings:
         result["update_line_us" if args.lines else "update_phase_us"] = {
             p: round(statistics.median(v), 2) for p, v in timings.items()}

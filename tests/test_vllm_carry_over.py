@@ -252,3 +252,30 @@ def test_carry_over_is_off_unless_the_environment_turns_it_on(
     finally:
         plugin.unregister()
     assert runs[1][0][0] is not runs[0][0][0] and [d for _, d in runs] == [[], [], []]
+
+
+@pytest.mark.parametrize("name", CARRIED)
+def test_with_k_2_a_builder_that_carries_over_keeps_the_plugins_build_and_carries_index_1(
+    name: str, active: None
+) -> None:
+    """K = 2 has no in-place step, but carry-over refreshes index 1 itself: the builder keeps
+    the plugin's build_for_drafting (without carry-over it gets vLLM's back), and its loops
+    after the first reuse one object that equals vLLM's fresh build."""
+    plugin.reset_stats()
+    case = random_case(name, 3)
+    patched, reference, original = _builders(name, case.max_model_len, case.block_size)
+    harness.say_draft_tokens(patched, 2)
+    g = torch.Generator().manual_seed(3)
+    buffers = random_state(g, batch_size=CAPACITY, block_size=case.block_size,
+                           max_model_len=case.max_model_len, steps=2)
+    objects = []
+    for _ in range(3):
+        state = _into(buffers, random_state(g, batch_size=4, block_size=case.block_size,
+                                            max_model_len=case.max_model_len, steps=2))
+        objects.append(_draft_loop(patched, state, 1, case.overflow)[0])
+        want = original(reference, harness.common_metadata_for(state.clone()), 1)
+        assert compare_metadata(objects[-1], want,
+                                ignore=lambda p: p == "decode.schedule_metadata") == []
+    assert "build_for_drafting" not in patched.__dict__
+    assert objects[0] is objects[1] is objects[2]
+    assert plugin.stats()[name]["carried_over"] == 2

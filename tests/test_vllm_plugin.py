@@ -610,17 +610,6 @@ def test_shadow_mode_never_switches_off_a_correct_spec(monkeypatch: pytest.Monke
         reset_sentinels()
 
 
-class _ConfigWithK:
-    """A vLLM config that says K (the harness's configs have no speculative config)."""
-
-    def __init__(self, config: Any, k: int) -> None:
-        self._config = config
-        self.speculative_config = type("Speculative", (), {"num_speculative_tokens": k})()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._config, name)
-
-
 @needs_older_proposer
 def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_updates_in_place(
     active: plugin.Installed,
@@ -632,7 +621,7 @@ def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_upd
     plugin.reset_stats()
     config = harness.cached_vllm_config(max_model_len=256, block_size=16, cudagraph_mode=CAPTURED)
     builder = harness.make_builder(name, config, block_size=16)
-    builder.vllm_config = _ConfigWithK(builder.vllm_config, k)
+    harness.say_draft_tokens(builder, k)
     for loop in range(3):
         state = random_state(torch.Generator().manual_seed(loop), batch_size=3, block_size=16,
                              max_model_len=256, steps=k)
@@ -649,22 +638,47 @@ def _k_builder(k: int) -> Any:
     plugin.reset_stats()
     config = harness.cached_vllm_config(max_model_len=256, block_size=16, cudagraph_mode=CAPTURED)
     builder = harness.make_builder("CPU_MLA", config, block_size=16)
-    builder.vllm_config = _ConfigWithK(builder.vllm_config, k)
+    harness.say_draft_tokens(builder, k)
     return builder
 
 
 @needs_older_proposer
-def test_with_k_2_the_plugin_checks_nothing_and_keeps_nothing_at_draft_index_1(
-    active: plugin.Installed,
+@needs_older_proposer
+@pytest.mark.parametrize("k", [1, 2])
+def test_with_k_at_most_2_the_builder_gets_vllms_own_build_back_at_its_first_draft_loop(
+    active: plugin.Installed, k: int
 ) -> None:
-    """K = 2 has no in-place step after index 1: the plugin costs a lookup there, no check."""
-    builder = _k_builder(2)
+    """K <= 2 has no in-place step after index 1: after its first call the builder instance
+    calls vLLM's build_for_drafting itself (no bookkeeping, no check, nothing kept), and what
+    it builds equals the unpatched builder's."""
+    builder = _k_builder(k)
+    cls = type(builder)
+    vllms = cls.build_for_drafting.__wrapped__  # type: ignore[attr-defined]
     state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
                          max_model_len=256, steps=2)
-    builder.build_for_drafting(_cad(state), 1)
+    first = builder.build_for_drafting(_cad(state), 1)
+    assert builder.build_for_drafting.__func__ is vllms
+    assert builder.build_for_drafting.__self__ is builder
+    assert "_draftmeta_older_builder" not in builder.__dict__  # no spec, no state made
     assert builder.__dict__.get("_draftmeta_loop") is None
-    assert builder._draftmeta_older_builder.checked is False  # the built object was not walked
+    second = builder.build_for_drafting(_cad(state), 1)
+    assert compare_metadata(second, vllms(_k_builder(k), _cad(state), 1)) == []
+    assert first is not second
     assert plugin.stats()["CPU_MLA"] == {"in_place": 0, "rebuilt": 0, "carried_over": 0}
+
+
+@needs_older_proposer
+def test_with_k_3_the_builder_keeps_the_plugins_build_and_updates_in_place(
+    active: plugin.Installed,
+) -> None:
+    """The control of the test above: K = 3 has one in-place step, so the plugin stays."""
+    builder = _k_builder(3)
+    state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                         max_model_len=256, steps=3)
+    results = _v1_loop(builder, state, 2, "wrap")
+    assert "build_for_drafting" not in builder.__dict__
+    assert results[0] is results[1]
+    assert plugin.stats()["CPU_MLA"] == {"in_place": 1, "rebuilt": 0, "carried_over": 0}
 
 
 def _three_steps(builder: Any, seed: int, between: Any) -> tuple[Any, Any, Any]:

@@ -2,8 +2,9 @@
 
 :func:`replacement_build_for_drafting` makes the replacement the plugin installs on a builder
 class: the metadata vLLM builds at draft index 1 is kept and, at the later indices of the same
-draft loop, updated in place instead of rebuilt. Index 1 itself only keeps it (where K = 2 there
-is no later index, and the plugin costs nothing there); the loop's first in-place step (index 2)
+draft loop, updated in place instead of rebuilt. Index 1 itself only keeps it; where K <= 2 no index
+follows it, so at its first draft loop the builder instance gets vLLM's own method back and the
+plugin costs nothing from then on. The loop's first in-place step (index 2)
 runs every check of the spec on it, updates it and seals it
 (:attr:`~draftmeta.spec.DraftSpec.sealed`); the later indices run the sealed step, which re-checks
 at every step what can change between steps and falls back to the full update (every check again)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -97,6 +99,17 @@ def _last_draft_index(builder: Any) -> int:
     speculative = getattr(builder.vllm_config, "speculative_config", None)
     k = getattr(speculative, "num_speculative_tokens", None)
     return k - 1 if type(k) is int and k >= 1 else _NO_LAST_INDEX
+
+
+def _keep_vllms_build(builder: Any, original: Callable[..., Any], name: str) -> None:
+    """Give ``builder`` vLLM's own ``build_for_drafting`` back, as an attribute of the instance
+    (it shadows the class's replacement): its engine drafts K <= 2 tokens, so no draft step
+    follows index 1 to update in place, and every later call goes straight to vLLM's build,
+    without the replacement's bookkeeping. Decided once, at the builder's first draft loop."""
+    builder.build_for_drafting = types.MethodType(original, builder)
+    logger.debug("draftmeta: this %s builder keeps vLLM's build_for_drafting: its engine "
+                 "drafts K <= 2 tokens, so no draft step after index 1 is left to update in "
+                 "place", name)
 
 
 def replacement_build_for_drafting(
@@ -237,6 +250,9 @@ def replacement_build_for_drafting(
         if starts:
             kept = self.__dict__.get("_draftmeta_older_builder")
             if kept is None:
+                if declared is None and _last_draft_index(self) < 2:
+                    _keep_vllms_build(self, original, entry.name)
+                    return metadata
                 kept = new_record(self, common_attn_metadata)
             if kept.last_index >= 2:
                 self._draftmeta_loop = (common_attn_metadata, metadata)

@@ -28,6 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
@@ -54,6 +55,7 @@ __all__ = [
     "make_common_metadata",
     "make_vllm_config",
     "prepare_environment",
+    "say_draft_tokens",
 ]
 
 INDEXER_BLOCK_SIZE: Final = 64
@@ -398,6 +400,26 @@ def _indexer_kv_cache_spec(config: VllmConfig, block_size: int) -> Any:
         dtype=torch.uint8,
         cache_role=SparseCacheRole.INDEXER,
     )
+
+
+class _ConfigWithDraftTokens:
+    """A vLLM config that says K, the draft tokens per step; everything else is the wrapped
+    config's."""
+
+    def __init__(self, config: Any, k: int) -> None:
+        self._config = config
+        self.speculative_config = types.SimpleNamespace(num_speculative_tokens=k)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+def say_draft_tokens(builder: Any, k: int) -> None:
+    """Make a harness builder's config say that its engine drafts ``k`` tokens per step, as an
+    engine's config does (the harness's configs have no speculative config): where the older
+    proposer path reads K (the last draft index of a loop, and whether any index follows the
+    first)."""
+    builder.vllm_config = _ConfigWithDraftTokens(builder.vllm_config, k)
 
 
 def make_builder(
