@@ -249,6 +249,30 @@ def test_coverage_json_is_one_object_with_the_documented_fields(
 
 
 @needs_vllm
+def test_coverage_says_the_older_proposer_update_serves_only_engines_drafting_3_tokens_or_more(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The class-level plan cannot see an engine's K, so the report says, in JSON and as
+    text, which engines its older-proposer rows apply to (at K <= 2 a builder keeps vLLM's
+    build: tests/test_vllm_plugin.py checks that decision); a release without that path
+    says nothing of it."""
+    from draftmeta.integrations.vllm.catalogue import current_release
+    from draftmeta.integrations.vllm.coverage import OLDER_PROPOSER_ENGINES
+
+    monkeypatch.setenv("DRAFTMETA_VLLM_PLUGIN", "1")
+    older = "older_proposer" in current_release().paths
+    assert main(["coverage", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)["older_proposer_engines"]
+    assert said == (OLDER_PROPOSER_ENGINES if older else None)
+    assert main(["coverage"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    sentence = ("The older_proposer rows covered by draftmeta apply to engines that draft K >= 3 "
+                "tokens per step (num_speculative_tokens); at K <= 2 no draft step follows "
+                "index 1, so each builder keeps vLLM's build_for_drafting")
+    assert (sentence in text) == older
+
+
+@needs_vllm
 def test_coverage_says_the_hook_serves_only_engines_that_capture_full_cuda_graphs(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

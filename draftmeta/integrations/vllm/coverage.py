@@ -12,7 +12,7 @@ from typing import Any
 
 from draftmeta.integrations.vllm.catalogue import DEFAULT_RELEASE, installed_version, release
 
-__all__ = ["HOOK_ENGINES", "PROOF", "coverage", "coverage_table"]
+__all__ = ["HOOK_ENGINES", "OLDER_PROPOSER_ENGINES", "PROOF", "coverage", "coverage_table"]
 
 PROOF = {
     "CI": "equal to vLLM's own rebuild over random batches, in CI (CPU)",
@@ -72,9 +72,11 @@ def coverage() -> dict[str, Any]:
     ``path``, ``covered_by`` (what runs now: ``draftmeta`` only while the plugin is active),
     ``with_plugin`` (what would run with it active), ``reason``, ``proven`` (a key of
     :data:`PROOF`)), ``blocking_full_capture`` (builders that keep vLLM's new runner
-    rebuilding every group, and so from capturing the whole draft loop) and ``hook_engines``
+    rebuilding every group, and so from capturing the whole draft loop), ``hook_engines``
     (which engines a ``hook`` row covered by draftmeta applies to: :data:`HOOK_ENGINES`, or
-    ``None`` where the release has no hook path).
+    ``None`` where the release has no hook path) and ``older_proposer_engines`` (the same for
+    ``older_proposer`` rows: :data:`OLDER_PROPOSER_ENGINES`, or ``None`` where the release has
+    no older proposer path).
     """
     from draftmeta.integrations.vllm.catalogue import releases
     from draftmeta.integrations.vllm.plan import Unsupported, make_plan
@@ -88,6 +90,7 @@ def coverage() -> dict[str, Any]:
         "builders": [],
         "blocking_full_capture": [],
         "hook_engines": None,
+        "older_proposer_engines": None,
     }
     if version is None:
         report["release"] = DEFAULT_RELEASE
@@ -118,6 +121,8 @@ def coverage() -> dict[str, Any]:
         report["blocking_full_capture"] = [r["backend"] for r in report["builders"]
                                            if r["path"] == "hook" and r["covered_by"] == "none"]
         report["hook_engines"] = HOOK_ENGINES
+    if "older_proposer" in plan.release.paths:
+        report["older_proposer_engines"] = OLDER_PROPOSER_ENGINES
     return report
 
 
@@ -129,6 +134,15 @@ HOOK_ENGINES = (
 )
 """Which engines draftmeta's hook serves (the plugin decides per builder instance, from its
 engine's ``cudagraph_mode``, which the class-level plan cannot see)."""
+
+OLDER_PROPOSER_ENGINES = (
+    "the older_proposer rows covered by draftmeta apply to engines that draft K >= 3 tokens per "
+    "step (num_speculative_tokens); at K <= 2 no draft step follows index 1, so each builder "
+    "keeps vLLM's build_for_drafting (unless DRAFTMETA_CARRY_OVER=1, which refreshes index 1)"
+)
+"""Which engines draftmeta's older-proposer update serves (the plugin decides per builder
+instance, at its first draft loop, from its engine's K, which the class-level plan cannot
+see)."""
 
 
 def _summary(report: dict[str, Any]) -> str:
@@ -171,10 +185,11 @@ def coverage_table(report: dict[str, Any] | None = None, *, width: int = 100) ->
         for proof in proofs:
             lines.extend(textwrap.wrap(f"proven {proof}: {PROOF[proof]}", width,
                                        subsequent_indent="  "))
-    if report.get("hook_engines"):
-        lines.append("")
-        lines.extend(textwrap.wrap(report["hook_engines"][0].upper()
-                                   + report["hook_engines"][1:] + ".", width))
+    for key in ("older_proposer_engines", "hook_engines"):
+        said = report.get(key)
+        if said:
+            lines.append("")
+            lines.extend(textwrap.wrap(said[0].upper() + said[1:] + ".", width))
     if report["blocking_full_capture"]:
         blockers = ", ".join(report["blocking_full_capture"])
         lines.append("")
