@@ -2,9 +2,9 @@
 
 :func:`replacement_build_for_drafting` makes the replacement the plugin installs on a builder
 class: the metadata vLLM builds at draft index 1 is kept and, at the later indices of the same
-draft loop, updated in place instead of rebuilt. Index 1 itself only keeps it; where K <= 2 no index
-follows it, so at its first draft loop the builder instance gets vLLM's own method back and the
-plugin costs nothing from then on. The loop's first in-place step (index 2)
+draft loop, updated in place instead of rebuilt. Index 1 itself only keeps it; where K <= 2 no
+index follows it, so at its first draft loop the builder instance gets vLLM's own method back
+and the plugin costs nothing from then on. The loop's first in-place step (index 2)
 runs every check of the spec on it, updates it and seals it
 (:attr:`~draftmeta.spec.DraftSpec.sealed`); the later indices run the sealed step, which re-checks
 at every step what can change between steps and falls back to the full update (every check again)
