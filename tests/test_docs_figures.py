@@ -460,3 +460,33 @@ def test_an_amx_figure_not_in_the_xeon_runs_is_caught() -> None:
         check_amx_text(section.replace("1.37-1.55x", "1.37-1.95x"), "e2e.md")
     with pytest.raises(AssertionError):
         check_amx_text(section.replace("47.6 us", "27.6 us"), "e2e.md")
+
+
+# -- e2e_floor.py --wrapper: e2e-floor-wrapper-before.json, e2e-floor-wrapper.json -------------
+
+
+def check_wrapper_paragraph(text: str) -> None:
+    """The ``--wrapper`` paragraph of the e2e page quotes what the plugin's replacement added
+    around vLLM's build at draft indices 0 and 1, before and after its short path, and the
+    floor's, as the two committed runs give them; both runs had identical tokens."""
+    flat = _flat(text)
+    before, after = _json("e2e-floor-wrapper-before.json"), _json("e2e-floor-wrapper.json")
+    b, a = before["adds_around_build_us"]["on"], after["adds_around_build_us"]["on"]
+    floor = after["adds_around_build_us"]["floor"]
+    assert f"{b['0']:.2f} us at index 0 and {b['1']:.2f} us at index 1" in flat
+    assert f"{a['0']:.2f} and {a['1']:.2f} us" in flat
+    assert f"adds {floor['1']:.2f} us at index 1 and {floor['0']:.2f} us at index 0" in flat
+    assert before["tokens_identical"] and after["tokens_identical"]
+    assert before["k"] == after["k"] and before["repeats"] == after["repeats"]
+
+
+def test_the_e2e_pages_wrapper_figures_are_the_committed_runs() -> None:
+    check_wrapper_paragraph(_paragraph(_text("docs/e2e.md"), "`--wrapper` times"))
+
+
+def test_a_wrong_wrapper_figure_is_caught() -> None:
+    paragraph = _paragraph(_text("docs/e2e.md"), "`--wrapper` times")
+    shown = f"{_json('e2e-floor-wrapper.json')['adds_around_build_us']['on']['1']:.2f} us"
+    assert shown in paragraph
+    with pytest.raises(AssertionError):
+        check_wrapper_paragraph(paragraph.replace(shown, "0.42 us"))

@@ -77,3 +77,72 @@ def test_undoing_the_instrumentation_compiles_plain_functions_again(e2e_floor: M
     _three_steps(spec)
     assert samples == {}
     assert "_now()" not in spec.sealed[1].__draftmeta_source__
+
+
+class _Builder:
+    """vLLM's builder class, as ``--wrapper`` sees it: a build that takes a while."""
+
+    def build_for_drafting(self, cad: Any, draft_index: int) -> Any:
+        _spin(200_000)
+        return ("built", draft_index)
+
+
+class _Group:
+    """vLLM's attention group: work around the build, then the build, or (``in_place``) no
+    build at all, as the plugin's in-place steps."""
+
+    in_place = False
+
+    def __init__(self) -> None:
+        self.builder = _Builder()
+
+    def build_metadata_for_drafting(self, cad: Any, draft_index: int) -> Any:
+        _spin(100_000)
+        if self.in_place:
+            return ("kept", draft_index)
+        return self.builder.build_for_drafting(cad, draft_index)
+
+
+def _spin(ns: int) -> None:
+    import time
+
+    end = time.thread_time_ns() + ns
+    while time.thread_time_ns() < end:
+        pass
+
+
+def test_wrapper_times_what_lies_around_vllms_build_per_mode_and_index(
+    e2e_floor: ModuleType,
+) -> None:
+    """Around a 200 us build the group spends 100 us: ``--wrapper`` gives the 100, not the
+    300 or the 200; a call that builds nothing, or one made while ``mode`` is ``None`` (a
+    warm-up), gives no sample; the classes are restored afterwards."""
+    samples: dict[str, dict[int, list[float]]] = {}
+    mode: list[str | None] = [None]
+    build, refresh = _Builder.build_for_drafting, _Group.build_metadata_for_drafting
+    group = _Group()
+    with e2e_floor.time_around_build(samples, mode, _Builder, _Group):
+        assert group.build_metadata_for_drafting(None, 1) == ("built", 1)  # warm-up: not kept
+        mode[0] = "off"
+        for index in (1, 2, 1):
+            group.build_metadata_for_drafting(None, index)
+        mode[0] = "on"
+        group.in_place = True
+        assert group.build_metadata_for_drafting(None, 2) == ("kept", 2)
+    assert _Builder.build_for_drafting is build and _Group.build_metadata_for_drafting is refresh
+    assert set(samples) == {"off"} and sorted(samples["off"]) == [1, 2]
+    assert len(samples["off"][1]) == 2 and len(samples["off"][2]) == 1
+    for value in (*samples["off"][1], *samples["off"][2]):
+        assert 100 <= value < 190, value  # the group's own 100 us (and the timers'), no build
+
+
+def test_what_a_mode_adds_around_the_build_is_its_median_less_offs_at_each_index(
+    e2e_floor: ModuleType,
+) -> None:
+    result = e2e_floor.around_build_result({
+        "off": {0: [5.0, 6.0, 7.0], 1: [4.0, 4.0, 9.0]},
+        "on": {0: [7.0, 7.5, 8.0], 1: [6.5, 6.0, 7.0], 2: [3.0]},
+    })
+    assert result["around_build_us"] == {"off": {0: 6.0, 1: 4.0},
+                                         "on": {0: 7.5, 1: 6.5, 2: 3.0}}
+    assert result["adds_around_build_us"] == {"on": {0: 1.5, 1: 2.5}}  # index 2: off never built

@@ -279,3 +279,26 @@ def test_with_k_2_a_builder_that_carries_over_keeps_the_plugins_build_and_carrie
     assert "build_for_drafting" not in patched.__dict__
     assert objects[0] is objects[1] is objects[2]
     assert plugin.stats()[name]["carried_over"] == 2
+
+
+@pytest.mark.parametrize("name", CARRIED)
+def test_with_k_4_a_builder_that_carries_over_still_carries_index_1_over(
+    name: str, active: None
+) -> None:
+    """Where K is known (>= 3), indices 0 and 1 of a builder without carry-over take a short
+    path that only builds and keeps; a builder with carry-over must not take it, or its
+    index 1 would be built afresh every loop."""
+    plugin.reset_stats()
+    case = random_case(name, 5)
+    patched, _, _ = _builders(name, case.max_model_len, case.block_size)
+    harness.say_draft_tokens(patched, 4)
+    g = torch.Generator().manual_seed(5)
+    buffers = random_state(g, batch_size=CAPACITY, block_size=case.block_size,
+                           max_model_len=case.max_model_len, steps=4)
+    loops = []
+    for _ in range(3):
+        state = _into(buffers, random_state(g, batch_size=4, block_size=case.block_size,
+                                            max_model_len=case.max_model_len, steps=4))
+        loops.append(_draft_loop(patched, state, 3, case.overflow))
+    assert all(m is loops[0][0] for steps in loops for m in steps)
+    assert plugin.stats()[name] == {"in_place": 6, "rebuilt": 0, "carried_over": 2}

@@ -843,3 +843,46 @@ def test_no_builder_is_special_cased_by_name_in_the_planner_or_the_plugin() -> N
         named = sorted({node.value for node in ast.walk(tree)
                         if isinstance(node, ast.Constant) and node.value in names})
         assert named == [], (module.__name__, named)
+
+
+
+
+@needs_older_proposer
+def test_under_dcp_the_older_proposer_rebuilds_every_draft_step_even_with_k_known(
+    monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
+) -> None:
+    """The older proposer keeps DCP-local lengths in the builder, so under DCP > 1 every step
+    after index 1 is vLLM's build; with K known the short path at indices 0 and 1 must not
+    start a loop for such a builder either: no loop is kept, so no in-place step is tried
+    (and refused by the spec, which would log a fallback). (The harness cannot make an MLA
+    builder with a DCP group on CPU: this builder says DCP 2, and vLLM's build is wrapped,
+    before the plugin wraps it, to record its calls.)"""
+    built: list[int] = []
+    cls = _class(BUILDER_CLASSES["CPU_MLA"])
+    vllms = cls.build_for_drafting
+
+    def build(self: Any, cad: Any, draft_index: int) -> Any:
+        built.append(draft_index)
+        return vllms(self, cad, draft_index)
+
+    monkeypatch.setattr(cls, "build_for_drafting", build)
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register()
+    try:
+        builder = _k_builder(4)
+        builder.dcp_world_size = 2
+        for loop in range(3):
+            state = random_state(torch.Generator().manual_seed(loop), batch_size=3,
+                                 block_size=16, max_model_len=256, steps=4)
+            state.dcp_local_seq_lens = harness.dcp_local_seq_lens(state.seq_lens, 2, 0, 1)
+            results = _v1_loop(builder, state, 3, "wrap")
+            assert len({id(r) for r in results}) == 3, loop  # a new object at every index
+            assert builder.__dict__.get("_draftmeta_loop") is None, loop
+        assert built == [1, 2, 3] * 3
+        assert plugin.stats()["CPU_MLA"] == {"in_place": 0, "rebuilt": 6, "carried_over": 0}
+        tried = [r.getMessage() for r in vllm_log if r.name == plugin.LOGGER_NAME
+                 and "rebuilds this draft loop" in r.getMessage()]
+        assert tried == []
+    finally:
+        plugin.unregister()

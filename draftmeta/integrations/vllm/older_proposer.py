@@ -79,6 +79,10 @@ class _OlderBuilder:
     checked: bool = False  # the first built object was checked for uncovered attributes
     refused: bool = False  # it carried something the spec does not cover: always rebuild
     shadowed: bool = False  # the current loop also rebuilds and compares (DRAFTMETA_SHADOW)
+    # draft indices 0 and 1 only build and keep (K known and >= 3, no carry-over; a record
+    # exists only for a builder with DCP off): fixed per builder, so those indices take the
+    # short path at the top of the replacement
+    builds_first: bool = False
 
 
 @attrs.define
@@ -135,8 +139,10 @@ def replacement_build_for_drafting(
             else:
                 logger.info("draftmeta: %s builds at every draft loop's index 1: %s",
                             entry.name, refused)
-        kept = _OlderBuilder(spec, draft_state_of(cad, builder), sentinel_for(entry.name),
-                             _last_draft_index(builder), spec.sealed, counters, carry=carry)
+        last = _last_draft_index(builder)
+        kept = _OlderBuilder(spec, draft_state_of(cad, builder), sentinel_for(entry.name), last,
+                             spec.sealed, counters, carry=carry,
+                             builds_first=2 <= last < _NO_LAST_INDEX and declared is None)
         builder._draftmeta_older_builder = kept
         return kept
 
@@ -205,6 +211,13 @@ def replacement_build_for_drafting(
         builder: Any = self  # (type(self) narrowed by mypy would lose the attributes below)
         if type(builder) is not cls:  # a subclass: its own entry, or vLLM's behaviour
             return original(self, common_attn_metadata, draft_index)
+        if draft_index <= 1:  # the short path, once the builder's first loop has run
+            first: _OlderBuilder | None = self.__dict__.get("_draftmeta_older_builder")
+            if first is not None and first.builds_first:
+                metadata = original(self, common_attn_metadata, draft_index)
+                if draft_index == 1:  # a loop starts: keep what vLLM built
+                    self._draftmeta_loop = (common_attn_metadata, metadata)
+                return metadata
         loop: tuple[Any, ...] | None = self.__dict__.get("_draftmeta_loop")
         if draft_index > 1 and loop is not None and loop[0] is common_attn_metadata:
             metadata = loop[1]
