@@ -254,51 +254,31 @@ def test_carry_over_is_off_unless_the_environment_turns_it_on(
     assert runs[1][0][0] is not runs[0][0][0] and [d for _, d in runs] == [[], [], []]
 
 
+
 @pytest.mark.parametrize("name", CARRIED)
-def test_with_k_2_a_builder_that_carries_over_keeps_the_plugins_build_and_carries_index_1(
-    name: str, active: None
+@pytest.mark.parametrize("k", [2, 4])
+def test_with_k_known_a_builder_that_carries_over_keeps_the_plugins_build_and_carries_over(
+    name: str, k: int, active: None
 ) -> None:
-    """K = 2 has no in-place step, but carry-over refreshes index 1 itself: the builder keeps
-    the plugin's build_for_drafting (without carry-over it gets vLLM's back), and its loops
-    after the first reuse one object that equals vLLM's fresh build."""
+    """Without carry-over a builder at K = 2 gets vLLM's build_for_drafting back, and one at
+    K >= 3 builds and keeps on a short path at indices 0 and 1; with carry-over, which
+    refreshes index 1 itself, it takes neither: its loops after the first reuse one object,
+    equal to vLLM's fresh build at the loop's last index."""
     plugin.reset_stats()
     case = random_case(name, 3)
     patched, reference, original = _builders(name, case.max_model_len, case.block_size)
-    harness.say_draft_tokens(patched, 2)
+    harness.say_draft_tokens(patched, k)
     g = torch.Generator().manual_seed(3)
     buffers = random_state(g, batch_size=CAPACITY, block_size=case.block_size,
-                           max_model_len=case.max_model_len, steps=2)
-    objects = []
-    for _ in range(3):
-        state = _into(buffers, random_state(g, batch_size=4, block_size=case.block_size,
-                                            max_model_len=case.max_model_len, steps=2))
-        objects.append(_draft_loop(patched, state, 1, case.overflow)[0])
-        want = original(reference, harness.common_metadata_for(state.clone()), 1)
-        assert compare_metadata(objects[-1], want,
-                                ignore=lambda p: p == "decode.schedule_metadata") == []
-    assert "build_for_drafting" not in patched.__dict__
-    assert objects[0] is objects[1] is objects[2]
-    assert plugin.stats()[name]["carried_over"] == 2
-
-
-@pytest.mark.parametrize("name", CARRIED)
-def test_with_k_4_a_builder_that_carries_over_still_carries_index_1_over(
-    name: str, active: None
-) -> None:
-    """Where K is known (>= 3), indices 0 and 1 of a builder without carry-over take a short
-    path that only builds and keeps; a builder with carry-over must not take it, or its
-    index 1 would be built afresh every loop."""
-    plugin.reset_stats()
-    case = random_case(name, 5)
-    patched, _, _ = _builders(name, case.max_model_len, case.block_size)
-    harness.say_draft_tokens(patched, 4)
-    g = torch.Generator().manual_seed(5)
-    buffers = random_state(g, batch_size=CAPACITY, block_size=case.block_size,
-                           max_model_len=case.max_model_len, steps=4)
+                           max_model_len=case.max_model_len, steps=k)
     loops = []
     for _ in range(3):
         state = _into(buffers, random_state(g, batch_size=4, block_size=case.block_size,
-                                            max_model_len=case.max_model_len, steps=4))
-        loops.append(_draft_loop(patched, state, 3, case.overflow))
+                                            max_model_len=case.max_model_len, steps=k))
+        loops.append(_draft_loop(patched, state, k - 1, case.overflow))
+        want = original(reference, harness.common_metadata_for(state.clone()), k - 1)
+        assert compare_metadata(loops[-1][-1], want,
+                                ignore=lambda p: p == "decode.schedule_metadata") == []
+    assert "build_for_drafting" not in patched.__dict__
     assert all(m is loops[0][0] for steps in loops for m in steps)
-    assert plugin.stats()[name] == {"in_place": 6, "rebuilt": 0, "carried_over": 2}
+    assert plugin.stats()[name] == {"in_place": 3 * (k - 2), "rebuilt": 0, "carried_over": 2}
