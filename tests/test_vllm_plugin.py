@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Iterator
@@ -52,8 +53,10 @@ def _snapshot() -> dict[str, dict[str, object]]:
     return {p: dict(vars(_class(p))) for p in BUILDER_CLASSES.values()}
 
 
-@pytest.fixture
-def active(monkeypatch: pytest.MonkeyPatch) -> Iterator[plugin.Installed]:
+@contextlib.contextmanager
+def _plugin_installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[plugin.Installed]:
+    """The plugin installed afresh for the block (with the environment and vLLM's classes as
+    the test has set them), and removed after it."""
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     plugin.unregister()
     plugin.register()
@@ -63,6 +66,12 @@ def active(monkeypatch: pytest.MonkeyPatch) -> Iterator[plugin.Installed]:
         yield info
     finally:
         plugin.unregister()
+
+
+@pytest.fixture
+def active(monkeypatch: pytest.MonkeyPatch) -> Iterator[plugin.Installed]:
+    with _plugin_installed(monkeypatch) as info:
+        yield info
 
 
 def test_vllm_finds_the_plugin_through_its_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,11 +178,8 @@ def test_new_runner_hook_refreshes_metadata_captured_from_a_dummy_batch(
     """With the opt-in override, draftmeta's hook also serves builders vLLM covers itself;
     the metadata is built from a dummy batch (as at CUDA-graph capture), the persistent buffers
     then hold a real batch, and one hook call must make the metadata describe it."""
-    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     monkeypatch.setenv(plugin.OVERRIDE_ENV, "1")
-    plugin.unregister()
-    plugin.register()
-    try:
+    with _plugin_installed(monkeypatch):
         cls = _class(BUILDER_CLASSES[name])
         assert "update_draft_decode_metadata" in vars(cls)
         for seed in range(30):
@@ -208,8 +214,6 @@ def test_new_runner_hook_refreshes_metadata_captured_from_a_dummy_batch(
                 assert diff == [], (seed, step, diff)
                 assert metadata.max_seq_len == case.max_model_len  # the frozen bound
                 advance_state(real, "clamp")
-    finally:
-        plugin.unregister()
 
 
 @pytest.mark.skipif(not RELEASE.entry("TRITON_MLA").upstream_hook_without_dcp,
@@ -414,10 +418,7 @@ def test_the_hook_refuses_metadata_carrying_an_uncovered_attribute(
 ) -> None:
     from draftmeta import UpdateError
 
-    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
-    plugin.unregister()
-    plugin.register()
-    try:
+    with _plugin_installed(monkeypatch):
         state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
                              max_model_len=512, steps=4)
         config = harness.cached_vllm_config(max_model_len=512, block_size=16,
@@ -431,8 +432,6 @@ def test_the_hook_refuses_metadata_carrying_an_uncovered_attribute(
         fresh.decode.kernel_hint = torch.zeros(3)
         with pytest.raises(UpdateError, match=r"decode\.kernel_hint.*DRAFTMETA_VLLM_PLUGIN=0"):
             builder.update_draft_decode_metadata(fresh)
-    finally:
-        plugin.unregister()
 
 
 def _refused_when_bound(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
@@ -778,10 +777,7 @@ def test_a_builder_instance_with_prefill_context_parallelism_keeps_vllms_behavio
         self.pcp_world_size = pcp
 
     monkeypatch.setattr(cls, "__init__", with_pcp)
-    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
-    plugin.unregister()
-    plugin.register()
-    try:
+    with _plugin_installed(monkeypatch):
         config = harness.cached_vllm_config(max_model_len=256, block_size=16,
                                             cudagraph_mode=CAPTURED)
         for _ in range(2):
@@ -793,8 +789,6 @@ def test_a_builder_instance_with_prefill_context_parallelism_keeps_vllms_behavio
         else:
             assert len(warnings) == 1, warnings  # once per builder, not per instance
             assert "CPU_MLA keeps vLLM's behaviour: prefill context parallelism" in warnings[0]
-    finally:
-        plugin.unregister()
 
 
 @pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL_DECODE_ONLY"])
@@ -807,11 +801,8 @@ def test_in_an_engine_without_full_cuda_graphs_every_builder_keeps_vllms_behavio
     keeps vLLM's behaviour exactly: no hook where vLLM has none (``CPU_MLA``), vLLM's own hook
     where it has one (``TRITON_MLA`` under the override), with no warning (a CPU engine never
     captures). ``FULL_DECODE_ONLY`` is the control: draftmeta's hook on both."""
-    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     monkeypatch.setenv(plugin.OVERRIDE_ENV, "1")
-    plugin.unregister()
-    plugin.register()
-    try:
+    with _plugin_installed(monkeypatch):
         config = harness.cached_vllm_config(max_model_len=256, block_size=16,
                                             cudagraph_mode=mode)
         for name in ("CPU_MLA", "TRITON_MLA"):
@@ -824,8 +815,6 @@ def test_in_an_engine_without_full_cuda_graphs_every_builder_keeps_vllms_behavio
                     captured or name == "TRITON_MLA")  # TRITON_MLA: vLLM's own flag
                 assert (builder.__dict__["_draftmeta_spec"] is not None) is captured
         assert _plugin_warnings(vllm_log) == []
-    finally:
-        plugin.unregister()
 
 
 def test_no_builder_is_special_cased_by_name_in_the_planner_or_the_plugin() -> None:
@@ -866,10 +855,7 @@ def test_under_dcp_the_older_proposer_rebuilds_every_draft_step_even_with_k_know
         return vllms(self, cad, draft_index)
 
     monkeypatch.setattr(cls, "build_for_drafting", build)
-    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
-    plugin.unregister()
-    plugin.register()
-    try:
+    with _plugin_installed(monkeypatch):
         builder = _k_builder(4)
         builder.dcp_world_size = 2
         for loop in range(3):
@@ -884,5 +870,3 @@ def test_under_dcp_the_older_proposer_rebuilds_every_draft_step_even_with_k_know
         tried = [r.getMessage() for r in vllm_log if r.name == plugin.LOGGER_NAME
                  and "rebuilds this draft loop" in r.getMessage()]
         assert tried == []
-    finally:
-        plugin.unregister()

@@ -252,11 +252,8 @@ class CudaRecorder:
                 recorder.counts.fused_replays += 1
             else:
                 recorder.counts.fused_eager += 1
-            recorder._in_loop = True
-            try:
+            with recorder._draft_loop():
                 original(speculator, num_reqs, skip_attn, batch_desc, *args, **kwargs)
-            finally:
-                recorder._in_loop = False
 
         return run_fused
 
@@ -266,13 +263,19 @@ class CudaRecorder:
         def multi_step_decode(speculator: Any, *args: Any, **kwargs: Any) -> None:
             if not recorder._capturing:
                 recorder.counts.rebuilt += 1
-            recorder._in_loop = True
-            try:
+            with recorder._draft_loop():
                 original(speculator, *args, **kwargs)
-            finally:
-                recorder._in_loop = False
 
         return multi_step_decode
+
+    @contextlib.contextmanager
+    def _draft_loop(self) -> Iterator[None]:
+        """A draft loop runs for the block: its metadata builds are timed."""
+        self._in_loop = True
+        try:
+            yield
+        finally:
+            self._in_loop = False
 
     def _wrap_build(self, original: Callable[..., Any]) -> Callable[..., Any]:
         recorder = self
