@@ -234,3 +234,32 @@ def test_host_time_per_loop_counts_host_run_loops_of_results_that_timed_them() -
     assert "Host time on draft metadata" not in cuda_markdown(committed)
     eager = json.loads((RESULTS / "e2e-cuda-eager-flashmla.json").read_text())
     assert "| tiny FLASHMLA K=4 eager | 8 | 976 | 515 | 1.90x |" in cuda_markdown(eager)
+
+
+def test_the_recorder_times_metadata_builds_only_inside_draft_loops_outside_capture() -> None:
+    """The speculator's metadata build is timed where a draft loop (rebuilt, or fused without
+    a graph) makes it, and neither at a build outside any loop nor during graph capture; a
+    loop that raises leaves the recorder outside a loop."""
+    from draftmeta.integrations.vllm.e2e.cuda_engine import CudaRecorder
+
+    recorder = CudaRecorder()
+    recorder.start(recording=False)
+    build = recorder._wrap_build(lambda speculator: "built")
+
+    def two_builds(speculator: Any, *args: Any) -> None:
+        build(speculator)
+        build(speculator)
+
+    rebuilt = recorder._wrap_rebuild(two_builds)
+    fused = recorder._wrap_fused(two_builds)
+    capture = recorder._wrap_capture(rebuilt)
+    assert build(None) == "built"  # no loop: not timed
+    rebuilt(None)
+    fused(None, 1, False, None)  # no graph (no FULL batch descriptor): on the host
+    capture(None)  # inside capture: not timed, not counted
+    assert recorder.counts.build_calls == 4 and recorder.counts.build_seconds > 0
+    assert (recorder.counts.rebuilt, recorder.counts.fused_eager) == (1, 1)
+    with pytest.raises(ZeroDivisionError):
+        recorder._wrap_rebuild(lambda speculator: 1 // 0)(None)
+    build(None)
+    assert recorder.counts.build_calls == 4
