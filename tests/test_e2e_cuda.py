@@ -14,6 +14,7 @@ import pytest
 
 from draftmeta.cli import main
 from draftmeta.integrations.vllm.e2e.cuda_cli import cases_from
+from draftmeta.integrations.vllm.e2e.acceptance import Acceptance
 from draftmeta.integrations.vllm.e2e.cuda_engine import GroupInfo, LoopCounts
 from draftmeta.integrations.vllm.e2e.cuda_matrix import CudaCase, CudaComparison, CudaFailure
 from draftmeta.integrations.vllm.e2e.cuda_report import (
@@ -60,11 +61,19 @@ def _comparison(case: CudaCase, *, drafts_same: bool, off: float, on: float,
     return CudaComparison(
         case=case, batch_size=batch, output_tokens_identical=True,
         draft_tokens_identical=drafts_same, differing_draft_tokens=0 if drafts_same else 2,
+        draft_tokens_compared=765,
         off_tokens_per_s=(off, off * 1.1) if timed else (),
         on_tokens_per_s=(on, on * 1.1) if timed else (),
-        off_loops=LoopCounts(rebuilt=255), on_loops=LoopCounts(fused_replays=255),
+        off_seconds=(256 / off, 256 / off / 1.1) if timed else (),
+        on_seconds=(256 / on, 256 / on / 1.1) if timed else (),
+        pair_speedups=(on / off,) if timed else (),
+        off_loops=(LoopCounts(rebuilt=255),) * 2 if timed else (),
+        on_loops=(LoopCounts(fused_replays=255),) * 2 if timed else (),
+        off_acceptance=(Acceptance(255, 765, 0, (0, 0, 0), (255, 255, 255)),) * 2,
+        on_acceptance=(Acceptance(255, 765, 0, (0, 0, 0), (255, 255, 255)),) * 2,
+        recorded_acceptance=(Acceptance(), Acceptance()),
         off_fused=False, on_fused=True, off_groups=(), on_groups=(group,),
-        startup_seconds=(9.0, 1.5))
+        startup_seconds=((9.0, 1.5),))
 
 
 def test_the_summary_pools_identity_over_timed_cases_and_reports_the_control_apart() -> None:
@@ -77,7 +86,7 @@ def test_the_summary_pools_identity_over_timed_cases_and_reports_the_control_apa
     (entry, _) = data["configurations"]
     assert entry["speedup"] == pytest.approx(1.3)
     assert entry["tokens_per_s"]["on"]["median"] == pytest.approx(136.5)
-    assert entry["draft_loops"]["on"]["fused_replays"] == 255
+    assert entry["draft_loops"]["on"]["fused_replays"] == 510  # both measured generates
     assert entry["groups"]["on"][0]["hook_owner"] == "draftmeta"
     missed = _comparison(CudaCase("tiny", "FLASHMLA", 3, negative_control=True),
                          drafts_same=True, off=0, on=0)
@@ -263,3 +272,86 @@ def test_the_recorder_times_metadata_builds_only_inside_draft_loops_outside_capt
         recorder._wrap_rebuild(lambda speculator: 1 // 0)(None)
     build(None)
     assert recorder.counts.build_calls == 4
+
+
+class _FakeEngine:
+    """A GPU engine stand-in: tok/s fixed per side, draft tokens per side, acceptance fixed."""
+
+    def __init__(self, settings: Any, log: list[str], alive: list[bool]) -> None:
+        self.settings = settings
+        self.fused = settings.plugin
+        self.groups = ()
+        self.startup_seconds = 2.0 if settings.plugin else 3.0
+        self._log, self._alive = log, alive
+
+    def generate(self, prompts: Any, max_tokens: int, recorder: Any, *, recording: bool
+                 ) -> Any:
+        from draftmeta.integrations.vllm.e2e.cuda_engine import CudaGenerated
+
+        assert self in self._alive_engines, "an engine generated after it was freed"
+        self._log.append(f"{'on' if self.settings.plugin else 'off'} b{len(prompts)}")
+        rate = 200.0 if self.settings.plugin else 100.0
+        tokens = [[5] * max_tokens for _ in prompts]
+        drafts = [[[7, 7, 7]] * len(prompts)] * 4 if recording else []
+        seconds = len(prompts) * max_tokens / rate
+        return CudaGenerated(tokens, seconds, LoopCounts(rebuilt=4), drafts,
+                             Acceptance(4, 12, 6, (3, 2, 1), (4, 4, 4)))
+
+    _alive_engines: list[Any] = []
+
+
+def _fake_engines(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[int]]:
+    import contextlib
+
+    from draftmeta.integrations.vllm.e2e import cuda_matrix
+
+    log: list[str] = []
+    most_alive: list[int] = []
+
+    @contextlib.contextmanager
+    def open_engine(model_dir: Any, settings: Any, recorder: Any) -> Any:
+        engine = _FakeEngine(settings, log, [])
+        _FakeEngine._alive_engines.append(engine)
+        most_alive.append(len(_FakeEngine._alive_engines))
+        log.append(f"start {'on' if settings.plugin else 'off'}")
+        try:
+            yield engine
+        finally:
+            _FakeEngine._alive_engines.remove(engine)
+
+    monkeypatch.setattr(cuda_matrix, "open_cuda_engine", open_engine)
+    monkeypatch.setattr(cuda_matrix, "_free_gpu", lambda: None)
+    return log, most_alive
+
+
+@pytest.mark.parametrize("model, together", [("tiny", True), ("v3-rank", False)])
+def test_engine_pairs_swap_their_order_and_a_model_too_large_for_two_runs_one_at_a_time(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: str, together: bool) -> None:
+    """Three pairs: off first, then on first, then off first; the tiny model's engines live
+    side by side (generates alternate), v3-rank's one at a time (never two alive); the ratio
+    is the median of the pairs' ratios, and every pair's finished comparisons reach the
+    checkpoint."""
+    from draftmeta.integrations.vllm.e2e import cuda_matrix
+
+    log, most_alive = _fake_engines(monkeypatch)
+    config = cuda_matrix.CudaMatrixConfig(cases=(CudaCase(model, "FLASHMLA", 3),),
+                                          batch_sizes=(1, 8), max_tokens=4, warmups=1,
+                                          repeats=2, pairs=3)
+    seen: list[int] = []
+    results = cuda_matrix._run_case(config.cases[0], config, tmp_path, None,  # type: ignore[arg-type]
+                                    [(3, 4)] * 8, lambda line: None,
+                                    lambda partial: seen.append(len(partial)))
+    starts = [line for line in log if line.startswith("start")]
+    assert starts == ["start off", "start on", "start on", "start off", "start off", "start on"]
+    assert max(most_alive) == (2 if together else 1)
+    assert seen == [2, 2, 2]  # after each pair, one comparison per batch size
+    (one, eight) = results
+    assert one.pair_speedups == pytest.approx((2.0, 2.0, 2.0)) and one.speedup == 2.0
+    assert len(one.off_tokens_per_s) == len(one.off_loops) == len(one.on_acceptance) == 6
+    assert one.output_tokens_identical and one.draft_tokens_identical
+    assert one.draft_tokens_compared == 5 * 12  # 5 recorded generates against the first
+    assert eight.batch_size == 8 and len(eight.startup_seconds) == 3
+    entry = cuda_summary(results)["configurations"][0]
+    assert entry["acceptance"]["on"]["mean_acceptance_length"] == pytest.approx(2.5)
+    assert entry["step_ms"]["off"] == pytest.approx(1 * 4 / 100 / 4 * 1e3)
+    assert entry["draft_loops"]["off"]["rebuilt"] == 4 * 6

@@ -22,6 +22,11 @@
 #                symmetric-memory gathers off: the stand-in has no process group to probe)
 #   flashinfer   flashinfer_probe.py: whether vLLM can use FLASHINFER_MLA here (FlashInfer is
 #                not carried; vLLM 0.34 declares the backend for compute capability 10.x only)
+# Production depth (issue 34; vLLM's INFO lines kept in each log, tqdm bars left out):
+#   tinyk3       the tiny model's K = 3 rows again, PAIRS (default 3) fresh engine pairs
+#   v3rank       one rank of DeepSeek-V3 under TP8 (61 layers, FP8): BACKENDS (default
+#                FLASH_ATTN_MLA), KS (default 3), batch 1 8 32, PAIRS (default 3) pairs
+#   v2lite       the Moonlight-shaped MLA MoE: FLASH_ATTN_MLA and FLASHMLA, K = 3, PAIRS (1)
 set -u
 . /root/vllm034/env.sh
 export PYTHONPATH=$PWD:$PYTHONPATH
@@ -33,6 +38,13 @@ e2e() {  # NAME TIMEOUT ARGS...
   local name=$1 limit=$2; shift 2
   timeout "$limit" python3 -m draftmeta e2e --device cuda --repeats "$REPEATS" \
     --out "$OUT/$name" "$@" 2>&1 | grep -v -e "^INFO" -e "^WARNING.*deprecated" \
+    | tee "$OUT/h200-e2e-$name.log"
+  echo "== e2e $name rc ${PIPESTATUS[0]}"
+}
+e2e_info() {  # NAME TIMEOUT ARGS...: e2e with vLLM's INFO lines in the log
+  local name=$1 limit=$2; shift 2
+  VLLM_LOGGING_LEVEL=INFO timeout "$limit" python3 -m draftmeta e2e --device cuda \
+    --repeats "$REPEATS" --out "$OUT/$name" "$@" 2>&1 | grep --line-buffered -v "it/s\]" \
     | tee "$OUT/h200-e2e-$name.log"
   echo "== e2e $name rc ${PIPESTATUS[0]}"
 }
@@ -71,9 +83,17 @@ for stage in "$@"; do
       timeout "${LOG_TIMEOUT:-300}" python3 benchmarks/h200/plugin_log.py --out "$OUT" 2>&1 \
         | tail -40
       echo "== pluginlog rc ${PIPESTATUS[0]}";;
+    tinyk3) e2e_info tiny-k3 "${TINY_TIMEOUT:-400}" --backends FLASH_ATTN_MLA FLASHMLA \
+              --ks 3 --pairs "${PAIRS:-3}";;
+    v3rank) e2e_info "v3rank${NAME:-}" "${V3_TIMEOUT:-580}" --models v3-rank \
+              --backends ${BACKENDS:-FLASH_ATTN_MLA} --ks ${KS:-3} --batch-sizes 1 8 32 \
+              --pairs "${PAIRS:-3}" --max-tokens "${MAX_TOKENS:-128}";;
+    v2lite) e2e_info "v2lite${NAME:-}" "${V2_TIMEOUT:-580}" --models v2-lite \
+              --backends ${BACKENDS:-FLASH_ATTN_MLA FLASHMLA} --ks ${KS:-3} \
+              --batch-sizes 1 8 32 --pairs "${PAIRS:-1}" --max-tokens "${MAX_TOKENS:-128}";;
     *) echo "unknown stage $stage"; exit 2;;
   esac
 done
 ls -R "$OUT"
 # the Markdown and PNG are made again here from the JSON (a call brings back 8 files at most)
-rm -f "$OUT"/*/e2e-cuda.md "$OUT"/*/e2e-cuda.png
+rm -f "$OUT"/*/e2e-cuda*.md "$OUT"/*/e2e-cuda*.png

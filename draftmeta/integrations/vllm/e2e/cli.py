@@ -60,8 +60,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "CPUs without AMX; cuda default: FLASH_ATTN_MLA FLASHMLA; TRITON_MLA "
                         "on cuda compares vLLM's own hook with draftmeta's in its place)")
     p.add_argument("--models", nargs="+", choices=MODEL_NAMES, default=None,
-                   help="cuda only: tiny and/or large (DeepSeek-V3 layer dimensions) (default: "
-                        "tiny)")
+                   help="cuda only: tiny; large (DeepSeek-V3's layer dimensions, 3 layers); "
+                        "v3-rank (one rank of DeepSeek-V3 under TP8: 61 layers, FP8, one engine "
+                        "at a time); v2-lite (a whole Moonlight-shaped MLA MoE) (default: tiny)")
+    p.add_argument("--pairs", type=positive, default=1,
+                   help="cuda only: fresh engine pairs per configuration, the order of "
+                        "creation swapped between pairs; the ratio reported is the median of "
+                        "the pairs' ratios (default: 1)")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
                    help="cuda only: vLLM's kv_cache_dtype (fp8: FLASHMLA takes it, "
                         "FLASH_ATTN_MLA does not)")
@@ -115,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     cuda_only = [name for name, given in (("--models", args.models),
                                           ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
                                           ("--negative-control", args.negative_control),
-                                          ("--eager", args.eager))
+                                          ("--eager", args.eager),
+                                          ("--pairs", args.pairs != 1))
                  if given]
     wrong = [b for b in args.backends or () if b not in BACKENDS]
     if cuda_only or wrong:

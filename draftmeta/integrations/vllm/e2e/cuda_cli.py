@@ -17,7 +17,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from draftmeta.arguments import replace_problem
-from draftmeta.integrations.vllm.e2e.cuda_matrix import CudaCase, CudaMatrixConfig
+from draftmeta.integrations.vllm.e2e.cuda_matrix import (
+    CudaCase,
+    CudaComparison,
+    CudaFailure,
+    CudaMatrixConfig,
+)
 from draftmeta.integrations.vllm.e2e.environment import CUDA_BACKENDS, MODEL_NAMES
 
 __all__ = [
@@ -106,6 +111,7 @@ def run_cuda(args: argparse.Namespace,
             warmups=args.warmups,
             repeats=args.repeats,
             seed=args.seed,
+            pairs=args.pairs,
         )
     except ValueError as exc:
         print(f"draftmeta e2e: {exc}", file=sys.stderr)
@@ -117,19 +123,27 @@ def run_cuda(args: argparse.Namespace,
             print(f"draftmeta e2e: {problem}", file=sys.stderr)
             return 2
 
+    command = "draftmeta e2e " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
+
+    def checkpoint(done: list[CudaComparison], failed: list[CudaFailure]) -> None:
+        # what a run stopped from outside (a time limit) keeps: the pairs finished so far
+        write_cuda_results(cuda_summary(done, failed, command=command), args.out,
+                           f"{CUDA_RESULT_NAME}-running", plot=False)
+
     try:
         with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-cuda-") as workdir, \
                 engine_output():
             comparisons, failures = run_cuda_matrix(config, workdir=Path(workdir),
-                                                    progress=progress)
+                                                    progress=progress, checkpoint=checkpoint)
     except E2EUnavailable as exc:
         print(f"draftmeta e2e: cannot run here: {exc}", file=sys.stderr)
         return 2
     except E2EError as exc:
         print(f"draftmeta e2e: failed: {exc}", file=sys.stderr)
         return 1
-    command = "draftmeta e2e " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
     data = cuda_summary(comparisons, failures, command=command)
+    (Path(args.out) / f"{CUDA_RESULT_NAME}-running.json").unlink(missing_ok=True)
+    (Path(args.out) / f"{CUDA_RESULT_NAME}-running.md").unlink(missing_ok=True)
     stem = CUDA_RESULT_NAME
     # checked before the run too; a case that failed can leave this result short of it
     if failures and not args.force and replace_problem(

@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 
 from draftmeta.integrations.patching import Patches
+from draftmeta.integrations.vllm.e2e.acceptance import Acceptance, AcceptanceCounter
 from draftmeta.integrations.vllm.e2e.engine import SpecOverride, plugin_session
 from draftmeta.integrations.vllm.e2e.errors import E2EError, E2EUnavailable
 
@@ -36,6 +37,7 @@ __all__ = [
     "CUDA_ENVIRONMENT",
     "CudaEngine",
     "CudaEngineSettings",
+    "CudaGenerated",
     "CudaRecorder",
     "GroupInfo",
     "LoopCounts",
@@ -166,6 +168,7 @@ class CudaRecorder:
         counts: the draft loops since :meth:`start`.
         groups: per speculator configured so far, in order, its attention groups.
         fused: per speculator configured so far, whether vLLM chose the fused path.
+        acceptance: vLLM's spec-decode counts since :meth:`start`.
     """
 
     recording: bool = False
@@ -173,15 +176,17 @@ class CudaRecorder:
     counts: LoopCounts = attrs.field(factory=LoopCounts)
     groups: list[tuple[GroupInfo, ...]] = attrs.field(factory=list)
     fused: list[bool] = attrs.field(factory=list)
+    acceptance: AcceptanceCounter = attrs.field(factory=AcceptanceCounter)
     _patches: Patches = attrs.field(factory=Patches, init=False)
     _capturing: bool = attrs.field(default=False, init=False)
     _in_loop: bool = attrs.field(default=False, init=False)
 
     def start(self, *, recording: bool) -> None:
-        """Begin a new ``generate``: clear draft tokens and counts."""
+        """Begin a new ``generate``: clear draft tokens, loop and acceptance counts."""
         self.recording = recording
         self.draft_tokens = []
         self.counts = LoopCounts()
+        self.acceptance.start()
 
     def __enter__(self) -> CudaRecorder:
         import importlib
@@ -208,9 +213,11 @@ class CudaRecorder:
         p.replace(proposer, "propose", self._wrap_propose(proposer.propose))
         p.replace(AttentionGroup, "update_draft_decode_metadata",
                   self._wrap_hook(AttentionGroup.update_draft_decode_metadata))
+        self.acceptance.__enter__()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self.acceptance.__exit__(*exc_info)
         self._patches.restore()
 
     def _wrap_configure(self, original: Callable[..., None]) -> Callable[..., None]:
@@ -317,6 +324,30 @@ class CudaRecorder:
         return update
 
 
+@attrs.frozen
+class CudaGenerated:
+    """One ``generate`` call on a GPU engine.
+
+    Attributes:
+        output_tokens: per prompt, the generated token ids.
+        seconds: wall time of the call.
+        loops: what its draft loops did.
+        draft_tokens: per ``propose``, the draft token ids (only when recorded).
+        acceptance: vLLM's spec-decode counts of the call.
+    """
+
+    output_tokens: list[list[int]]
+    seconds: float
+    loops: LoopCounts
+    draft_tokens: list[list[list[int]]]
+    acceptance: Acceptance
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens over the call's wall time."""
+        return sum(len(t) for t in self.output_tokens) / self.seconds
+
+
 @attrs.define
 class CudaEngine:
     """A live GPU engine and what vLLM configured in it.
@@ -336,10 +367,10 @@ class CudaEngine:
     groups: tuple[GroupInfo, ...]
 
     def generate(self, prompts: Sequence[tuple[int, ...]], max_tokens: int,
-                 recorder: CudaRecorder, *, recording: bool
-                 ) -> tuple[list[list[int]], float, LoopCounts, list[list[list[int]]]]:
-        """One greedy ``generate`` (``max_tokens`` each, EOS ignored); returns output tokens,
-        wall seconds, the draft loops' counts and (when ``recording``) the draft tokens."""
+                 recorder: CudaRecorder, *, recording: bool) -> CudaGenerated:
+        """One greedy ``generate`` (``max_tokens`` each, EOS ignored): output tokens, wall
+        seconds, the draft loops' counts, vLLM's acceptance counts and (when ``recording``)
+        the draft tokens."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -351,7 +382,8 @@ class CudaEngine:
             outputs = self.llm.generate(inputs, params, use_tqdm=False)
             elapsed = time.perf_counter() - start
         tokens = [list(out.outputs[0].token_ids) for out in outputs]
-        return tokens, elapsed, recorder.counts, recorder.draft_tokens
+        return CudaGenerated(tokens, elapsed, attrs.evolve(recorder.counts),
+                             recorder.draft_tokens, recorder.acceptance.read())
 
 
 @contextlib.contextmanager
@@ -387,7 +419,8 @@ def _create_llm(model_dir: Path, settings: CudaEngineSettings) -> Any:
             attention_config={"backend": settings.backend},
             speculative_config={"method": "mtp", "num_speculative_tokens": settings.k},
             compilation_config={"mode": 0, "cudagraph_mode": settings.cudagraph_mode},
-            disable_log_stats=True,
+            # vLLM's scheduler counts accepted drafts only when it logs stats
+            disable_log_stats=False,
         )
     except Exception as exc:
         raise E2EError(

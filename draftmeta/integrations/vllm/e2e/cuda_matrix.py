@@ -33,10 +33,12 @@ from typing import Any
 
 import attrs
 
+from draftmeta.integrations.vllm.e2e.acceptance import Acceptance
 from draftmeta.integrations.vllm.e2e.compare import make_prompts
 from draftmeta.integrations.vllm.e2e.cuda_engine import (
     CudaEngine,
     CudaEngineSettings,
+    CudaGenerated,
     CudaRecorder,
     GroupInfo,
     LoopCounts,
@@ -49,6 +51,8 @@ from draftmeta.integrations.vllm.e2e.errors import E2EUnavailable
 from draftmeta.integrations.vllm.e2e.model import (
     LARGE_MODEL_CONFIG,
     MODEL_CONFIG,
+    V2_LITE_CONFIG,
+    V3_RANK_CONFIG,
     reinitialized_weights,
     write_model,
 )
@@ -60,14 +64,38 @@ __all__ = [
     "CudaComparison",
     "CudaFailure",
     "CudaMatrixConfig",
+    "CudaModel",
     "run_cuda_matrix",
     "stale_scheduler_spec",
 ]
 
-MODELS: Mapping[str, Mapping[str, Any]] = dict(zip(MODEL_NAMES, (MODEL_CONFIG,
-                                                                 LARGE_MODEL_CONFIG)))
-"""The models by name: the tiny DeepSeek-V3 of the CPU run, and one with DeepSeek-V3's layer
-dimensions (see :data:`draftmeta.integrations.vllm.e2e.model.LARGE_MODEL_CONFIG`)."""
+@attrs.frozen
+class CudaModel:
+    """A model of the CUDA run and how its engines share the GPU.
+
+    Attributes:
+        config: its ``config.json``.
+        together: both engines of a pair fit on the GPU at once (their generates then
+            alternate); else each engine is created, measured and freed before the other.
+        gpu_memory_utilization: the share of GPU memory each engine may take.
+    """
+
+    config: Mapping[str, Any]
+    together: bool
+    gpu_memory_utilization: float
+
+
+MODELS: Mapping[str, CudaModel] = dict(zip(MODEL_NAMES, (
+    CudaModel(MODEL_CONFIG, together=True, gpu_memory_utilization=0.2),
+    CudaModel(LARGE_MODEL_CONFIG, together=True, gpu_memory_utilization=0.2),
+    CudaModel(V3_RANK_CONFIG, together=False, gpu_memory_utilization=0.9),
+    CudaModel(V2_LITE_CONFIG, together=True, gpu_memory_utilization=0.45),
+)))
+"""The models by name: the tiny DeepSeek-V3 of the CPU run; one with DeepSeek-V3's layer
+dimensions and 3 layers (:data:`~draftmeta.integrations.vllm.e2e.model.LARGE_MODEL_CONFIG`);
+one rank of DeepSeek-V3 under TP8 (:data:`~draftmeta.integrations.vllm.e2e.model.V3_RANK_CONFIG`,
+about 82 GB of FP8 weights: one engine at a time); a whole Moonlight-shaped MLA MoE
+(:data:`~draftmeta.integrations.vllm.e2e.model.V2_LITE_CONFIG`, about 33 GB in bf16)."""
 
 
 @attrs.frozen
@@ -115,6 +143,8 @@ class CudaMatrixConfig:
         warmups: unmeasured generates per engine and batch size (after the recorded one).
         repeats: measured generates per engine and batch size.
         seed: engine, weight and prompt seed.
+        pairs: fresh engine pairs per case, the order of creation swapped from one pair to
+            the next (plugin off first in the first pair).
     """
 
     cases: tuple[CudaCase, ...]
@@ -123,27 +153,36 @@ class CudaMatrixConfig:
     warmups: int = 1
     repeats: int = 5
     seed: int = 0
+    pairs: int = 1
 
 
 @attrs.frozen
 class CudaComparison:
-    """One case at one batch size: plugin off against plugin on.
+    """One case at one batch size: plugin off against plugin on, over every engine pair.
 
     Attributes:
         case: the engine pair.
         batch_size: prompts per generate.
-        output_tokens_identical: the recorded generates' output tokens are the same.
+        output_tokens_identical: the recorded generates' output tokens are the same, off and
+            on, in every pair.
         draft_tokens_identical: so are the draft tokens of every ``propose``.
-        differing_draft_tokens: how many draft token ids differ.
-        off_tokens_per_s: plugin off, tok/s of each measured generate.
+        differing_draft_tokens: how many draft token ids differ (over every pair).
+        draft_tokens_compared: how many draft token ids were compared (over every pair).
+        off_tokens_per_s: plugin off, tok/s of each measured generate (pair by pair).
         on_tokens_per_s: plugin on, likewise.
-        off_loops: plugin off, the draft loops of the last measured generate.
+        off_seconds: plugin off, the wall time of each measured generate.
+        on_seconds: plugin on, likewise.
+        pair_speedups: per engine pair, its median tok/s on over its median tok/s off.
+        off_loops: plugin off, what the draft loops of each measured generate did.
         on_loops: plugin on, likewise.
+        off_acceptance: plugin off, vLLM's acceptance counts of each measured generate.
+        on_acceptance: plugin on, likewise.
+        recorded_acceptance: (off, on): vLLM's acceptance counts of the recorded generates.
         off_fused: vLLM chose the fused draft loop with the plugin off.
         on_fused: and with it on.
         off_groups: the draft model's attention groups, plugin off.
         on_groups: and on.
-        startup_seconds: (off, on) engine creation times.
+        startup_seconds: per pair, the (off, on) engines' creation times.
     """
 
     case: CudaCase
@@ -151,22 +190,30 @@ class CudaComparison:
     output_tokens_identical: bool
     draft_tokens_identical: bool
     differing_draft_tokens: int
+    draft_tokens_compared: int
     off_tokens_per_s: tuple[float, ...]
     on_tokens_per_s: tuple[float, ...]
-    off_loops: LoopCounts
-    on_loops: LoopCounts
+    off_seconds: tuple[float, ...]
+    on_seconds: tuple[float, ...]
+    pair_speedups: tuple[float, ...]
+    off_loops: tuple[LoopCounts, ...]
+    on_loops: tuple[LoopCounts, ...]
+    off_acceptance: tuple[Acceptance, ...]
+    on_acceptance: tuple[Acceptance, ...]
+    recorded_acceptance: tuple[Acceptance, Acceptance]
     off_fused: bool
     on_fused: bool
     off_groups: tuple[GroupInfo, ...]
     on_groups: tuple[GroupInfo, ...]
-    startup_seconds: tuple[float, float]
+    startup_seconds: tuple[tuple[float, float], ...]
 
     @property
     def speedup(self) -> float | None:
-        """Median tok/s on over median tok/s off (``None`` when not timed)."""
-        if not self.off_tokens_per_s or not self.on_tokens_per_s:
+        """The median of the pairs' tok/s ratios (one pair: its median on over its median
+        off); ``None`` when not timed."""
+        if not self.pair_speedups:
             return None
-        return statistics.median(self.on_tokens_per_s) / statistics.median(self.off_tokens_per_s)
+        return statistics.median(self.pair_speedups)
 
 
 def stale_scheduler_spec(*, host_bound: str = "frozen", dcp: bool = False, builder: Any = None
@@ -190,44 +237,99 @@ def stale_scheduler_spec(*, host_bound: str = "frozen", dcp: bool = False, build
                      attributes=real.attributes)
 
 
+def _draft_ids(drafts: list[list[list[int]]]) -> list[int]:
+    return [t for call in drafts for row in call for t in row]
+
+
 def _drafts_differ(a: list[list[list[int]]], b: list[list[list[int]]]) -> int:
-    flat_a = [t for call in a for row in call for t in row]
-    flat_b = [t for call in b for row in call for t in row]
+    flat_a, flat_b = _draft_ids(a), _draft_ids(b)
     return sum(x != y for x, y in zip(flat_a, flat_b)) + abs(len(flat_a) - len(flat_b))
 
 
-def _compare(case: CudaCase, off: CudaEngine, on: CudaEngine, prompts: Sequence[tuple[int, ...]],
-             config: CudaMatrixConfig, recorder: CudaRecorder) -> CudaComparison:
-    tokens_off, _, _, drafts_off = off.generate(prompts, config.max_tokens, recorder,
-                                                recording=True)
-    tokens_on, _, _, drafts_on = on.generate(prompts, config.max_tokens, recorder,
-                                             recording=True)
-    rates: dict[bool, list[float]] = {False: [], True: []}
-    loops: dict[bool, LoopCounts] = {False: LoopCounts(), True: LoopCounts()}
-    if not case.negative_control:
+@attrs.define
+class _Side:
+    """What one engine of a pair gave at one batch size."""
+
+    recorded: CudaGenerated
+    measured: list[CudaGenerated] = attrs.field(factory=list)
+
+    @property
+    def median_rate(self) -> float:
+        return statistics.median(g.tokens_per_s for g in self.measured)
+
+
+@attrs.define
+class _Pair:
+    """One engine pair's results at one batch size, and its engines' start-up times."""
+
+    off: _Side
+    on: _Side
+    startup: tuple[float, float]
+
+
+def _measure_together(off: CudaEngine, on: CudaEngine, prompts: Sequence[tuple[int, ...]],
+                      config: CudaMatrixConfig, recorder: CudaRecorder, timed: bool
+                      ) -> tuple[_Side, _Side]:
+    sides = {False: _Side(off.generate(prompts, config.max_tokens, recorder, recording=True)),
+             True: _Side(on.generate(prompts, config.max_tokens, recorder, recording=True))}
+    if timed:
         for index in range(config.warmups + config.repeats):
             for engine in ((off, on) if index % 2 == 0 else (on, off)):
-                tokens, seconds, counts, _ = engine.generate(prompts, config.max_tokens,
-                                                             recorder, recording=False)
-                plugin = engine.settings.plugin
-                loops[plugin] = attrs.evolve(counts)
+                generated = engine.generate(prompts, config.max_tokens, recorder,
+                                            recording=False)
                 if index >= config.warmups:
-                    rates[plugin].append(sum(len(t) for t in tokens) / seconds)
+                    sides[engine.settings.plugin].measured.append(generated)
+    return sides[False], sides[True]
+
+
+def _measure_alone(engine: CudaEngine, prompts: Sequence[tuple[int, ...]],
+                   config: CudaMatrixConfig, recorder: CudaRecorder, timed: bool) -> _Side:
+    side = _Side(engine.generate(prompts, config.max_tokens, recorder, recording=True))
+    if timed:
+        for index in range(config.warmups + config.repeats):
+            generated = engine.generate(prompts, config.max_tokens, recorder, recording=False)
+            if index >= config.warmups:
+                side.measured.append(generated)
+    return side
+
+
+def _comparison(case: CudaCase, batch: int, pairs: list[_Pair], off: CudaEngine,
+                on: CudaEngine) -> CudaComparison:
+    reference = pairs[0].off.recorded
+    offs = [p.off for p in pairs]
+    ons = [p.on for p in pairs]
+    recorded_off = [s.recorded for s in offs]
+    recorded_on = [s.recorded for s in ons]
+    # every pair's plugin-on engine against the first plugin-off engine, and every later
+    # plugin-off engine against the first (they must all agree)
+    against = recorded_on + recorded_off[1:]
+    timed = all(s.measured for s in offs + ons)
     return CudaComparison(
         case=case,
-        batch_size=len(prompts),
-        output_tokens_identical=tokens_off == tokens_on,
-        draft_tokens_identical=drafts_off == drafts_on,
-        differing_draft_tokens=_drafts_differ(drafts_off, drafts_on),
-        off_tokens_per_s=tuple(rates[False]),
-        on_tokens_per_s=tuple(rates[True]),
-        off_loops=loops[False],
-        on_loops=loops[True],
+        batch_size=batch,
+        output_tokens_identical=all(g.output_tokens == reference.output_tokens
+                                    for g in against),
+        draft_tokens_identical=all(g.draft_tokens == reference.draft_tokens for g in against),
+        differing_draft_tokens=sum(_drafts_differ(reference.draft_tokens, g.draft_tokens)
+                                   for g in against),
+        draft_tokens_compared=sum(min(len(_draft_ids(reference.draft_tokens)),
+                                      len(_draft_ids(g.draft_tokens))) for g in against),
+        off_tokens_per_s=tuple(g.tokens_per_s for s in offs for g in s.measured),
+        on_tokens_per_s=tuple(g.tokens_per_s for s in ons for g in s.measured),
+        off_seconds=tuple(g.seconds for s in offs for g in s.measured),
+        on_seconds=tuple(g.seconds for s in ons for g in s.measured),
+        pair_speedups=tuple(p.on.median_rate / p.off.median_rate for p in pairs) if timed
+        else (),
+        off_loops=tuple(g.loops for s in offs for g in s.measured),
+        on_loops=tuple(g.loops for s in ons for g in s.measured),
+        off_acceptance=tuple(g.acceptance for s in offs for g in s.measured),
+        on_acceptance=tuple(g.acceptance for s in ons for g in s.measured),
+        recorded_acceptance=(reference.acceptance, pairs[0].on.recorded.acceptance),
         off_fused=off.fused,
         on_fused=on.fused,
         off_groups=off.groups,
         on_groups=on.groups,
-        startup_seconds=(off.startup_seconds, on.startup_seconds),
+        startup_seconds=tuple(p.startup for p in pairs),
     )
 
 
@@ -254,11 +356,17 @@ class CudaFailure:
 
 
 def run_cuda_matrix(config: CudaMatrixConfig, *, workdir: Path,
-                    progress: Callable[[str], None] = lambda line: None
+                    progress: Callable[[str], None] = lambda line: None,
+                    checkpoint: Callable[[list[CudaComparison], list[CudaFailure]], None]
+                    | None = None
                     ) -> tuple[list[CudaComparison], list[CudaFailure]]:
     """Run every case of ``config``; returns one comparison per case and batch size, and the
     cases that failed (an engine that could not be created, a plugin that did not install,
     an error inside vLLM), each with its error: one failing case does not stop the others.
+
+    ``checkpoint``, if given, is called after every engine pair with everything measured so far
+    (the running case's comparisons over its finished pairs included), so that a run stopped
+    from outside keeps what it measured.
 
     Raises:
         E2EUnavailable: no CUDA device, or a vLLM without the GPU model runner.
@@ -273,9 +381,14 @@ def run_cuda_matrix(config: CudaMatrixConfig, *, workdir: Path,
     results: list[CudaComparison] = []
     failures: list[CudaFailure] = []
     with CudaRecorder() as recorder, reinitialized_weights(config.seed):
+        def pair_done(partial: list[CudaComparison]) -> None:
+            if checkpoint is not None:
+                checkpoint(results + partial, failures)
+
         for case in config.cases:
             try:
-                results += _run_case(case, config, workdir, recorder, prompts, progress)
+                results += _run_case(case, config, workdir, recorder, prompts, progress,
+                                     pair_done)
             except E2EUnavailable:
                 raise
             except Exception as exc:  # one case's failure is reported, the others still run
@@ -287,33 +400,74 @@ def run_cuda_matrix(config: CudaMatrixConfig, *, workdir: Path,
 
 
 def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder: CudaRecorder,
-              prompts: Sequence[tuple[int, ...]], progress: Callable[[str], None]
+              prompts: Sequence[tuple[int, ...]], progress: Callable[[str], None],
+              pair_done: Callable[[list[CudaComparison]], None] = lambda partial: None
               ) -> list[CudaComparison]:
-    results: list[CudaComparison] = []
-    model_dir = write_model(workdir / case.model, MODELS[case.model])
+    model = MODELS[case.model]
+    model_dir = write_model(workdir / case.model, model.config)
     overrides: Mapping[str, SpecOverride] | None = (
         {"FLASHMLA": stale_scheduler_spec} if case.negative_control else None)
+    timed = not case.negative_control
+    max_batch = max(config.batch_sizes)
 
     def settings(plugin: bool) -> CudaEngineSettings:
         return CudaEngineSettings(
             backend=case.backend, k=case.k, plugin=plugin,
             override_upstream=case.override_upstream and plugin,
             kv_cache_dtype=case.kv_cache_dtype, seed=config.seed,
-            spec_overrides=overrides if plugin else None, eager=case.eager)
+            spec_overrides=overrides if plugin else None, eager=case.eager,
+            max_num_seqs=max(16, max_batch),
+            gpu_memory_utilization=model.gpu_memory_utilization)
 
-    progress(f"{case.label}: starting the plugin-off and plugin-on engines")
-    with open_cuda_engine(model_dir, settings(False), recorder) as off, \
-            open_cuda_engine(model_dir, settings(True), recorder) as on:
-        progress(f"{case.label}: fused draft loop off={off.fused} on={on.fused}; "
-                 f"started in {off.startup_seconds:.0f} s and {on.startup_seconds:.0f} s")
-        for batch in config.batch_sizes:
-            comparison = _compare(case, off, on, prompts[:batch], config, recorder)
-            results.append(comparison)
-            speed = (f"{statistics.median(comparison.off_tokens_per_s):.0f} vs "
-                     f"{statistics.median(comparison.on_tokens_per_s):.0f} tok/s"
-                     if comparison.speedup is not None else "not timed")
-            progress(f"{case.label} batch {batch}: tokens identical "
-                     f"{comparison.output_tokens_identical}, drafts identical "
-                     f"{comparison.draft_tokens_identical} "
-                     f"({comparison.differing_draft_tokens} differ); {speed}")
-    return results
+    def report(batch: int, pair: _Pair, number: int) -> None:
+        speed = (f"{pair.off.median_rate:.0f} vs {pair.on.median_rate:.0f} tok/s"
+                 if pair.off.measured else "not timed")
+        same = (pair.off.recorded.output_tokens == pair.on.recorded.output_tokens,
+                pair.off.recorded.draft_tokens == pair.on.recorded.draft_tokens)
+        drafts_off, drafts_on = pair.off.recorded.draft_tokens, pair.on.recorded.draft_tokens
+        compared = min(len(_draft_ids(drafts_off)), len(_draft_ids(drafts_on)))
+        progress(f"{case.label} batch {batch}, pair {number}: tokens identical {same[0]}, "
+                 f"drafts identical {same[1]} ({_drafts_differ(drafts_off, drafts_on)} of "
+                 f"{compared} differ); {speed}")
+
+    per_batch: dict[int, list[_Pair]] = {b: [] for b in config.batch_sizes}
+    engines: dict[bool, CudaEngine] = {}
+    for number in range(1, config.pairs + 1):
+        order = (False, True) if number % 2 == 1 else (True, False)
+        progress(f"{case.label}: pair {number} of {config.pairs}, engines "
+                 f"{' then '.join('on' if o else 'off' for o in order)}"
+                 f"{'' if model.together else ', one at a time'}")
+        if model.together:
+            with open_cuda_engine(model_dir, settings(order[0]), recorder) as first, \
+                    open_cuda_engine(model_dir, settings(order[1]), recorder) as second:
+                off, on = (first, second) if not order[0] else (second, first)
+                engines = {False: off, True: on}
+                for batch in config.batch_sizes:
+                    sides = _measure_together(off, on, prompts[:batch], config, recorder, timed)
+                    pair = _Pair(*sides, (off.startup_seconds, on.startup_seconds))
+                    per_batch[batch].append(pair)
+                    report(batch, pair, number)
+        else:
+            measured: dict[bool, dict[int, _Side]] = {}
+            startup: dict[bool, float] = {}
+            for plugin in order:
+                with open_cuda_engine(model_dir, settings(plugin), recorder) as engine:
+                    engines[plugin] = engine
+                    startup[plugin] = engine.startup_seconds
+                    progress(f"{case.label}: plugin {'on' if plugin else 'off'} engine started "
+                             f"in {engine.startup_seconds:.0f} s (fused draft loop "
+                             f"{engine.fused})")
+                    measured[plugin] = {b: _measure_alone(engine, prompts[:b], config,
+                                                          recorder, timed)
+                                        for b in config.batch_sizes}
+                _free_gpu()
+            for batch in config.batch_sizes:
+                pair = _Pair(measured[False][batch], measured[True][batch],
+                             (startup[False], startup[True]))
+                per_batch[batch].append(pair)
+                report(batch, pair, number)
+        _free_gpu()
+        pair_done([_comparison(case, batch, pairs, engines[False], engines[True])
+                   for batch, pairs in per_batch.items()])
+    return [_comparison(case, batch, pairs, engines[False], engines[True])
+            for batch, pairs in per_batch.items()]

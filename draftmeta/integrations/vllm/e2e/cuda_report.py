@@ -20,6 +20,8 @@ from typing import Any
 import attrs
 
 from draftmeta.arguments import Extent
+from draftmeta.integrations.vllm.e2e.acceptance import total_acceptance
+from draftmeta.integrations.vllm.e2e.cuda_engine import LoopCounts
 from draftmeta.integrations.vllm.e2e.cuda_matrix import (
     CudaCase,
     CudaComparison,
@@ -70,6 +72,21 @@ def _spread(values: Iterable[float]) -> JSONObject | None:
             "max": round(max(values), 1), "all": [round(v, 1) for v in values]}
 
 
+def _loops_total(loops: Sequence[LoopCounts]) -> JSONObject:
+    total: JSONObject = attrs.asdict(LoopCounts())
+    for counts in loops:
+        for name, value in attrs.asdict(counts).items():
+            total[name] += value
+    return {name: round(v, 6) if isinstance(v, float) else v for name, v in total.items()}
+
+
+def _step_ms(seconds: Sequence[float], loops: Sequence[LoopCounts]) -> float | None:
+    """Wall time per engine step (a verification and its draft loop): the measured generates'
+    time over their draft loops."""
+    steps = sum(c.fused_replays + c.fused_eager + c.rebuilt for c in loops)
+    return round(sum(seconds) / steps * 1e3, 3) if steps else None
+
+
 def _entry(c: CudaComparison) -> JSONObject:
     speedup = c.speedup
     return {
@@ -84,13 +101,26 @@ def _entry(c: CudaComparison) -> JSONObject:
         "output_tokens_identical": c.output_tokens_identical,
         "draft_tokens_identical": c.draft_tokens_identical,
         "differing_draft_tokens": c.differing_draft_tokens,
+        "draft_tokens_compared": c.draft_tokens_compared,
         "fused_loop": {"off": c.off_fused, "on": c.on_fused},
         "tokens_per_s": {"off": _spread(c.off_tokens_per_s), "on": _spread(c.on_tokens_per_s)},
         "speedup": None if speedup is None else round(speedup, 3),
-        "draft_loops": {"off": attrs.asdict(c.off_loops), "on": attrs.asdict(c.on_loops)},
+        "pair_speedups": [round(r, 3) for r in c.pair_speedups],
+        "step_ms": {"off": _step_ms(c.off_seconds, c.off_loops),
+                    "on": _step_ms(c.on_seconds, c.on_loops)},
+        "draft_loops": {"off": _loops_total(c.off_loops), "on": _loops_total(c.on_loops)},
+        "draft_loops_per_generate": {"off": [attrs.asdict(x) for x in c.off_loops],
+                                     "on": [attrs.asdict(x) for x in c.on_loops]},
+        "acceptance": {"off": total_acceptance(c.off_acceptance).as_json(),
+                       "on": total_acceptance(c.on_acceptance).as_json(),
+                       "recorded": {"off": c.recorded_acceptance[0].as_json(),
+                                    "on": c.recorded_acceptance[1].as_json()}},
+        "acceptance_per_generate": {
+            "off": [[a.drafts, a.accepted] for a in c.off_acceptance],
+            "on": [[a.drafts, a.accepted] for a in c.on_acceptance]},
         "groups": {"off": [attrs.asdict(g) for g in c.off_groups],
                    "on": [attrs.asdict(g) for g in c.on_groups]},
-        "startup_seconds": [round(s, 1) for s in c.startup_seconds],
+        "startup_seconds": [[round(s, 1) for s in pair] for pair in c.startup_seconds],
     }
 
 
@@ -237,14 +267,15 @@ def cuda_plot(data: JSONObject, path: Path) -> Path | None:
     return path
 
 
-def write_cuda_results(data: JSONObject, out: Path, stem: str = CUDA_RESULT_NAME
-                       ) -> dict[str, Path]:
-    """Write ``{stem}.json``, ``.md`` and ``.png`` into ``out``; returns the paths by kind."""
+def write_cuda_results(data: JSONObject, out: Path, stem: str = CUDA_RESULT_NAME, *,
+                       plot: bool = True) -> dict[str, Path]:
+    """Write ``{stem}.json``, ``.md`` and (with ``plot``) ``.png`` into ``out``; returns the
+    paths by kind."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md"}
     paths["json"].write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     paths["markdown"].write_text(cuda_markdown(data), encoding="utf-8")
-    png = cuda_plot(data, out / f"{stem}.png")
+    png = cuda_plot(data, out / f"{stem}.png") if plot else None
     if png is not None:
         paths["png"] = png
     return paths

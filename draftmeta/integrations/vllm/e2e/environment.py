@@ -39,7 +39,7 @@ CUDA_BACKENDS = ("FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA")
 """The MLA backends the CUDA run knows (``draftmeta e2e --device cuda``): Hopper's two
 defaults, and ``TRITON_MLA``, whose own no-op hook draftmeta's replaces only when asked."""
 
-MODEL_NAMES = ("tiny", "large")
+MODEL_NAMES = ("tiny", "large", "v3-rank", "v2-lite")
 """The models of the CUDA run (:data:`draftmeta.integrations.vllm.e2e.cuda_matrix.MODELS`)."""
 
 RUN_ENVIRONMENT: Mapping[str, str] = {

@@ -23,6 +23,8 @@ from draftmeta.integrations.patching import Patches
 __all__ = [
     "LARGE_MODEL_CONFIG",
     "MODEL_CONFIG",
+    "V2_LITE_CONFIG",
+    "V3_RANK_CONFIG",
     "reinitialize",
     "reinitialized_weights",
     "write_model",
@@ -87,6 +89,76 @@ LARGE_MODEL_CONFIG: Mapping[str, Any] = {
 layers and the MTP layer, all dense like DeepSeek-V3's first three (MLP 18432, no experts);
 about 2.5 billion parameters. A draft step's share of the time is then closer to production's
 than with the tiny model (weights, not launches, bound each forward pass)."""
+
+
+V3_RANK_CONFIG: Mapping[str, Any] = {
+    **MODEL_CONFIG,
+    "vocab_size": 129280 // 8,
+    "hidden_size": 7168,
+    "intermediate_size": 18432 // 8,
+    "moe_intermediate_size": 2048 // 8,
+    "num_hidden_layers": 61,
+    "first_k_dense_replace": 3,
+    "num_attention_heads": 128 // 8,
+    "num_key_value_heads": 128 // 8,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "n_group": 8,
+    "topk_group": 4,
+    "routed_scaling_factor": 2.5,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "max_position_embeddings": 163840,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                            "weight_block_size": [128, 128]},
+}
+"""``config.json`` of one rank of DeepSeek-V3 served with tensor parallelism 8, as one model on
+one GPU: all 61 layers (the first 3 dense) and the MTP layer (a MoE layer, as DeepSeek-V3's
+layer 61), hidden 7168, DeepSeek-V3's MLA (``q_lora_rank`` 1536, ``kv_lora_rank`` 512, rope 64,
+nope 128, v 128), FP8 weights in 128 x 128 blocks as the released checkpoint has them, and each
+rank's share of what TP8 splits: 16 of the 128 query heads (``q_b_proj``, ``kv_b_proj`` and
+``o_proj`` sharded by head), 2304 of the dense MLPs' 18432 intermediate channels, 256 of each
+expert's 2048 (all 256 routed experts, 8 active, and the shared expert, sharded by channel as
+vLLM's fused MoE shards them under TP), and 16160 of the 129280 vocabulary rows in the
+embedding and the head. What TP replicates stays whole: ``q_a_proj``, ``kv_a_proj_with_mqa``,
+the norms and the router (256 experts in 8 groups, top 4 groups).
+
+What a real TP8 rank does that this model does not: the collectives. Each layer's attention
+output and MLP output are all-reduced across the 8 ranks (122 all-reduces per forward pass of
+the target, 2 per MTP step) and the logits all-gathered; a rank also waits for the slowest of
+the 8. Those add time to every step, so a real rank's step is longer than this model's, and the
+share of it that draft metadata takes is smaller."""
+
+
+V2_LITE_CONFIG: Mapping[str, Any] = {
+    **MODEL_CONFIG,
+    "vocab_size": 163840,
+    "hidden_size": 2048,
+    "intermediate_size": 11264,
+    "moe_intermediate_size": 1408,
+    "num_hidden_layers": 27,
+    "first_k_dense_replace": 1,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "n_routed_experts": 64,
+    "num_experts_per_tok": 6,
+    "n_shared_experts": 2,
+    "routed_scaling_factor": 2.446,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "max_position_embeddings": 8192,
+}
+"""``config.json`` of a whole mid-size MLA mixture of experts on one GPU, in the shape of
+Moonlight-16B-A3B (DeepSeek-V3's architecture at DeepSeek-V2-Lite's size): 27 layers (the
+first dense), hidden 2048, 16 heads with MLA without a query LoRA (``kv_lora_rank`` 512, rope 64,
+nope 128, v 128), 64 routed experts (6 active, 1408 channels each) and 2 shared, a 163840-token
+vocabulary, bf16; plus one MTP layer of the same shape (Moonlight ships none). About 16 billion
+parameters, 3 billion active per token."""
 
 
 def write_model(folder: Path, config: Mapping[str, Any] = MODEL_CONFIG) -> Path:
