@@ -117,9 +117,12 @@ class AcceptanceCounter:
         self._draft_tokens_per_position = []
 
     def read(self) -> Acceptance:
-        """What was counted since :meth:`start`."""
-        return Acceptance(self._drafts, self._draft_tokens, self._accepted,
-                          tuple(self._accepted_per_position),
+        """What was counted since :meth:`start` (per-position counts as long as the longest
+        draft seen, positions never accepted counted 0)."""
+        positions = len(self._draft_tokens_per_position)
+        accepted = self._accepted_per_position + [0] * (positions
+                                                        - len(self._accepted_per_position))
+        return Acceptance(self._drafts, self._draft_tokens, self._accepted, tuple(accepted),
                           tuple(self._draft_tokens_per_position))
 
     def __enter__(self) -> AcceptanceCounter:

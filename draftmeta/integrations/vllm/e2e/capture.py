@@ -3,9 +3,12 @@
 :class:`Recorder` wraps three of vLLM's methods for the length of a run:
 
 * ``SpecDecodeBaseProposer.propose``: the draft token ids it returns, per call;
-* ``SpecDecodeBaseProposer._sample_draft_tokens``: a digest of the draft hidden states it samples
-  from, per draft step (output tokens cannot reveal a draft-side bug, since the target re-checks
-  every draft; draft tokens and these digests can);
+* ``SpecDecodeBaseProposer._sample_draft_tokens``: the draft hidden states it samples from, per
+  draft step, and a digest of them (output tokens cannot reveal a draft-side bug, since the
+  target re-checks every draft; draft tokens and these hidden states can);
+* ``SpecDecodingStats.observe_draft`` (through
+  :class:`~draftmeta.integrations.vllm.e2e.acceptance.AcceptanceCounter`): vLLM's own count of
+  accepted draft tokens, per draft position;
 * ``AttentionGroup.build_metadata_for_drafting``: host time per draft index, as CPU time of
   the calling thread (``time.thread_time``: what the refresh costs the host, not what other
   processes on a shared machine take from it while it runs); from draft index 2 on, whether
@@ -30,6 +33,7 @@ import attrs
 import torch
 
 from draftmeta.integrations.patching import Patches
+from draftmeta.integrations.vllm.e2e.acceptance import Acceptance, AcceptanceCounter
 
 __all__ = ["GenerateRecord", "IndexTiming", "Recorder"]
 
@@ -55,6 +59,7 @@ class GenerateRecord:
         draft_tokens: per ``propose`` call, the draft token ids it returned
             (``[request][draft step]``).
         hidden_digests: per draft step, a digest of the draft hidden states sampled from.
+        hidden_states: per draft step, those hidden states (float32, on the CPU).
         timings: host time by draft index (0 is the first draft step's build from the target's
             metadata, 1.. are the refreshes between draft steps).
         in_place: per attention backend, refreshes at draft index >= 2 that updated the previous
@@ -62,14 +67,17 @@ class GenerateRecord:
         rebuilt: per attention backend, refreshes at draft index >= 2 that returned a new object.
         carried_over: per attention backend, draft loops whose index-1 metadata was the
             previous loop's object (refreshed in place instead of built).
+        acceptance: vLLM's acceptance counts for the ``generate`` (filled when it returns).
     """
 
     draft_tokens: list[list[list[int]]] = attrs.field(factory=list)
     hidden_digests: list[str] = attrs.field(factory=list)
+    hidden_states: list[torch.Tensor] = attrs.field(factory=list)
     timings: dict[int, IndexTiming] = attrs.field(factory=dict)
     in_place: dict[str, int] = attrs.field(factory=dict)
     rebuilt: dict[str, int] = attrs.field(factory=dict)
     carried_over: dict[str, int] = attrs.field(factory=dict)
+    acceptance: Acceptance = attrs.field(factory=Acceptance)
 
     def refresh(self, first_index: int = 1) -> IndexTiming:
         """Host time over draft indices ``>= first_index`` (1: every refresh between steps)."""
@@ -95,9 +103,11 @@ class Recorder:
 
     Attributes:
         record: what the current ``generate`` has recorded so far.
+        acceptance: counts vLLM's accepted drafts (read into the record by :meth:`finish`).
     """
 
     record: GenerateRecord = attrs.field(factory=GenerateRecord)
+    acceptance: AcceptanceCounter = attrs.field(factory=AcceptanceCounter)
     _patches: Patches = attrs.field(factory=Patches, init=False)
     _last: dict[int, object] = attrs.field(factory=dict, init=False)
     # per group, the last index-1 object: held across generates, as the plugin's builders
@@ -108,6 +118,12 @@ class Recorder:
         """Begin recording a new ``generate``; returns the (empty) record it fills."""
         self.record = GenerateRecord()
         self._last.clear()
+        self.acceptance.start()
+        return self.record
+
+    def finish(self) -> GenerateRecord:
+        """End the current ``generate``'s record: its acceptance counts go in; returns it."""
+        self.record.acceptance = self.acceptance.read()
         return self.record
 
     def __enter__(self) -> Recorder:
@@ -120,9 +136,11 @@ class Recorder:
                               self._wrap_sample(SpecDecodeBaseProposer._sample_draft_tokens))
         self._patches.replace(AttentionGroup, "build_metadata_for_drafting",
                               self._wrap_build(AttentionGroup.build_metadata_for_drafting))
+        self.acceptance.__enter__()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self.acceptance.__exit__(*exc_info)
         self._patches.restore()
         self._last.clear()
         self._first.clear()
@@ -142,6 +160,7 @@ class Recorder:
 
         def sample(proposer: Any, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
             recorder.record.hidden_digests.append(_digest(hidden_states))
+            recorder.record.hidden_states.append(hidden_states.detach().float().cpu())
             return original(proposer, hidden_states, *args, **kwargs)
 
         return sample

@@ -39,6 +39,7 @@ __all__ = [
     "MatrixConfig",
     "MatrixResult",
     "differing_draft_tokens",
+    "hidden_max_abs_difference",
     "make_prompts",
     "run_matrix",
 ]
@@ -103,14 +104,23 @@ def make_prompts(count: int, seed: int) -> tuple[tuple[int, ...], ...]:
                  for n in lengths)
 
 
+def _flat_drafts(run: BatchRun) -> list[int]:
+    return [t for call in run.first.draft_tokens for row in call for t in row]
+
+
 def differing_draft_tokens(off: BatchRun, on: BatchRun) -> int:
     """How many draft token ids differ between two runs of the same batch (extra or missing
     ``propose`` calls count every token they hold)."""
-    def flat(run: BatchRun) -> list[int]:
-        return [t for call in run.first.draft_tokens for row in call for t in row]
-
-    a, b = flat(off), flat(on)
+    a, b = _flat_drafts(off), _flat_drafts(on)
     return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+
+
+def hidden_max_abs_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """The largest absolute difference between two runs' draft hidden states, step by step
+    (``inf`` where the numbers of steps or a step's shapes differ; 0.0 for two empty runs)."""
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
+        return float("inf")
+    return max((float((x - y).abs().max()) for x, y in zip(a, b) if x.numel()), default=0.0)
 
 
 @attrs.frozen
@@ -150,6 +160,24 @@ class Comparison:
     def differing_draft_tokens(self) -> int:
         """How many draft token ids differ (0 when identical)."""
         return differing_draft_tokens(self.off, self.on)
+
+    @property
+    def draft_tokens_compared(self) -> int:
+        """How many draft token ids were compared (both runs' draft tokens, position by
+        position)."""
+        return min(len(_flat_drafts(self.off)), len(_flat_drafts(self.on)))
+
+    @property
+    def hidden_max_abs_difference(self) -> float:
+        """The largest absolute difference between the draft hidden states sampled from, off
+        against on, over every draft step (``inf`` where the steps or shapes differ)."""
+        return hidden_max_abs_difference(self.off.first.hidden_states,
+                                         self.on.first.hidden_states)
+
+    @property
+    def acceptance_identical(self) -> bool:
+        """vLLM accepted the same number of draft tokens at every draft position, off and on."""
+        return self.off.first.acceptance == self.on.first.acceptance
 
 
 @attrs.frozen

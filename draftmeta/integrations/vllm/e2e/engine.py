@@ -213,6 +213,7 @@ class Engine:
             start = time.perf_counter()
             outputs = self.llm.generate(inputs, params, use_tqdm=False)
             elapsed = time.perf_counter() - start
+            recorder.finish()
             stats: dict[str, dict[str, int]] = {}
             if self.settings.plugin:
                 stats = {str(name): {str(k): int(v) for k, v in counts.items()}
@@ -239,7 +240,8 @@ def _create_llm(model_dir: Path, settings: EngineSettings) -> Any:
                 "num_speculative_tokens": settings.k,
                 "attention_backend": settings.backend,
             },
-            disable_log_stats=True,
+            # vLLM's scheduler counts accepted drafts only when it logs stats
+            disable_log_stats=False,
         )
     except Exception as exc:
         raise E2EError(

@@ -27,10 +27,11 @@ from typing import Any
 import torch
 
 from draftmeta.arguments import Extent
+from draftmeta.integrations.vllm.e2e.acceptance import Acceptance, total_acceptance
 from draftmeta.integrations.vllm.e2e.compare import Comparison, MatrixConfig, MatrixResult
 
 __all__ = ["REFRESH_GOAL", "RESULT_NAME", "extent", "markdown", "planned_extent", "plot",
-           "summary", "write_results"]
+           "strictly_identical", "summary", "write_results"]
 
 RESULT_NAME = "e2e-cpu"
 """The stem of the CPU run's files in its results folder."""
@@ -77,8 +78,11 @@ def _configuration(c: Comparison) -> JSONObject:
         "draft_tokens_identical": c.draft_tokens_identical,
         "draft_hidden_states_identical": c.hidden_states_identical,
         "differing_draft_tokens": c.differing_draft_tokens,
-        "draft_tokens_compared": sum(len(row) for call in c.off.first.draft_tokens
-                                     for row in call),
+        "draft_tokens_compared": c.draft_tokens_compared,
+        "hidden_max_abs_difference": _finite(c.hidden_max_abs_difference),
+        "acceptance": {"off": c.off.first.acceptance.as_json(),
+                       "on": c.on.first.acceptance.as_json()},
+        "acceptance_identical": c.acceptance_identical,
         "deterministic": {"off": c.off.deterministic, "on": c.on.deterministic},
         "propose_calls": len(c.off.first.draft_tokens),
         "generated_tokens": c.off.generated_tokens,
@@ -103,6 +107,21 @@ def _configuration(c: Comparison) -> JSONObject:
         "tokens_per_s_ratio": _ratio(tps["on"], tps["off"]),
         "seconds_per_generate": {"off": c.off.seconds, "on": c.on.seconds},
     }
+
+
+def _finite(value: float) -> float | None:
+    """``value``, or ``None`` where it is infinite (draft steps that cannot be compared)."""
+    return None if value == float("inf") else value
+
+
+def strictly_identical(config: Mapping[str, Any]) -> bool:
+    """One configuration of :func:`summary` agrees off and on in everything it compared:
+    output tokens, draft tokens (and some were compared), the draft hidden states to the bit,
+    and vLLM's accepted count at every draft position."""
+    return bool(config["output_tokens_identical"] and config["draft_tokens_identical"]
+                and config["draft_tokens_compared"] > 0
+                and config["hidden_max_abs_difference"] == 0.0
+                and config["acceptance_identical"])
 
 
 def _pooled(configs: list[JSONObject], key_total: str, key_calls: str) -> dict[str, float | None]:
@@ -136,6 +155,11 @@ def summary(result: MatrixResult) -> JSONObject:
     identical = all(c["output_tokens_identical"] for c in configs)
     drafts = all(c["draft_tokens_identical"] for c in configs)
     hidden = all(c["draft_hidden_states_identical"] for c in configs)
+    acceptance = {m: total_acceptance([Acceptance(
+        c["acceptance"][m]["drafts"], c["acceptance"][m]["draft_tokens"],
+        c["acceptance"][m]["accepted"], tuple(c["acceptance"][m]["accepted_per_position"]),
+        tuple(c["acceptance"][m]["draft_tokens_per_position"])) for c in configs]).as_json()
+        for m in ("off", "on")}
     backends = list(dict.fromkeys(c["backend"] for c in configs))
     settings = result.config
     return {
@@ -146,6 +170,8 @@ def summary(result: MatrixResult) -> JSONObject:
         "output_tokens_identical": identical,
         "draft_tokens_identical": drafts,
         "draft_hidden_states_identical": hidden,
+        "strictly_identical": all(strictly_identical(c) for c in configs),
+        "acceptance": acceptance,
         "in_place_updates": in_place,
         "rebuilds": rebuilds,
         "carried_over": carried,
@@ -214,6 +240,14 @@ def _counts(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "0"
 
 
+def _acceptance_lengths(config: Mapping[str, Any]) -> str:
+    """Mean acceptance length off / on (vLLM's count); ``-`` for results without it."""
+    if "acceptance" not in config:
+        return "-"
+    return " / ".join(_fmt(config["acceptance"][m]["mean_acceptance_length"], 2)
+                      for m in ("off", "on"))
+
+
 def markdown(data: Mapping[str, Any]) -> str:
     """A Markdown report of :func:`summary`'s object: headline ratios (plugin off over on), one row
     per configuration."""
@@ -238,10 +272,11 @@ def markdown(data: Mapping[str, Any]) -> str:
         f"- tokens/s: {_fmt(data['tokens_per_s']['off'])} off, "
         f"{_fmt(data['tokens_per_s']['on'])} on ({_fmt(goals['tokens_per_s_ratio'], 3)}x)",
         "",
-        "| backend | batch | K | tokens same | drafts same | in place (on) | carried over (on) "
+        "| backend | batch | K | tokens same | drafts same | acceptance length off / on "
+        "| in place (on) | carried over (on) "
         "| rebuilds off / on | refresh us/step off / on | later step us off / on "
         "| tok/s off / on |",
-        "|---|---:|---:|---|---|---:|---:|---|---|---|---|",
+        "|---|---:|---:|---|---|---|---:|---:|---|---|---|---|",
     ]
     for c in data["configurations"]:
         drafts = ("yes" if c["draft_tokens_identical"]
@@ -249,7 +284,7 @@ def markdown(data: Mapping[str, Any]) -> str:
         lines.append(
             f"| {c['backend']} | {c['batch_size']} | {c['k']} | "
             f"{'yes' if c['output_tokens_identical'] else '**no**'} | "
-            f"{drafts} | {_counts(c['in_place_updates']['on'])} | "
+            f"{drafts} | {_acceptance_lengths(c)} | {_counts(c['in_place_updates']['on'])} | "
             f"{_counts(c['carried_over']['on'])} | {_counts(c['rebuilds']['off'])} / "
             f"{_counts(c['rebuilds']['on'])} | {_fmt(c['refresh_us_per_step']['off'])} / "
             f"{_fmt(c['refresh_us_per_step']['on'])} | "
