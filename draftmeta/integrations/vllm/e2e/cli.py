@@ -71,8 +71,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="cuda only: vLLM's kv_cache_dtype (fp8: FLASHMLA takes it, "
                         "FLASH_ATTN_MLA does not)")
     p.add_argument("--negative-control", action="store_true",
-                   help="cuda only: also FLASHMLA with a deliberately wrong spec (its draft "
-                        "tokens must differ)")
+                   help="also run deliberately wrong updates, each of which must be caught "
+                        "(cpu: sequence lengths, slot mapping, positions, max_seq_len left "
+                        "stale from draft index 2; cuda: FLASHMLA with a wrong spec)")
     p.add_argument("--eager", action="store_true",
                    help="cuda only: engines without CUDA graphs (cudagraph_mode NONE, as "
                         "enforce_eager): every draft loop runs on the host, step by step")
@@ -119,7 +120,6 @@ def run(args: argparse.Namespace) -> int:
                         progress)
     cuda_only = [name for name, given in (("--models", args.models),
                                           ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
-                                          ("--negative-control", args.negative_control),
                                           ("--eager", args.eager),
                                           ("--pairs", args.pairs != 1))
                  if given]
@@ -129,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     from draftmeta.integrations.vllm.e2e.compare import MatrixConfig, run_matrix
+    from draftmeta.integrations.vllm.e2e.controls import CONTROLS
     from draftmeta.integrations.vllm.e2e.report import markdown, summary, write_results
 
     try:
@@ -140,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             warmups=args.warmups,
             repeats=args.repeats,
             seed=args.seed,
+            controls=tuple(CONTROLS) if args.negative_control else (),
         )
     except ValueError as exc:
         print(f"draftmeta e2e: {exc}", file=sys.stderr)
@@ -171,8 +173,13 @@ def run(args: argparse.Namespace) -> int:
         print(markdown(data), end="")
         for kind, path in paths.items():
             print(f"wrote {kind}: {path}")
-    identical = data["output_tokens_identical"] and data["draft_tokens_identical"]
+    identical = data["strictly_identical"]
     if not identical:
         print("draftmeta e2e: plugin on and off disagree (see the table); the plugin changed "
               "what the draft model computed", file=sys.stderr)
-    return 0 if identical else 1
+    missed = [f"{c['control']} (batch {c['batch_size']}, K={c['k']})"
+              for c in data["negative_controls"] if not c["caught"]]
+    if missed:
+        print(f"draftmeta e2e: negative control(s) not caught by the stated margin: "
+              f"{', '.join(missed)}", file=sys.stderr)
+    return 0 if identical and not missed else 1

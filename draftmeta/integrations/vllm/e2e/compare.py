@@ -22,6 +22,7 @@ from draftmeta.integrations.vllm.e2e.engine import (
     BatchRun,
     EngineSettings,
     SpecOverride,
+    batch_run,
     measure_side_by_side,
     open_engine,
 )
@@ -71,6 +72,14 @@ def _batch_sizes(_: object, __: attrs.Attribute[tuple[int, ...]], value: tuple[i
         raise ValueError(f"batch sizes must be at least 1, got {list(value)}")
 
 
+def _controls(_: object, __: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
+    from draftmeta.integrations.vllm.e2e.controls import CONTROLS
+
+    bad = [c for c in value if c not in CONTROLS]
+    if bad:
+        raise ValueError(f"unknown negative control(s) {bad}; choose from {', '.join(CONTROLS)}")
+
+
 @attrs.frozen
 class MatrixConfig:
     """What :func:`run_matrix` runs.
@@ -84,6 +93,9 @@ class MatrixConfig:
         repeats: measured generates per batch (medians are reported).
         seed: engine seed, weight seed and prompt seed.
         spec_overrides: applied to the plugin-on engines (the negative control).
+        controls: negative controls (:data:`~draftmeta.integrations.vllm.e2e.controls.CONTROLS`)
+            each run once per batch size on the plugin-on engine, against the plugin-off
+            engine's first measured generate.
     """
 
     backends: tuple[str, ...] = attrs.field(default=BACKENDS, validator=_backends)
@@ -94,6 +106,7 @@ class MatrixConfig:
     repeats: int = attrs.field(default=5, validator=_positive("repeats"))
     seed: int = 0
     spec_overrides: Mapping[str, SpecOverride] | None = None
+    controls: tuple[str, ...] = attrs.field(default=(), validator=_controls)
 
 
 def make_prompts(count: int, seed: int) -> tuple[tuple[int, ...], ...]:
@@ -133,6 +146,7 @@ class Comparison:
         k: draft tokens per step.
         off: the run with the plugin off.
         on: the run with the plugin on.
+        control: the negative control injected into the plugin-on run, if any.
     """
 
     backend: str
@@ -140,6 +154,7 @@ class Comparison:
     k: int
     off: BatchRun
     on: BatchRun
+    control: str | None = None
 
     @property
     def output_tokens_identical(self) -> bool:
@@ -252,5 +267,10 @@ def run_matrix(config: MatrixConfig, *, model_dir: Path | None = None,
                             warmups=config.warmups, repeats=config.repeats, recorder=recorder,
                         )
                         comparisons.append(Comparison(backend, size, k, off_run, on_run))
+                        for control in config.controls:
+                            wrong = on.generate(pool[:size], config.max_tokens, recorder,
+                                                control=control)
+                            comparisons.append(Comparison(backend, size, k, off_run,
+                                                          batch_run([wrong], 0), control))
     return MatrixResult(config, version, comparisons, skipped, startups, tuple(builders),
                         time.perf_counter() - start)

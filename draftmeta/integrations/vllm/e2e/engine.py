@@ -37,6 +37,7 @@ __all__ = [
     "Engine",
     "EngineSettings",
     "SpecOverride",
+    "batch_run",
     "measure_side_by_side",
     "open_engine",
     "plugin_session",
@@ -200,15 +201,21 @@ class Engine:
     plugin_builders: tuple[str, ...]
 
     def generate(self, prompts: Sequence[tuple[int, ...]], max_tokens: int,
-                 recorder: Recorder) -> Generated:
+                 recorder: Recorder, *, control: str | None = None) -> Generated:
         """Run one ``generate`` over ``prompts`` (greedy, ``max_tokens`` each, EOS ignored),
-        with the plugin installed around it if this engine has it on."""
+        with the plugin installed around it if this engine has it on, and the negative control
+        ``control`` (:data:`~draftmeta.integrations.vllm.e2e.controls.CONTROLS`) injected if
+        given."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        from draftmeta.integrations.vllm.e2e.controls import injected
+
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        with plugin_session(self.settings.plugin, self.settings.spec_overrides) as plugin:
+        wrong = injected(control) if control is not None else contextlib.nullcontext()
+        with plugin_session(self.settings.plugin, self.settings.spec_overrides) as plugin, \
+                wrong:
             record = recorder.start()
             start = time.perf_counter()
             outputs = self.llm.generate(inputs, params, use_tqdm=False)
@@ -282,7 +289,9 @@ def _same(a: Generated, b: Generated) -> bool:
             and a.record.hidden_digests == b.record.hidden_digests)
 
 
-def _batch_run(runs: list[Generated], warmups: int) -> BatchRun:
+def batch_run(runs: list[Generated], warmups: int) -> BatchRun:
+    """The measured generates ``runs[warmups:]`` of one batch as a :class:`BatchRun` (medians
+    of their timings; ``deterministic`` compares every run with the first measured one)."""
     first = runs[warmups]
     measured = runs[warmups:]
     indices = sorted({i for g in measured for i in g.record.timings})
@@ -323,4 +332,4 @@ def measure_side_by_side(off: Engine, on: Engine, prompts: Sequence[tuple[int, .
         order = (off, on) if index % 2 == 0 else (on, off)
         for engine in order:
             runs[engine.settings.plugin].append(engine.generate(prompts, max_tokens, recorder))
-    return _batch_run(runs[False], warmups), _batch_run(runs[True], warmups)
+    return batch_run(runs[False], warmups), batch_run(runs[True], warmups)

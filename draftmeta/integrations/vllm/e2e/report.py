@@ -109,6 +109,28 @@ def _configuration(c: Comparison) -> JSONObject:
     }
 
 
+def _control(c: Comparison) -> JSONObject:
+    """One negative control's run against the plugin-off run of the same batch."""
+    from draftmeta.integrations.vllm.e2e.controls import CONTROLS, caught
+
+    assert c.control is not None
+    off, on = c.off.first.acceptance, c.on.first.acceptance
+    return {
+        "control": c.control,
+        "wrong": CONTROLS[c.control].wrong,
+        "backend": c.backend,
+        "batch_size": c.batch_size,
+        "k": c.k,
+        "output_tokens_identical": c.output_tokens_identical,
+        "differing_draft_tokens": c.differing_draft_tokens,
+        "draft_tokens_compared": c.draft_tokens_compared,
+        "hidden_max_abs_difference": _finite(c.hidden_max_abs_difference),
+        "acceptance": {"off": off.as_json(), "on": on.as_json()},
+        "caught": caught(off.mean_acceptance_length, on.mean_acceptance_length,
+                         c.differing_draft_tokens, c.draft_tokens_compared),
+    }
+
+
 def _finite(value: float) -> float | None:
     """``value``, or ``None`` where it is infinite (draft steps that cannot be compared)."""
     return None if value == float("inf") else value
@@ -135,7 +157,8 @@ def _pooled(configs: list[JSONObject], key_total: str, key_calls: str) -> dict[s
 
 def summary(result: MatrixResult) -> JSONObject:
     """The JSON object ``draftmeta e2e --json`` prints; see the module docs for its layout."""
-    configs = [_configuration(c) for c in result.comparisons]
+    configs = [_configuration(c) for c in result.comparisons if c.control is None]
+    controls = [_control(c) for c in result.comparisons if c.control is not None]
     in_place: dict[str, dict[str, int]] = {"off": {}, "on": {}}
     rebuilds: dict[str, dict[str, int]] = {"off": {}, "on": {}}
     carried: dict[str, dict[str, int]] = {"off": {}, "on": {}}
@@ -206,6 +229,8 @@ def summary(result: MatrixResult) -> JSONObject:
         "engine_startup_seconds": [round(t, 3) for t in result.startup_seconds],
         "wall_seconds": result.wall_seconds,
         "configurations": configs,
+        "negative_controls": controls,
+        "negative_controls_caught": all(c["caught"] for c in controls) if controls else None,
     }
 
 
@@ -295,6 +320,30 @@ def markdown(data: Mapping[str, Any]) -> str:
     lines.append("")
     lines.append("Counts are per generate; refreshes are calls of vLLM's "
                  "`build_metadata_for_drafting` at draft indices >= 1.")
+    controls = data.get("negative_controls") or []
+    if controls:
+        from draftmeta.integrations.vllm.e2e.controls import (
+            CAUGHT_DRAFT_SHARE,
+            CAUGHT_LENGTH_DROP,
+        )
+
+        lines += [
+            "",
+            f"Negative controls (plugin on, one part of the draft state left stale from draft "
+            f"index 2; caught when the mean acceptance length falls by "
+            f"{CAUGHT_LENGTH_DROP:.0%} or {CAUGHT_DRAFT_SHARE:.0%} of the draft tokens differ):",
+            "",
+            "| control | backend | batch | K | acceptance length off / control | draft tokens "
+            "differing | caught |",
+            "|---|---|---:|---:|---|---:|---|",
+        ]
+        for c in controls:
+            lengths = " / ".join(_fmt(c["acceptance"][m]["mean_acceptance_length"], 2)
+                                 for m in ("off", "on"))
+            lines.append(
+                f"| {c['wrong']} | {c['backend']} | {c['batch_size']} | {c['k']} | {lengths} | "
+                f"{c['differing_draft_tokens']} of {c['draft_tokens_compared']} | "
+                f"{'yes' if c['caught'] else '**no**'} |")
     return "\n".join(lines) + "\n"
 
 
