@@ -171,7 +171,11 @@ def cuda_markdown(data: JSONObject) -> str:
     """The table: one row per case and batch size."""
     lines = [
         f"vLLM {data['vllm']} on {data['device']} (torch {data['torch']}); tok/s: median "
-        "(min-max) of the measured generates; draft loops of the last measured generate.",
+        "(min-max) of the measured generates; "
+        + ("on/off: the median of the engine pairs' ratios (their range where there were "
+           "several); draft loops of every measured generate."
+           if any("step_ms" in e for e in data["configurations"])
+           else "draft loops of the last measured generate."),
         "",
         "| case | batch | tokens, drafts | off tok/s | on tok/s | on/off | loops off | "
         "loops on |",
@@ -182,12 +186,37 @@ def cuda_markdown(data: JSONObject) -> str:
         same = ("same" if e["output_tokens_identical"] and e["draft_tokens_identical"]
                 else f"DIFFER ({e['differing_draft_tokens']} drafts)")
         ratio = "-" if e["speedup"] is None else f"{e['speedup']:.2f}x"
+        pairs = e.get("pair_speedups") or []
+        if len(pairs) > 1:
+            ratio += f" ({min(pairs):.2f}-{max(pairs):.2f}, {len(pairs)} pairs)"
         lines.append(
             f"| {case} | {e['batch_size']} | {same} | {_fmt_rate(e['tokens_per_s']['off'])} | "
             f"{_fmt_rate(e['tokens_per_s']['on'])} | {ratio} | {_loop_path(e, 'off')} | "
             f"{_loop_path(e, 'on')} |")
     for failed in data.get("failed", []):
         lines.append(f"| {failed['case']} | - | FAILED: {failed['error'][:200]} | | | | | |")
+    stepped = [e for e in data["configurations"] if e.get("step_ms")
+               and e["step_ms"]["off"] is not None]
+    if stepped:
+        lines += [
+            "",
+            "Per engine step (a verification and its draft loop) over every measured generate: "
+            "wall time T; host time on draft metadata per draft loop with the plugin off (s, "
+            "vLLM's rebuilds: what the captured loop removes); vLLM's mean acceptance length:",
+            "",
+            "| case | batch | T off / on, ms | s (off), us | s / T | acceptance length off / on |",
+            "|---|---:|---|---:|---:|---|",
+        ]
+        for e in stepped:
+            off_s = host_us_per_loop(e, "off")
+            t_off, t_on = e["step_ms"]["off"], e["step_ms"]["on"]
+            share = "-" if off_s is None else f"{off_s / (t_off * 1e3):.1%}"
+            lengths = " / ".join(
+                "-" if (v := e["acceptance"][m]["mean_acceptance_length"]) is None
+                else f"{v:.2f}" for m in ("off", "on"))
+            lines.append(f"| {_case(e).label} | {e['batch_size']} | {t_off:.2f} / "
+                         f"{'-' if t_on is None else f'{t_on:.2f}'} | "
+                         f"{'-' if off_s is None else f'{off_s:.0f}'} | {share} | {lengths} |")
     host = [(e, off, on) for e in data["configurations"]
             if (off := host_us_per_loop(e, "off")) is not None
             and (on := host_us_per_loop(e, "on")) is not None]
