@@ -87,7 +87,7 @@ for stage in "$@"; do
               --ks 3 --pairs "${PAIRS:-3}";;
     v3rank) e2e_info "v3rank${NAME:-}" "${V3_TIMEOUT:-580}" --models v3-rank \
               --backends ${BACKENDS:-FLASH_ATTN_MLA} --ks ${KS:-3} --batch-sizes 1 8 32 \
-              --pairs "${PAIRS:-3}" --max-tokens "${MAX_TOKENS:-128}";;
+              --pairs "${PAIRS:-3}" --max-tokens "${MAX_TOKENS:-128}" ${LIMIT:+--limit};;
     v2lite) e2e_info "v2lite${NAME:-}" "${V2_TIMEOUT:-580}" --models v2-lite \
               --backends ${BACKENDS:-FLASH_ATTN_MLA FLASHMLA} --ks ${KS:-3} \
               --batch-sizes 1 8 32 --pairs "${PAIRS:-1}" --max-tokens "${MAX_TOKENS:-128}";;

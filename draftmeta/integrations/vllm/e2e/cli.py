@@ -74,6 +74,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also run deliberately wrong updates, each of which must be caught "
                         "(cpu: sequence lengths, slot mapping, positions, max_seq_len left "
                         "stale from draft index 2; cuda: FLASHMLA with a wrong spec)")
+    p.add_argument("--limit", action="store_true",
+                   help="cuda only: also each case with a hook that does no metadata work at "
+                        "all (timing only; its tokens may differ): how close the plugin's "
+                        "captured loop comes to zero metadata work")
     p.add_argument("--eager", action="store_true",
                    help="cuda only: engines without CUDA graphs (cudagraph_mode NONE, as "
                         "enforce_eager): every draft loop runs on the host, step by step")
@@ -121,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     cuda_only = [name for name, given in (("--models", args.models),
                                           ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
                                           ("--eager", args.eager),
-                                          ("--pairs", args.pairs != 1))
+                                          ("--pairs", args.pairs != 1),
+                                          ("--limit", args.limit))
                  if given]
     wrong = [b for b in args.backends or () if b not in BACKENDS]
     if cuda_only or wrong:

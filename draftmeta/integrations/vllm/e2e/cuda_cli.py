@@ -16,6 +16,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+import attrs
+
 from draftmeta.arguments import replace_problem
 from draftmeta.integrations.vllm.e2e.cuda_matrix import (
     CudaCase,
@@ -46,7 +48,7 @@ DEFAULT_MODELS = ["tiny"]
 
 def cases_from(models: list[str], backends: list[str], ks: list[int], *,
                kv_cache_dtype: str = "auto", negative_control: bool = False,
-               eager: bool = False) -> tuple[CudaCase, ...]:
+               eager: bool = False, limit: bool = False) -> tuple[CudaCase, ...]:
     """The engine pairs for these options: every model x backend x K (``TRITON_MLA`` with
     draftmeta's hook replacing vLLM's own), each with ``kv_cache_dtype`` and ``eager``, and the
     negative control once (first model, first K >= 3).
@@ -67,6 +69,10 @@ def cases_from(models: list[str], backends: list[str], ks: list[int], *,
     cases = [CudaCase(model, backend, k, override_upstream=backend == "TRITON_MLA",
                       kv_cache_dtype=kv_cache_dtype, eager=eager)
              for model in models for backend in backends for k in ks]
+    if limit:
+        # the same engines with a hook that does no metadata work, for every hooked case
+        cases += [attrs.evolve(c, limit=True) for c in list(cases)
+                  if c.k >= 2 and c.backend != "TRITON_MLA"]
     if negative_control:
         # its wrong spec leaves the scheduler object of draft step 1 in place for steps 2..:
         # a loop needs K - 1 >= 2 draft steps to show it (K = 2 has one, freshly built)
@@ -105,7 +111,8 @@ def run_cuda(args: argparse.Namespace,
             cases=cases_from(args.models or DEFAULT_MODELS,
                              args.backends or DEFAULT_BACKENDS, args.ks,
                              kv_cache_dtype=args.kv_cache_dtype,
-                             negative_control=args.negative_control, eager=args.eager),
+                             negative_control=args.negative_control, eager=args.eager,
+                             limit=args.limit),
             batch_sizes=tuple(dict.fromkeys(args.batch_sizes or DEFAULT_BATCH_SIZES)),
             max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS,
             warmups=args.warmups,

@@ -83,6 +83,9 @@ class CudaEngineSettings:
         eager: no CUDA graphs (``cudagraph_mode`` ``NONE``, what ``enforce_eager`` gives):
             every draft loop runs on the host, step by step; else ``FULL_DECODE_ONLY`` (every
             batch size up to ``max_num_seqs`` captured).
+        empty_hook: with the plugin on, every ``update_draft_decode_metadata`` call does
+            nothing (at capture and outside it): the limit of what an in-place update can cost,
+            for timing only (its metadata goes stale, so its tokens may differ).
     """
 
     backend: str
@@ -96,6 +99,7 @@ class CudaEngineSettings:
     max_num_seqs: int = 16
     gpu_memory_utilization: float = 0.2
     eager: bool = False
+    empty_hook: bool = False
 
     @property
     def cudagraph_mode(self) -> str:
@@ -169,6 +173,8 @@ class CudaRecorder:
         groups: per speculator configured so far, in order, its attention groups.
         fused: per speculator configured so far, whether vLLM chose the fused path.
         acceptance: vLLM's spec-decode counts since :meth:`start`.
+        empty_hook: ``update_draft_decode_metadata`` calls do nothing while set (the limit
+            row's engine sets it around its creation and its generates).
     """
 
     recording: bool = False
@@ -177,6 +183,7 @@ class CudaRecorder:
     groups: list[tuple[GroupInfo, ...]] = attrs.field(factory=list)
     fused: list[bool] = attrs.field(factory=list)
     acceptance: AcceptanceCounter = attrs.field(factory=AcceptanceCounter)
+    empty_hook: bool = False
     _patches: Patches = attrs.field(factory=Patches, init=False)
     _capturing: bool = attrs.field(default=False, init=False)
     _in_loop: bool = attrs.field(default=False, init=False)
@@ -313,6 +320,8 @@ class CudaRecorder:
         recorder = self
 
         def update(group: Any, attn_metadata: Any) -> None:
+            if recorder.empty_hook:
+                return
             if recorder._capturing:
                 original(group, attn_metadata)
                 return
@@ -376,7 +385,7 @@ class CudaEngine:
 
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        with _plugin(self.settings):
+        with _plugin(self.settings), _empty_hook(recorder, self.settings.empty_hook):
             recorder.start(recording=recording)
             start = time.perf_counter()
             outputs = self.llm.generate(inputs, params, use_tqdm=False)
@@ -384,6 +393,15 @@ class CudaEngine:
         tokens = [list(out.outputs[0].token_ids) for out in outputs]
         return CudaGenerated(tokens, elapsed, attrs.evolve(recorder.counts),
                              recorder.draft_tokens, recorder.acceptance.read())
+
+
+@contextlib.contextmanager
+def _empty_hook(recorder: CudaRecorder, empty: bool) -> Iterator[None]:
+    recorder.empty_hook = empty
+    try:
+        yield
+    finally:
+        recorder.empty_hook = False
 
 
 @contextlib.contextmanager
@@ -442,7 +460,7 @@ def open_cuda_engine(model_dir: Path, settings: CudaEngineSettings, recorder: Cu
         E2EError: vLLM could not create the engine, or the plugin did not install.
     """
     configured = len(recorder.fused)
-    with _plugin(settings):
+    with _plugin(settings), _empty_hook(recorder, settings.empty_hook):
         start = time.perf_counter()
         llm = _create_llm(model_dir, settings)
         startup = time.perf_counter() - start

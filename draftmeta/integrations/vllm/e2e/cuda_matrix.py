@@ -111,6 +111,9 @@ class CudaCase:
             differ; not timed).
         kv_cache_dtype: vLLM's ``kv_cache_dtype``.
         eager: both engines without CUDA graphs (:attr:`CudaEngineSettings.eager`).
+        limit: plugin on with a hook that does no metadata work
+            (:attr:`CudaEngineSettings.empty_hook`): the limit of what the plugin's captured
+            loop can gain, timed only (its tokens may differ and are no result).
     """
 
     model: str
@@ -120,6 +123,7 @@ class CudaCase:
     negative_control: bool = False
     kv_cache_dtype: str = "auto"
     eager: bool = False
+    limit: bool = False
 
     @property
     def label(self) -> str:
@@ -128,7 +132,8 @@ class CudaCase:
         extra = [x for x, on in (("override", self.override_upstream),
                                  (self.kv_cache_dtype, self.kv_cache_dtype != "auto"),
                                  ("eager", self.eager),
-                                 ("wrong spec", self.negative_control)) if on]
+                                 ("wrong spec", self.negative_control),
+                                 ("limit: empty hook", self.limit)) if on]
         return " ".join([self.model, self.backend, f"K={self.k}", *extra])
 
 
@@ -416,6 +421,7 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
             override_upstream=case.override_upstream and plugin,
             kv_cache_dtype=case.kv_cache_dtype, seed=config.seed,
             spec_overrides=overrides if plugin else None, eager=case.eager,
+            empty_hook=case.limit and plugin,
             max_num_seqs=max(16, max_batch),
             gpu_memory_utilization=model.gpu_memory_utilization)
 

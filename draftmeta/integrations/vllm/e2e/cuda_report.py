@@ -43,7 +43,7 @@ def _case(entry: JSONObject) -> CudaCase:
     ``eager`` existed ran with graphs)."""
     return CudaCase(entry["model"], entry["backend"], entry["k"], entry["override_upstream"],
                     entry["negative_control"], entry["kv_cache_dtype"],
-                    entry.get("eager", False))
+                    entry.get("eager", False), entry.get("limit", False))
 
 
 def cuda_extent(data: JSONObject) -> Extent:
@@ -97,6 +97,7 @@ def _entry(c: CudaComparison) -> JSONObject:
         "eager": c.case.eager,
         "override_upstream": c.case.override_upstream,
         "negative_control": c.case.negative_control,
+        "limit": c.case.limit,
         "batch_size": c.batch_size,
         "output_tokens_identical": c.output_tokens_identical,
         "draft_tokens_identical": c.draft_tokens_identical,
@@ -136,7 +137,8 @@ def cuda_summary(comparisons: Sequence[CudaComparison],
         vllm_version = str(vllm.__version__)
     except ImportError:
         vllm_version = "not installed"
-    timed = [c for c in comparisons if not c.case.negative_control]
+    # the limit row's metadata goes stale on purpose: timed, but no evidence of identity
+    timed = [c for c in comparisons if not c.case.negative_control and not c.case.limit]
     controls = [c for c in comparisons if c.case.negative_control]
     return {
         "device": device,
