@@ -34,10 +34,16 @@ def test_cases_cover_every_model_backend_and_k_with_triton_mla_as_the_override()
     assert not any(c.negative_control for c in cases)
 
 
-def test_the_negative_control_runs_once_at_the_first_k_with_two_draft_steps() -> None:
+def test_the_negative_control_runs_once_per_scheduled_backend_at_the_first_k_with_two_steps(
+) -> None:
     cases = cases_from(["tiny"], ["FLASH_ATTN_MLA"], [2, 4, 3], negative_control=True)
     (control,) = [c for c in cases if c.negative_control]
-    assert (control.model, control.backend, control.k) == ("tiny", "FLASHMLA", 4)
+    assert (control.model, control.backend, control.k) == ("tiny", "FLASH_ATTN_MLA", 4)
+    both = cases_from(["tiny"], ["FLASHMLA", "FLASH_ATTN_MLA"], [3], negative_control=True)
+    assert [c.backend for c in both if c.negative_control] == ["FLASHMLA", "FLASH_ATTN_MLA"]
+    (fallback,) = [c for c in cases_from(["tiny"], ["TRITON_MLA"], [3], negative_control=True)
+                   if c.negative_control]
+    assert fallback.backend == "FLASHMLA"
     with pytest.raises(ValueError, match="needs a K of at least 3"):
         cases_from(["tiny"], ["FLASHMLA"], [1, 2], negative_control=True)
 

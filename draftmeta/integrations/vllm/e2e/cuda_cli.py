@@ -20,6 +20,7 @@ import attrs
 
 from draftmeta.arguments import replace_problem
 from draftmeta.integrations.vllm.e2e.cuda_matrix import (
+    SCHEDULED_BACKENDS,
     CudaCase,
     CudaComparison,
     CudaFailure,
@@ -50,8 +51,9 @@ def cases_from(models: list[str], backends: list[str], ks: list[int], *,
                kv_cache_dtype: str = "auto", negative_control: bool = False,
                eager: bool = False, limit: bool = False) -> tuple[CudaCase, ...]:
     """The engine pairs for these options: every model x backend x K (``TRITON_MLA`` with
-    draftmeta's hook replacing vLLM's own), each with ``kv_cache_dtype`` and ``eager``, and the
-    negative control once (first model, first K >= 3).
+    draftmeta's hook replacing vLLM's own), each with ``kv_cache_dtype`` and ``eager``; with
+    ``limit``, each hooked case again with an empty hook; and the negative control (first
+    model, first K >= 3) once per scheduled backend asked for (FlashMLA's where none is).
 
     Raises:
         ValueError: an unknown model or backend, an FP8 cache for a backend that takes none,
@@ -74,15 +76,18 @@ def cases_from(models: list[str], backends: list[str], ks: list[int], *,
         cases += [attrs.evolve(c, limit=True) for c in list(cases)
                   if c.k >= 2 and c.backend != "TRITON_MLA"]
     if negative_control:
-        # its wrong spec leaves the scheduler object of draft step 1 in place for steps 2..:
-        # a loop needs K - 1 >= 2 draft steps to show it (K = 2 has one, freshly built)
+        # its wrong spec leaves the scheduler of draft step 1 in place for steps 2..: a loop
+        # needs K - 1 >= 2 draft steps to show it (K = 2 has one, freshly built)
         drafting = [k for k in ks if k >= 3]
         if not drafting:
             raise ValueError("the negative control needs a K of at least 3 (its stale "
                              "scheduler shows from a loop's second draft step on); add one to "
                              "--ks")
-        cases.append(CudaCase(models[0], "FLASHMLA", drafting[0], negative_control=True,
-                              kv_cache_dtype=kv_cache_dtype, eager=eager))
+        scheduled = [b for b in SCHEDULED_BACKENDS if b in backends] or ["FLASHMLA"]
+        if kv_cache_dtype == "fp8":
+            scheduled = ["FLASHMLA"]
+        cases += [CudaCase(models[0], backend, drafting[0], negative_control=True,
+                           kv_cache_dtype=kv_cache_dtype, eager=eager) for backend in scheduled]
     return tuple(cases)
 
 

@@ -60,6 +60,7 @@ from draftmeta.integrations.vllm.e2e.model import (
 __all__ = [
     "CUDA_BACKENDS",
     "MODELS",
+    "SCHEDULED_BACKENDS",
     "CudaCase",
     "CudaComparison",
     "CudaFailure",
@@ -107,8 +108,8 @@ class CudaCase:
         backend: the attention backend.
         k: draft tokens per step.
         override_upstream: plugin on replaces vLLM's own hook (``TRITON_MLA``).
-        negative_control: plugin on runs :func:`stale_scheduler_spec` (draft tokens must
-            differ; not timed).
+        negative_control: plugin on runs :func:`stale_scheduler_spec` of ``backend`` (its
+            draft tokens must differ; not timed).
         kv_cache_dtype: vLLM's ``kv_cache_dtype``.
         eager: both engines without CUDA graphs (:attr:`CudaEngineSettings.eager`).
         limit: plugin on with a hook that does no metadata work
@@ -221,25 +222,44 @@ class CudaComparison:
         return statistics.median(self.pair_speedups)
 
 
-def stale_scheduler_spec(*, host_bound: str = "frozen", dcp: bool = False, builder: Any = None
-                         ) -> Any:
-    """The negative control: FlashMLA's shipped spec with its scheduler object left
-    ``Unchanged`` between draft steps (the bug draftmeta exists to prevent: a forgotten field),
-    so steps 2.. replay step 1's tile schedule over grown sequence lengths."""
-    from draftmeta.integrations.vllm.catalogue import current_release
-    from draftmeta.rules import Unchanged
-    from draftmeta.spec import DraftSpec
+SCHEDULED_BACKENDS = ("FLASHMLA", "FLASH_ATTN_MLA")
+"""The backends whose metadata holds a kernel schedule draftmeta refreshes every draft step:
+FlashMLA's scheduler object and FA3's ahead-of-time scheduler metadata (the negative controls
+leave it stale)."""
 
-    real = current_release().entry("FLASHMLA").make_spec(host_bound=host_bound,  # type: ignore[arg-type]
-                                                         dcp=dcp, builder=builder)
-    rules = dict(real.rules)
-    for path in [p for p in rules if p.startswith("decode.scheduler_metadata")]:
-        del rules[path]
-    rules["decode.scheduler_metadata"] = Unchanged()
-    nested = {p: c for p, c in real.nested.items() if not p.startswith("decode.scheduler")}
-    return DraftSpec(real.cls, rules, name="FLASHMLA.stale_scheduler",
-                     preconditions=real.preconditions, nested=nested, dtypes=real.dtypes,
-                     attributes=real.attributes)
+
+def stale_scheduler_spec(backend: str = "FLASHMLA") -> SpecOverride:
+    """The negative control for ``backend`` (one of :data:`SCHEDULED_BACKENDS`): its shipped
+    spec with the decode part's scheduler left ``Unchanged`` between draft steps (the bug
+    draftmeta exists to prevent: a forgotten field). FlashMLA's steps 2.. then replay step 1's
+    tile schedule over grown sequence lengths; FA3's captured draft steps read whatever schedule
+    the buffer held before the loop.
+
+    Raises:
+        ValueError: ``backend`` has no scheduler draftmeta refreshes.
+    """
+    if backend not in SCHEDULED_BACKENDS:
+        raise ValueError(f"{backend} has no kernel schedule to leave stale; the negative "
+                         f"control is for {' and '.join(SCHEDULED_BACKENDS)}")
+
+    def spec(*, host_bound: str = "frozen", dcp: bool = False, builder: Any = None) -> Any:
+        from draftmeta.integrations.vllm.catalogue import current_release
+        from draftmeta.rules import Unchanged
+        from draftmeta.spec import DraftSpec
+
+        real = current_release().entry(backend).make_spec(host_bound=host_bound,  # type: ignore[arg-type]
+                                                          dcp=dcp, builder=builder)
+        rules = dict(real.rules)
+        for path in [p for p in rules if p.startswith("decode.scheduler_metadata")]:
+            del rules[path]
+        rules["decode.scheduler_metadata"] = Unchanged()
+        nested = {p: c for p, c in real.nested.items()
+                  if not p.startswith("decode.scheduler")}
+        return DraftSpec(real.cls, rules, name=f"{backend}.stale_scheduler",
+                         preconditions=real.preconditions, nested=nested, dtypes=real.dtypes,
+                         attributes=real.attributes)
+
+    return spec
 
 
 def _draft_ids(drafts: list[list[list[int]]]) -> list[int]:
@@ -411,7 +431,7 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
     model = MODELS[case.model]
     model_dir = write_model(workdir / case.model, model.config)
     overrides: Mapping[str, SpecOverride] | None = (
-        {"FLASHMLA": stale_scheduler_spec} if case.negative_control else None)
+        {case.backend: stale_scheduler_spec(case.backend)} if case.negative_control else None)
     timed = not case.negative_control
     max_batch = max(config.batch_sizes)
 
