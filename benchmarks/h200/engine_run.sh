@@ -84,6 +84,7 @@ for stage in "$@"; do
         | tail -40
       echo "== pluginlog rc ${PIPESTATUS[0]}";;
     tinyk3) e2e_info tiny-k3 "${TINY_TIMEOUT:-400}" --backends FLASH_ATTN_MLA FLASHMLA \
+              --negative-control \
               --ks 3 --pairs "${PAIRS:-3}";;
     v3rank) e2e_info "v3rank${NAME:-}" "${V3_TIMEOUT:-580}" --models v3-rank \
               --backends ${BACKENDS:-FLASH_ATTN_MLA} --ks ${KS:-3} --batch-sizes 1 8 32 \
