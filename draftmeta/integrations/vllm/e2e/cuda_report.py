@@ -21,6 +21,7 @@ import attrs
 
 from draftmeta.arguments import Extent
 from draftmeta.integrations.vllm.e2e.acceptance import total_acceptance
+from draftmeta.integrations.vllm.e2e.best_k import best_k, step_times
 from draftmeta.integrations.vllm.e2e.cuda_engine import LoopCounts
 from draftmeta.integrations.vllm.e2e.cuda_matrix import (
     CudaCase,
@@ -139,6 +140,7 @@ def cuda_summary(comparisons: Sequence[CudaComparison],
         vllm_version = "not installed"
     # the limit row's metadata goes stale on purpose: timed, but no evidence of identity
     timed = [c for c in comparisons if not c.case.negative_control and not c.case.limit]
+    configurations = [_entry(c) for c in comparisons]
     controls = [c for c in comparisons if c.case.negative_control]
     return {
         "device": device,
@@ -150,9 +152,28 @@ def cuda_summary(comparisons: Sequence[CudaComparison],
         "draft_tokens_identical": all(c.draft_tokens_identical for c in timed),
         "negative_control_caught": (all(not c.draft_tokens_identical for c in controls)
                                     if controls else None),
-        "configurations": [_entry(c) for c in comparisons],
+        "configurations": configurations,
+        "best_k": best_k_table(configurations),
         "failed": [{"case": f.case.label, "error": f.error} for f in failures],
     }
+
+
+def best_k_table(configurations: Sequence[JSONObject]) -> list[JSONObject]:
+    """Per model, backend and batch size measured at two or more K: the best K and its
+    expected tok/s, plugin off and on, at each acceptance rate of
+    :data:`~draftmeta.integrations.vllm.e2e.best_k.ALPHAS`
+    (:func:`~draftmeta.integrations.vllm.e2e.best_k.best_k` from the measured step times)."""
+    rows = []
+    for (model, backend, batch), times in step_times(configurations).items():
+        if len(times) < 2:
+            continue
+        for b in best_k(times, batch):
+            rows.append({"model": model, "backend": backend, "batch_size": batch,
+                         "ks": sorted(times), "alpha": b.alpha, "k_off": b.k_off,
+                         "tokens_per_s_off": round(b.tokens_per_s_off, 1), "k_on": b.k_on,
+                         "tokens_per_s_on": round(b.tokens_per_s_on, 1),
+                         "gain": round(b.gain, 3)})
+    return rows
 
 
 def _fmt_rate(spread: JSONObject | None) -> str:
@@ -219,6 +240,21 @@ def cuda_markdown(data: JSONObject) -> str:
             lines.append(f"| {_case(e).label} | {e['batch_size']} | {t_off:.2f} / "
                          f"{'-' if t_on is None else f'{t_on:.2f}'} | "
                          f"{'-' if off_s is None else f'{off_s:.0f}'} | {share} | {lengths} |")
+    best = data.get("best_k") or []
+    if best:
+        lines += [
+            "",
+            "The best K from the measured step times, each draft token accepted with "
+            "probability alpha (expected tok/s = batch x (1 + alpha + ... + alpha^K) / T(K)):",
+            "",
+            "| model | backend | batch | K measured | alpha | best K off: tok/s | best K on: "
+            "tok/s | on / off |",
+            "|---|---|---:|---|---:|---|---|---:|",
+        ]
+        lines += [f"| {r['model']} | {r['backend']} | {r['batch_size']} | "
+                  f"{', '.join(map(str, r['ks']))} | {r['alpha']} | {r['k_off']}: "
+                  f"{r['tokens_per_s_off']:.0f} | {r['k_on']}: {r['tokens_per_s_on']:.0f} | "
+                  f"{r['gain']:.2f}x |" for r in best]
     host = [(e, off, on) for e in data["configurations"]
             if (off := host_us_per_loop(e, "off")) is not None
             and (on := host_us_per_loop(e, "on")) is not None]
