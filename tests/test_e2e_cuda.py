@@ -327,6 +327,7 @@ def _fake_engines(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[int]
 
     monkeypatch.setattr(cuda_matrix, "open_cuda_engine", open_engine)
     monkeypatch.setattr(cuda_matrix, "_free_gpu", lambda: None)
+    monkeypatch.setattr(cuda_matrix, "_gpu_gib", lambda: 139.8)  # an H200
     return log, most_alive
 
 
@@ -361,3 +362,18 @@ def test_engine_pairs_swap_their_order_and_a_model_too_large_for_two_runs_one_at
     assert entry["acceptance"]["on"]["mean_acceptance_length"] == pytest.approx(2.5)
     assert entry["step_ms"]["off"] == pytest.approx(1 * 4 / 100 / 4 * 1e3)
     assert entry["draft_loops"]["off"]["rebuilt"] == 4 * 6
+
+
+def test_engines_share_the_gpu_where_both_fit_and_a_model_too_large_for_one_is_refused() -> None:
+    """On an H200 (139.8 GiB) v2-lite's two engines fit at once and v3-rank's one at a time;
+    on an H100 (79.2 GiB) v2-lite's go one at a time and v3-rank is refused with the sizes."""
+    from draftmeta.integrations.vllm.e2e.cuda_matrix import MODELS
+    from draftmeta.integrations.vllm.e2e.errors import E2EUnavailable
+
+    assert MODELS["tiny"].placement(139.8) == (True, 0.2)
+    together, share = MODELS["v2-lite"].placement(139.8)
+    assert together and 2 * share <= 0.9 and share * 139.8 >= 31
+    assert MODELS["v3-rank"].placement(139.8) == (False, 0.92)
+    assert MODELS["v2-lite"].placement(79.2) == (False, 0.92)
+    with pytest.raises(E2EUnavailable, match="needs about 89 GiB .* this GPU has 79 GiB"):
+        MODELS["v3-rank"].placement(79.2)

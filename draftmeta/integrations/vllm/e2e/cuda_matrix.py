@@ -70,33 +70,55 @@ __all__ = [
     "stale_scheduler_spec",
 ]
 
+ENGINE_HEADROOM_GIB = 8.0
+"""GPU memory an engine needs beside its weights here (KV cache for 1,024 tokens per request,
+activations, the profiling pass, CUDA graphs), GiB."""
+
+
 @attrs.frozen
 class CudaModel:
-    """A model of the CUDA run and how its engines share the GPU.
+    """A model of the CUDA run and how much GPU memory its weights take.
 
     Attributes:
         config: its ``config.json``.
-        together: both engines of a pair fit on the GPU at once (their generates then
-            alternate); else each engine is created, measured and freed before the other.
-        gpu_memory_utilization: the share of GPU memory each engine may take.
+        weights_gib: its weights (target and MTP layer) on the GPU, GiB.
     """
 
     config: Mapping[str, Any]
-    together: bool
-    gpu_memory_utilization: float
+    weights_gib: float
+
+    def placement(self, total_gib: float) -> tuple[bool, float]:
+        """How an engine pair of this model shares a GPU of ``total_gib``: whether both
+        engines fit at once (their generates then alternate; else each is created, measured
+        and freed before the other), and the share of GPU memory each may take.
+
+        Raises:
+            E2EUnavailable: one engine does not fit this GPU.
+        """
+        need = self.weights_gib + ENGINE_HEADROOM_GIB
+        if 2 * need <= 0.9 * total_gib:
+            return True, round(max(0.2, need / total_gib), 3)
+        if need <= 0.92 * total_gib:
+            return False, 0.92
+        raise E2EUnavailable(
+            f"this model needs about {need:.0f} GiB of GPU memory for one engine "
+            f"({self.weights_gib:.0f} GiB of weights); this GPU has {total_gib:.0f} GiB "
+            "(an H200 has 139 GiB)")
 
 
 MODELS: Mapping[str, CudaModel] = dict(zip(MODEL_NAMES, (
-    CudaModel(MODEL_CONFIG, together=True, gpu_memory_utilization=0.2),
-    CudaModel(LARGE_MODEL_CONFIG, together=True, gpu_memory_utilization=0.2),
-    CudaModel(V3_RANK_CONFIG, together=False, gpu_memory_utilization=0.9),
-    CudaModel(V2_LITE_CONFIG, together=True, gpu_memory_utilization=0.45),
+    CudaModel(MODEL_CONFIG, weights_gib=0.1),
+    CudaModel(LARGE_MODEL_CONFIG, weights_gib=5.0),
+    CudaModel(V3_RANK_CONFIG, weights_gib=81.0),
+    CudaModel(V2_LITE_CONFIG, weights_gib=31.0),
 )))
 """The models by name: the tiny DeepSeek-V3 of the CPU run; one with DeepSeek-V3's layer
-dimensions and 3 layers (:data:`~draftmeta.integrations.vllm.e2e.model.LARGE_MODEL_CONFIG`);
-one rank of DeepSeek-V3 under TP8 (:data:`~draftmeta.integrations.vllm.e2e.model.V3_RANK_CONFIG`,
-about 82 GB of FP8 weights: one engine at a time); a whole Moonlight-shaped MLA MoE
-(:data:`~draftmeta.integrations.vllm.e2e.model.V2_LITE_CONFIG`, about 33 GB in bf16)."""
+dimensions and 3 layers (:data:`~draftmeta.integrations.vllm.e2e.model.LARGE_MODEL_CONFIG`,
+2.5 billion parameters in bf16); one rank of DeepSeek-V3 under TP8
+(:data:`~draftmeta.integrations.vllm.e2e.model.V3_RANK_CONFIG`, about 86 billion parameters in
+FP8: one engine at a time on an H200, too large for an H100); a whole Moonlight-shaped MLA MoE
+(:data:`~draftmeta.integrations.vllm.e2e.model.V2_LITE_CONFIG`, about 16.5 billion parameters in
+bf16: both engines at once on an H200)."""
 
 
 @attrs.frozen
@@ -358,6 +380,12 @@ def _comparison(case: CudaCase, batch: int, pairs: list[_Pair], off: CudaEngine,
     )
 
 
+def _gpu_gib() -> float:
+    import torch
+
+    return float(torch.cuda.get_device_properties(0).total_memory) / 2**30
+
+
 def _free_gpu() -> None:
     import gc
 
@@ -414,8 +442,6 @@ def run_cuda_matrix(config: CudaMatrixConfig, *, workdir: Path,
             try:
                 results += _run_case(case, config, workdir, recorder, prompts, progress,
                                      pair_done)
-            except E2EUnavailable:
-                raise
             except Exception as exc:  # one case's failure is reported, the others still run
                 error = f"{type(exc).__name__}: {exc}"
                 progress(f"{case.label}: FAILED: {error}")
@@ -429,6 +455,7 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
               pair_done: Callable[[list[CudaComparison]], None] = lambda partial: None
               ) -> list[CudaComparison]:
     model = MODELS[case.model]
+    together, utilization = model.placement(_gpu_gib())
     model_dir = write_model(workdir / case.model, model.config)
     overrides: Mapping[str, SpecOverride] | None = (
         {case.backend: stale_scheduler_spec(case.backend)} if case.negative_control else None)
@@ -443,7 +470,7 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
             spec_overrides=overrides if plugin else None, eager=case.eager,
             empty_hook=case.limit and plugin,
             max_num_seqs=max(16, max_batch),
-            gpu_memory_utilization=model.gpu_memory_utilization)
+            gpu_memory_utilization=utilization)
 
     def report(batch: int, pair: _Pair, number: int) -> None:
         speed = (f"{pair.off.median_rate:.0f} vs {pair.on.median_rate:.0f} tok/s"
@@ -462,8 +489,8 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
         order = (False, True) if number % 2 == 1 else (True, False)
         progress(f"{case.label}: pair {number} of {config.pairs}, engines "
                  f"{' then '.join('on' if o else 'off' for o in order)}"
-                 f"{'' if model.together else ', one at a time'}")
-        if model.together:
+                 f"{'' if together else ', one at a time'}")
+        if together:
             with open_cuda_engine(model_dir, settings(order[0]), recorder) as first, \
                     open_cuda_engine(model_dir, settings(order[1]), recorder) as second:
                 off, on = (first, second) if not order[0] else (second, first)
