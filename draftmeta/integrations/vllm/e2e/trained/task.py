@@ -24,13 +24,20 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-__all__ = ["BOS", "FIRST_SYMBOL", "Task", "DEFAULT_TASK"]
+__all__ = ["BOS", "DEFAULT_TASK", "EVAL_MAX_TOKENS", "EVAL_PROMPTS", "FIRST_SYMBOL", "Task"]
 
 BOS = 0
 """Token id every sequence and prompt starts with."""
 
 FIRST_SYMBOL = 2
 """Token id of symbol 0 (ids 0 and 1 are BOS and EOS, never produced by the task)."""
+
+EVAL_PROMPTS = 16
+"""Prompts acceptance is measured on (``task.prompts(EVAL_PROMPTS, seed=0)``)."""
+
+EVAL_MAX_TOKENS = 32
+"""Tokens generated per prompt when acceptance is measured; prompts (at most 32 tokens) plus
+these stay within the 64 positions the model is trained on."""
 
 
 @attrs.frozen

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from draftmeta.integrations.vllm.e2e.trained.reference import (
     BUG_KINDS,
     Bug,
+    DraftStats,
     ModelConfig,
     Reference,
     checkpoint_tensors,
@@ -34,15 +35,22 @@ from draftmeta.integrations.vllm.e2e.trained.reference import (
     new_model,
     speculative_generate,
 )
-from draftmeta.integrations.vllm.e2e.trained.task import DEFAULT_TASK, Task
+from draftmeta.integrations.vllm.e2e.trained.task import (
+    DEFAULT_TASK,
+    EVAL_MAX_TOKENS,
+    EVAL_PROMPTS,
+    Task,
+)
 
 __all__ = [
+    "DEFAULT_SETTINGS",
     "DEFAULT_SHAPE",
-    "EVAL_MAX_TOKENS",
-    "EVAL_PROMPTS",
     "TrainSettings",
+    "CANDIDATES",
     "bug_table",
+    "compare_candidates",
     "main",
+    "run_bug",
     "train",
     "write_checkpoint",
 ]
@@ -53,13 +61,6 @@ DEFAULT_SHAPE = ModelConfig(
     qk_rope_head_dim=64, v_head_dim=128)
 """The shipped model's shape: 2 layers + the MTP layer, hidden 128, 2 heads, MLA with
 ``kv_lora_rank`` 512 and ``qk_rope_head_dim`` 64 (the CPU MLA kernel's 576-wide cache)."""
-
-EVAL_PROMPTS = 16
-"""Prompts the acceptance is measured on (``task.prompts(EVAL_PROMPTS, seed=0)``)."""
-
-EVAL_MAX_TOKENS = 32
-"""Tokens generated per prompt when acceptance is measured."""
-
 
 @attrs.frozen
 class TrainSettings:
@@ -167,20 +168,42 @@ def train(task: Task, shape: ModelConfig, settings: TrainSettings,
     return model.eval()
 
 
+def run_bug(model: Reference, prompts: Sequence[Sequence[int]], k: int, bug: Bug | None,
+            max_tokens: int = EVAL_MAX_TOKENS, one_per_batch: bool = False) -> DraftStats:
+    """The reference draft loop over ``prompts`` with ``bug``: all prompts in one batch, or each
+    alone (``one_per_batch``: every request is then the batch's longest), counts summed."""
+    if not one_per_batch:
+        return speculative_generate(model, prompts, k, max_tokens, bug)
+    total = DraftStats(k=k, accepted_per_position=[0] * k)
+    for prompt in prompts:
+        stats = speculative_generate(model, [prompt], k, max_tokens, bug)
+        total.drafts += stats.drafts
+        total.accepted_per_position = [
+            a + b for a, b in zip(total.accepted_per_position, stats.accepted_per_position)]
+        total.outputs += stats.outputs
+        total.proposals += stats.proposals
+    return total
+
+
 def bug_table(model: Reference, prompts: Sequence[Sequence[int]], ks: Sequence[int] = (3, 4),
               max_tokens: int = EVAL_MAX_TOKENS) -> list[dict[str, object]]:
     """Per K, the clean acceptance and each simulated bug's (from draft step 1 and from step
-    2 on): rows with ``k``, ``bug`` (``"none"`` or ``kind@first_step``), acceptance rate, mean
+    2 on): rows with ``k``, ``bug`` (``"none"`` or ``kind@first_step``; ``max_seq_len`` twice:
+    the prompts in one batch, and one prompt per batch, marked ``/1``), acceptance rate, mean
     acceptance length and acceptance per position."""
     rows: list[dict[str, object]] = []
     for k in ks:
-        cases: list[Bug | None] = [None]
-        cases += [Bug(kind, first) for first in (1, 2) if first < k for kind in BUG_KINDS]
-        for bug in cases:
-            stats = speculative_generate(model, prompts, k, max_tokens, bug)
+        cases: list[tuple[Bug | None, bool]] = [(None, False)]
+        for first in (1, 2):
+            if first < k:
+                cases += [(Bug(kind, first), False) for kind in BUG_KINDS]
+                cases.append((Bug("max_seq_len", first), True))
+        for bug, alone in cases:
+            stats = run_bug(model, prompts, k, bug, max_tokens, alone)
+            name = "none" if bug is None else f"{bug.kind}@{bug.first_step}"
             rows.append({
                 "k": k,
-                "bug": "none" if bug is None else f"{bug.kind}@{bug.first_step}",
+                "bug": name + ("/1" if alone else ""),
                 "acceptance": round(stats.acceptance_rate, 4),
                 "mean_length": round(stats.mean_acceptance_length, 3),
                 "per_position": [round(a, 3) for a in stats.acceptance_per_position],
@@ -208,39 +231,100 @@ def write_checkpoint(model: Reference, folder: Path) -> None:
               metadata={"format": "pt"})
 
 
+DEFAULT_SETTINGS = TrainSettings(steps=900, hidden_noise=0.5, token_noise=0.5)
+"""How the shipped checkpoint was trained."""
+
+CANDIDATES: dict[str, tuple[Task, TrainSettings]] = {
+    "A lags (1,2), 16 symbols, plain": (Task(16, (1, 2)), TrainSettings(steps=600)),
+    "B lags (1,2), 16 symbols, hidden noise 0.5": (
+        Task(16, (1, 2)), TrainSettings(steps=600, hidden_noise=0.5)),
+    "C lags (1,2), 16 symbols, hidden noise 0.5, token noise 0.5": (
+        Task(16, (1, 2)), TrainSettings(steps=600, hidden_noise=0.5, token_noise=0.5)),
+    "D lags (1,2,3), 8 symbols, hidden noise 0.5, token noise 0.5": (
+        Task(8, (1, 2, 3)), TrainSettings(steps=600, hidden_noise=0.5, token_noise=0.5)),
+    "E lags (1,2), 16 symbols, hidden noise 0.5, token noise 0.25": (
+        Task(16, (1, 2)), TrainSettings(steps=600, hidden_noise=0.5, token_noise=0.25)),
+}
+"""The recipes compared before the shipped one was chosen (600 steps each)."""
+
+
+def _bf16(model: Reference) -> Reference:
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(param.to(torch.bfloat16).to(param.dtype))
+    return model
+
+
+def compare_candidates(log: Callable[[str], None] = print,
+                       names: Sequence[str] | None = None) -> None:
+    """Train each of :data:`CANDIDATES` (or those named) and log its accuracies and bug
+    table (weights rounded to bf16, as shipped)."""
+    for name, (task, settings) in CANDIDATES.items():
+        if names and name.split()[0] not in names:
+            continue
+        start = time.perf_counter()
+        shape = attrs.evolve(DEFAULT_SHAPE, vocab_size=task.vocab_size)
+        model = _bf16(train(task, shape, settings, log=lambda line: None))
+        acc = accuracies(model, task, settings.mtp_steps)
+        log(f"candidate {name}: {settings.steps} steps in {time.perf_counter() - start:.0f} s;"
+            f" accuracy target {acc[0]:.3f}, MTP steps " + " ".join(f"{a:.3f}" for a in acc[1:]))
+        for line in format_bug_table(bug_table(model, task.prompts(EVAL_PROMPTS, seed=0))):
+            log(f"  {line}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Train, write the checkpoint and the log into ``--out``; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    """Train, write the checkpoint and the log into ``--out``; returns the exit status.
+
+    ``--compare``: instead, train the :data:`CANDIDATES` and write ``candidates-log.txt``.
+    """
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="checkpoint folder (created)")
-    parser.add_argument("--steps", type=int, default=TrainSettings.steps)
-    parser.add_argument("--seed", type=int, default=TrainSettings.seed)
-    parser.add_argument("--hidden-noise", type=float, default=TrainSettings.hidden_noise)
+    parser.add_argument("--steps", type=int, default=DEFAULT_SETTINGS.steps)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SETTINGS.seed)
+    parser.add_argument("--compare", nargs="*", metavar="LETTER",
+                        help="train the candidate recipes (all, or those lettered) instead")
     args = parser.parse_args(argv)
-    settings = TrainSettings(steps=args.steps, seed=args.seed, hidden_noise=args.hidden_noise)
     lines: list[str] = []
 
     def log(line: str) -> None:
         print(line, flush=True)
         lines.append(line)
 
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(DEFAULT_SETTINGS.threads)
+    if args.compare is not None:
+        compare_candidates(log, args.compare)
+        (args.out / "candidates-log.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return 0
+    settings = attrs.evolve(DEFAULT_SETTINGS, steps=args.steps, seed=args.seed)
     start = time.perf_counter()
     log(f"task: {DEFAULT_TASK}")
     log(f"shape: {DEFAULT_SHAPE}")
     log(f"settings: {settings}")
+    log(f"torch {torch.__version__}, {settings.threads} threads")
     model = train(DEFAULT_TASK, DEFAULT_SHAPE, settings, log)
-    trained = time.perf_counter() - start
-    log(f"training wall time: {trained:.1f} s on {settings.threads} threads")
+    log(f"training wall time: {time.perf_counter() - start:.1f} s")
     write_checkpoint(model, args.out)
-    stored = load_reference(args.out)  # bf16 weights, computed in float32
+    size = (args.out / "model.safetensors").stat().st_size
+    params = sum(p.numel() for p in model.parameters())
+    log(f"checkpoint: {params} parameters (+ the MTP layer's embedding and head copies), "
+        f"bf16, model.safetensors {size} bytes")
+    stored = load_reference(args.out)
     log("evaluation: the stored bf16 weights, computed in float32 by the reference")
     acc = accuracies(stored, DEFAULT_TASK, settings.mtp_steps)
     log("greedy accuracy on noise-free held-out data: target "
         f"{acc[0]:.4f}, MTP steps " + " ".join(f"{a:.4f}" for a in acc[1:]))
     prompts = DEFAULT_TASK.prompts(EVAL_PROMPTS, seed=0)
-    log(f"reference draft loop: {EVAL_PROMPTS} prompts (task.prompts(seed=0)), "
-        f"{EVAL_MAX_TOKENS} tokens each, greedy")
+    log(f"reference draft loop: {EVAL_PROMPTS} prompts (task.prompts(16, seed=0)), "
+        f"{EVAL_MAX_TOKENS} tokens each, greedy; bug@1: stale from draft step 1 on (GPU hook), "
+        "bug@2: from step 2 on (CPU plugin); max_seq_len/1: one prompt per batch")
     for line in format_bug_table(bug_table(stored, prompts)):
         log(line)
+    for recycle in ("post_norm", "pre_norm"):
+        stats = speculative_generate(stored, prompts, 3, EVAL_MAX_TOKENS, recycle=recycle)
+        log(f"K=3, MTP hidden recycled {recycle}: acceptance {stats.acceptance_rate:.3f}, "
+            f"mean length {stats.mean_acceptance_length:.3f}"
+            + (" (vLLM 0.32 to 0.34)" if recycle == "post_norm" else " (not any release)"))
     log(f"total wall time: {time.perf_counter() - start:.1f} s")
     (args.out / "train-log.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return 0
