@@ -37,6 +37,7 @@ __all__ = [
     "MAX_TOKENS",
     "MIN_ACCEPTANCE",
     "NUM_PROMPTS",
+    "SENSITIVITY",
     "TASK",
     "Task",
     "prompts",
@@ -62,6 +63,34 @@ MAX_MODEL_LEN = 128
 MIN_ACCEPTANCE = 0.8
 """Per-token greedy draft acceptance the checkpoint reaches at K = 3 on ``prompts(16, 0)``
 (the figure in ``train-log.txt`` is higher)."""
+
+
+SENSITIVITY: dict[tuple[str, int, int], float] = {
+    # (bug, first wrong draft step, K): mean acceptance length stays below this
+    # (clean: 4.0 at K = 3, 5.0 at K = 4; measured values in checkpoint/train-log.txt)
+    ("seq_lens", 1, 3): 2.6,       # measured 2.34
+    ("positions", 1, 3): 3.0,      # 2.71
+    ("slot_mapping", 1, 3): 1.6,   # 1.36
+    ("max_seq_len", 1, 3): 2.6,    # 2.34 (one request per batch)
+    ("seq_lens", 2, 3): 3.6,       # 3.41
+    ("positions", 2, 3): 3.9,      # 3.77: the weakest claim
+    ("slot_mapping", 2, 3): 3.4,   # 3.16
+    ("max_seq_len", 2, 3): 3.6,    # 3.41 (one request per batch)
+    ("seq_lens", 1, 4): 2.6,       # 2.35
+    ("positions", 1, 4): 3.5,      # 3.17
+    ("slot_mapping", 1, 4): 1.6,   # 1.36
+    ("max_seq_len", 1, 4): 2.6,    # 2.35 (one request per batch)
+    ("seq_lens", 2, 4): 3.7,       # 3.41
+    ("positions", 2, 4): 4.1,      # 3.86
+    ("slot_mapping", 2, 4): 3.4,   # 3.16
+    ("max_seq_len", 2, 4): 3.7,    # 3.41 (one request per batch)
+}
+"""The claimed effect of each simulated draft-metadata bug on the reference draft loop
+(:class:`~draftmeta.integrations.vllm.e2e.trained.reference.Bug`; ``prompts()``,
+``MAX_TOKENS`` tokens, greedy): the mean acceptance length (1 + accepted drafts per
+verification) with the bug is below the value, against 4.0 (K = 3) and 5.0 (K = 4) without.
+``max_seq_len`` hurts only a batch's longest request, so it is claimed for one request per
+batch; in the 16-prompt batch it costs less (K = 3: 3.61 from step 1, 3.98 from step 2)."""
 
 
 def prompts(count: int = NUM_PROMPTS, seed: int = 0) -> tuple[tuple[int, ...], ...]:

@@ -384,7 +384,8 @@ class Reference(nn.Module):
 
     def mtp_chain(self, tokens: torch.Tensor, target_hidden: torch.Tensor, steps: int,
                   hidden_noise: float = 0.0, generator: torch.Generator | None = None,
-                  token_noise: float = 0.0) -> list[torch.Tensor]:
+                  token_noise: float = 0.0, chain_hidden_noise: float | None = None
+                  ) -> list[torch.Tensor]:
         """The MTP layer drafting ``steps`` tokens after every position, as vLLM chains it.
 
         Step 0 runs at every position ``i`` (token ``tokens[:, i + 1]``, the target's hidden at
@@ -396,6 +397,8 @@ class Reference(nn.Module):
 
         ``hidden_noise``: probability, per row and step, that the hidden input is replaced by
         another row's (training only: teaches the layer to take recent tokens from its cache).
+        ``chain_hidden_noise``: the same for the chained steps (``j >= 1``, the recycled hidden),
+        if not ``hidden_noise``.
         ``token_noise``: probability, per row and step, that the *residual* stream gets another
         row's input token while attention (query and the new key) still sees the right one
         (training only: teaches the layer to read its own token from its own key, so that a
@@ -411,8 +414,9 @@ class Reference(nn.Module):
         for j in range(steps):
             n = n0 - j
             positions = pos0[:n] + j
-            if hidden_noise > 0:
-                hidden = _shuffle_rows(hidden[:, :n], hidden_noise, generator)
+            noise = hidden_noise if j == 0 or chain_hidden_noise is None else chain_hidden_noise
+            if noise > 0:
+                hidden = _shuffle_rows(hidden[:, :n], noise, generator)
             embeds = self.model.embed_tokens(tokens[:, j + 1: j + 1 + n])
             x = mtp.fuse(embeds, hidden[:, :n], positions)
             q, own = mtp.self_attn.project(mtp.input_layernorm(x), positions)

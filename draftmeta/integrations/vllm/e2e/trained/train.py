@@ -75,6 +75,8 @@ class TrainSettings:
         mtp_steps: MTP steps unrolled (the chained draft steps trained).
         mtp_weight: loss weight of each MTP step (the target's is 1).
         hidden_noise: probability that the MTP's hidden input is another row's.
+        chain_hidden_noise: the same at the chained steps (the recycled hidden), if not
+            ``hidden_noise``.
         token_noise: probability that the MTP's residual stream gets another row's token
             (attention still sees the right one).
         seed: seed of the initialisation and the data stream.
@@ -89,6 +91,7 @@ class TrainSettings:
     mtp_steps: int = 3
     mtp_weight: float = 1.0
     hidden_noise: float = 0.0
+    chain_hidden_noise: float | None = None
     token_noise: float = 0.0
     seed: int = 0
     threads: int = 2
@@ -102,13 +105,14 @@ def _lr(settings: TrainSettings, step: int) -> float:
 
 
 def losses(model: Reference, tokens: torch.Tensor, mtp_steps: int, hidden_noise: float = 0.0,
-           generator: torch.Generator | None = None, token_noise: float = 0.0
-           ) -> list[torch.Tensor]:
+           generator: torch.Generator | None = None, token_noise: float = 0.0,
+           chain_hidden_noise: float | None = None) -> list[torch.Tensor]:
     """Cross-entropy of the target (first) and of each MTP step on ``tokens`` ``[B, T]``."""
     hidden, logits = model.target(tokens)
     out = [F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())]
     for j, step_logits in enumerate(model.mtp_chain(tokens, hidden, mtp_steps, hidden_noise,
-                                                    generator, token_noise)):
+                                                    generator, token_noise,
+                                                    chain_hidden_noise)):
         out.append(F.cross_entropy(step_logits[:, :-1].flatten(0, 1),
                                    tokens[:, j + 2:].flatten()))
     return out
@@ -152,7 +156,7 @@ def train(task: Task, shape: ModelConfig, settings: TrainSettings,
             group["lr"] = _lr(settings, step)
         tokens = task.sequences(settings.batch, settings.length, data)
         parts = losses(model, tokens, settings.mtp_steps, settings.hidden_noise, noise,
-                       settings.token_noise)
+                       settings.token_noise, settings.chain_hidden_noise)
         loss = parts[0] + settings.mtp_weight * sum(parts[1:], torch.zeros(()))
         optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)
