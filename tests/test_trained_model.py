@@ -144,7 +144,7 @@ def test_reference_generation_follows_the_task(model: Reference) -> None:
 TINY = ModelConfig(vocab_size=TASK.vocab_size, hidden_size=32, intermediate_size=64,
                    num_attention_heads=2, q_lora_rank=16, kv_lora_rank=512,
                    qk_nope_head_dim=16, qk_rope_head_dim=64, v_head_dim=16)
-FEW = TrainSettings(steps=3, batch=4, length=16, warmup=1, hidden_noise=0.5, token_noise=0.5)
+FEW = TrainSettings(steps=4, batch=32, length=64, warmup=1, hidden_noise=0.5, token_noise=0.5)
 
 
 def _weights(settings: TrainSettings) -> dict[str, torch.Tensor]:

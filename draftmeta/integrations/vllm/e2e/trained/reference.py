@@ -483,7 +483,10 @@ def _shuffle_rows(hidden: torch.Tensor, p: float, generator: torch.Generator | N
     flat = hidden.reshape(b * n, -1)
     replace = torch.rand(b * n, generator=generator) < p
     source = torch.randint(0, b * n, (b * n,), generator=generator)
-    return torch.where(replace.unsqueeze(-1), flat[source], flat).reshape(hidden.shape)
+    # no gradient through the borrowed rows: the backward of a gather with repeated indices
+    # accumulates in a thread-dependent order on CPU, which made training non-deterministic
+    borrowed = flat[source].detach()
+    return torch.where(replace.unsqueeze(-1), borrowed, flat).reshape(hidden.shape)
 
 
 # ---- checkpoint -----------------------------------------------------------------------------

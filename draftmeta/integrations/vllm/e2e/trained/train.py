@@ -248,6 +248,9 @@ CANDIDATES: dict[str, tuple[Task, TrainSettings]] = {
         Task(8, (1, 2, 3)), TrainSettings(steps=600, hidden_noise=0.5, token_noise=0.5)),
     "E lags (1,2), 16 symbols, hidden noise 0.5, token noise 0.25": (
         Task(16, (1, 2)), TrainSettings(steps=600, hidden_noise=0.5, token_noise=0.25)),
+    "F lags (1,2), 16 symbols, hidden noise 0.5 (1.0 at chained steps), token noise 0.5": (
+        Task(16, (1, 2)), TrainSettings(steps=600, hidden_noise=0.5, chain_hidden_noise=1.0,
+                                        token_noise=0.5)),
 }
 """The recipes compared before the shipped one was chosen (600 steps each)."""
 
@@ -330,6 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"mean length {stats.mean_acceptance_length:.3f}"
             + (" (vLLM 0.32 to 0.34)" if recycle == "post_norm" else " (not any release)"))
     log(f"total wall time: {time.perf_counter() - start:.1f} s")
+    log("the recipes compared before this one was chosen: candidates-log.txt (recipe C, "
+        "trained longer, is this one)")
     (args.out / "train-log.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return 0
 
