@@ -59,7 +59,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 K = 3
-LOGPROB_TOLERANCE = 0.1
+LOGPROB_TOLERANCE = 0.15
 """Largest |vLLM - reference| target log-probability allowed (bf16 against float32)."""
 
 
