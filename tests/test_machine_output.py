@@ -139,7 +139,8 @@ _E2E = textwrap.dedent("""
     report.planned_extent = lambda config: Extent.of([], 1)
     report.extent = lambda data: Extent.of([], 1)
     report.summary = lambda result: {{"output_tokens_identical": True,
-                                     "draft_tokens_identical": True}}
+                                     "draft_tokens_identical": True,
+                                     "strictly_identical": True, "negative_controls": []}}
     report.write_results = lambda data, out: {{}}
     report.markdown = lambda data: "a table"
     sys.modules.update({{m.__name__: m for m in (compare, report)}})
@@ -159,6 +160,8 @@ def test_python_m_draftmeta_e2e_json_prints_one_json_document_and_hides_warnings
                           capture_output=True, text=True, timeout=120, check=False, env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"output_tokens_identical": True,
-                                       "draft_tokens_identical": True}, done.stdout
+                                       "draft_tokens_identical": True,
+                                       "strictly_identical": True,
+                                       "negative_controls": []}, done.stdout
     assert "draftmeta e2e: two fresh engines" in done.stderr
     assert ("was resized" in done.stderr) is verbose, done.stderr

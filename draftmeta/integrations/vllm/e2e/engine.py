@@ -60,6 +60,8 @@ class EngineSettings:
         seed: the engine's seed.
         spec_overrides: with the plugin on, specs replacing shipped ones, by builder name.
         max_model_len: the engine's context limit.
+        load_format: vLLM's ``load_format`` (``"dummy"``: no weight files; ``"auto"``: the
+            folder's checkpoint, vLLM's default loader).
     """
 
     backend: str
@@ -68,6 +70,7 @@ class EngineSettings:
     seed: int = 0
     spec_overrides: Mapping[str, SpecOverride] | None = None
     max_model_len: int = 1024
+    load_format: str = "dummy"
 
 
 @attrs.frozen
@@ -235,7 +238,7 @@ def _create_llm(model_dir: Path, settings: EngineSettings) -> Any:
     try:
         return LLM(
             model=str(model_dir),
-            load_format="dummy",
+            load_format=settings.load_format,
             skip_tokenizer_init=True,
             enforce_eager=True,
             dtype="bfloat16",

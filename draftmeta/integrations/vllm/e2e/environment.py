@@ -17,6 +17,7 @@ from draftmeta.integrations.vllm.e2e.errors import E2EUnavailable
 
 __all__ = [
     "BACKENDS",
+    "CPU_MODELS",
     "CUDA_BACKENDS",
     "MODEL_NAMES",
     "INSTALL_HINT",
@@ -39,8 +40,12 @@ CUDA_BACKENDS = ("FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA")
 """The MLA backends the CUDA run knows (``draftmeta e2e --device cuda``): Hopper's two
 defaults, and ``TRITON_MLA``, whose own no-op hook draftmeta's replaces only when asked."""
 
-MODEL_NAMES = ("tiny", "large", "v3-rank", "v2-lite")
+MODEL_NAMES = ("tiny", "large", "v3-rank", "v2-lite", "trained")
 """The models of the CUDA run (:data:`draftmeta.integrations.vllm.e2e.cuda_matrix.MODELS`)."""
+
+CPU_MODELS = ("trained", "tiny")
+"""The models of the CPU run: the trained checkpoint (the default) and the tiny model with
+random weights."""
 
 RUN_ENVIRONMENT: Mapping[str, str] = {
     "VLLM_TARGET_DEVICE": "cpu",

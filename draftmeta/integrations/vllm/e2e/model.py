@@ -21,10 +21,12 @@ import torch
 from draftmeta.integrations.patching import Patches
 
 __all__ = [
+    "TRAINED",
     "LARGE_MODEL_CONFIG",
     "MODEL_CONFIG",
     "V2_LITE_CONFIG",
     "V3_RANK_CONFIG",
+    "model_folder",
     "reinitialize",
     "reinitialized_weights",
     "write_model",
@@ -161,6 +163,20 @@ vocabulary, bf16; plus one MTP layer of the same shape (Moonlight ships none). A
 parameters, 3 billion active per token."""
 
 
+TRAINED = "trained"
+"""The name of the trained model (:mod:`draftmeta.integrations.vllm.e2e.trained`): vLLM loads its
+shipped checkpoint with its default loader, and its prompts are its task's; every other model of
+the end-to-end runs is a ``config.json`` with vLLM's dummy weights (re-initialised)."""
+
+
+def trained_config() -> Mapping[str, Any]:
+    """The trained checkpoint's ``config.json``."""
+    from draftmeta.integrations.vllm.e2e.trained import CHECKPOINT
+
+    loaded: Mapping[str, Any] = json.loads((CHECKPOINT / "config.json").read_text("utf-8"))
+    return loaded
+
+
 def write_model(folder: Path, config: Mapping[str, Any] = MODEL_CONFIG) -> Path:
     """Write a model's ``config.json`` (the tiny model's by default) into ``folder`` (created)
     and return ``folder``.
@@ -172,6 +188,18 @@ def write_model(folder: Path, config: Mapping[str, Any] = MODEL_CONFIG) -> Path:
     (folder / "config.json").write_text(json.dumps(dict(config), indent=1) + "\n",
                                         encoding="utf-8")
     return folder
+
+
+def model_folder(name: str, workdir: Path, config: Mapping[str, Any] = MODEL_CONFIG
+                 ) -> tuple[Path, str]:
+    """The folder vLLM loads the model ``name`` from, and vLLM's ``load_format`` for it: the
+    trained model's shipped checkpoint with the default loader (``"auto"``), or ``config``
+    written into ``workdir / name`` for the dummy loader."""
+    if name == TRAINED:
+        from draftmeta.integrations.vllm.e2e.trained import CHECKPOINT
+
+        return CHECKPOINT, "auto"
+    return write_model(workdir / name, config), "dummy"
 
 
 def _tensor_seed(seed: int, owner: str, name: str) -> int:

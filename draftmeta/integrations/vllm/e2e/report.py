@@ -111,7 +111,7 @@ def _configuration(c: Comparison) -> JSONObject:
 
 def _control(c: Comparison) -> JSONObject:
     """One negative control's run against the plugin-off run of the same batch."""
-    from draftmeta.integrations.vllm.e2e.controls import CONTROLS, caught
+    from draftmeta.integrations.vllm.e2e.controls import CONTROLS, verdict
 
     assert c.control is not None
     off, on = c.off.first.acceptance, c.on.first.acceptance
@@ -126,8 +126,9 @@ def _control(c: Comparison) -> JSONObject:
         "draft_tokens_compared": c.draft_tokens_compared,
         "hidden_max_abs_difference": _finite(c.hidden_max_abs_difference),
         "acceptance": {"off": off.as_json(), "on": on.as_json()},
-        "caught": caught(off.mean_acceptance_length, on.mean_acceptance_length,
-                         c.differing_draft_tokens, c.draft_tokens_compared),
+        "verdict": verdict(off.mean_acceptance_length, on.mean_acceptance_length,
+                           c.differing_draft_tokens, c.draft_tokens_compared,
+                           _finite(c.hidden_max_abs_difference)),
     }
 
 
@@ -216,7 +217,9 @@ def summary(result: MatrixResult) -> JSONObject:
             "warmups": settings.warmups,
             "repeats": settings.repeats,
             "seed": settings.seed,
+            "model": settings.model,
             "negative_control": bool(settings.spec_overrides),
+            "controls": list(settings.controls),
         },
         "machine": {
             "platform": platform.platform(),
@@ -230,19 +233,22 @@ def summary(result: MatrixResult) -> JSONObject:
         "wall_seconds": result.wall_seconds,
         "configurations": configs,
         "negative_controls": controls,
-        "negative_controls_caught": all(c["caught"] for c in controls) if controls else None,
+        "negative_controls_missed": [c["control"] for c in controls
+                                     if c["verdict"] == "missed"],
     }
 
 
-def _label(backend: str, batch_size: int, k: int, max_tokens: int) -> str:
-    return f"{backend} batch {batch_size} K {k} ({max_tokens} tokens)"
+def _label(model: str, backend: str, batch_size: int, k: int, max_tokens: int) -> str:
+    return f"{model} {backend} batch {batch_size} K {k} ({max_tokens} tokens)"
 
 
 def extent(data: Mapping[str, Any]) -> Extent:
     """What :func:`summary`'s object holds: its configurations (backend, batch size, K and
     tokens per prompt) and the measured generates of each."""
     settings = data["settings"]
-    return Extent.of((_label(c["backend"], c["batch_size"], c["k"], settings["max_tokens"])
+    model = settings.get("model", "tiny")  # runs before the trained model had the tiny one
+    return Extent.of((_label(model, c["backend"], c["batch_size"], c["k"],
+                             settings["max_tokens"])
                       for c in data["configurations"]), int(settings["repeats"]))
 
 
@@ -253,7 +259,7 @@ def planned_extent(config: MatrixConfig) -> Extent:
     from draftmeta.integrations.vllm.e2e.environment import backend_unavailable_reason
 
     backends = [b for b in config.backends if backend_unavailable_reason(b) is None]
-    return Extent.of((_label(b, n, k, config.max_tokens) for b in backends
+    return Extent.of((_label(config.model, b, n, k, config.max_tokens) for b in backends
                       for n in config.batch_sizes for k in config.ks), config.repeats)
 
 
@@ -263,6 +269,10 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def _counts(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "0"
+
+
+_VERDICTS = {"caught": "caught", "missed": "**missed**",
+             "inert": "no effect (bitwise equal: nothing here reads it)"}
 
 
 def _acceptance_lengths(config: Mapping[str, Any]) -> str:
@@ -333,17 +343,18 @@ def markdown(data: Mapping[str, Any]) -> str:
             f"index 2; caught when the mean acceptance length falls by "
             f"{CAUGHT_LENGTH_DROP:.0%} or {CAUGHT_DRAFT_SHARE:.0%} of the draft tokens differ):",
             "",
-            "| control | backend | batch | K | acceptance length off / control | draft tokens "
-            "differing | caught |",
-            "|---|---|---:|---:|---|---:|---|",
+            "| control | backend | batch | K | acceptance length off / control | accepted by "
+            "draft position (control) | draft tokens differing | verdict |",
+            "|---|---|---:|---:|---|---|---:|---|",
         ]
         for c in controls:
             lengths = " / ".join(_fmt(c["acceptance"][m]["mean_acceptance_length"], 2)
                                  for m in ("off", "on"))
+            positions = ", ".join(f"{r:.2f}" for r in c["acceptance"]["on"]["per_position"])
             lines.append(
                 f"| {c['wrong']} | {c['backend']} | {c['batch_size']} | {c['k']} | {lengths} | "
-                f"{c['differing_draft_tokens']} of {c['draft_tokens_compared']} | "
-                f"{'yes' if c['caught'] else '**no**'} |")
+                f"{positions} | {c['differing_draft_tokens']} of {c['draft_tokens_compared']} | "
+                f"{_VERDICTS[c['verdict']]} |")
     return "\n".join(lines) + "\n"
 
 
