@@ -124,3 +124,18 @@ def test_every_options_help_states_a_real_default_never_none() -> None:
     for command, sub in _commands().items():
         text = sub.format_help()
         assert "(default: none)" not in text.replace("\n", " "), command
+
+
+def test_bench_without_vllm_says_so_in_one_line_with_the_install_command_before_any_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No traceback and nothing written: exit 2 and the command that installs vLLM."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
+    out = tmp_path / "results"
+    assert main(["bench", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "vLLM does not import here" in err[0], err
+    assert "pip install vllm==0.33.0" in err[0]
+    assert not out.exists()
