@@ -412,3 +412,20 @@ def test_an_in_process_engine_writes_the_plugins_line_once_and_updates_in_place(
     assert worker["pid"] == in_process_on.engine_pid
     assert worker["stats"][BACKEND]["in_place"] > 0
     assert in_process_on.output_tokens == multiprocess_off.output_tokens
+
+
+def test_a_noisy_run_says_its_ratio_is_within_noise_instead_of_a_verdict() -> None:
+    """The K = 1 rows, where the plugin does nothing, are the A/A control: a run whose K = 1
+    ratios read 0.52x (a busy machine) cannot call 0.77x slower; a quiet one (1.01x) can."""
+    from draftmeta.integrations.vllm.e2e.report import noise_check
+
+    def config(k: int, ratio: float) -> dict[str, Any]:
+        return {"k": k, "tokens_per_s_ratio": ratio}
+
+    noisy = noise_check([config(1, 0.52), config(1, 1.1), config(3, 0.8)], 0.765)
+    assert noisy == {"k1_ratios": [0.52, 1.1], "noise": 0.48,
+                     "tokens_per_s_verdict": "within noise"}
+    quiet = noise_check([config(1, 1.01), config(1, 0.995), config(3, 0.8)], 0.8)
+    assert quiet is not None and quiet["tokens_per_s_verdict"] == "slower"
+    assert noise_check([config(1, 1.0)], 1.2)["tokens_per_s_verdict"] == "faster"  # type: ignore[index]
+    assert noise_check([config(3, 0.8)], 0.8) is None  # no A/A control: no verdict

@@ -132,6 +132,22 @@ def _control(c: Comparison) -> JSONObject:
     }
 
 
+def noise_check(configs: list[JSONObject], ratio: float | None) -> JSONObject | None:
+    """The A/A control of a run: its K = 1 configurations, where the plugin has no draft step to
+    update and both engines run vLLM's own code, give the tok/s ratios this machine produced by
+    itself; the largest distance from 1.00 among them is the run's noise. The overall ratio is
+    ``faster`` or ``slower`` only beyond it, else ``within noise``. ``None`` without K = 1."""
+    same = [c["tokens_per_s_ratio"] for c in configs
+            if c["k"] == 1 and c["tokens_per_s_ratio"] is not None]
+    if not same:
+        return None
+    noise = max(abs(r - 1.0) for r in same)
+    verdict = ("within noise" if ratio is None or abs(ratio - 1.0) <= noise
+               else "faster" if ratio > 1.0 else "slower")
+    return {"k1_ratios": [round(r, 3) for r in same], "noise": round(noise, 3),
+            "tokens_per_s_verdict": verdict}
+
+
 def _finite(value: float) -> float | None:
     """``value``, or ``None`` where it is infinite (draft steps that cannot be compared)."""
     return None if value == float("inf") else value
@@ -210,6 +226,7 @@ def summary(result: MatrixResult) -> JSONObject:
             "tokens_per_s_ratio": tps_ratio,
             "tokens_per_s_not_lower": tps_ratio is not None and tps_ratio >= 1.0,
         },
+        "noise_check": noise_check(configs, tps_ratio),
         "settings": {
             "batch_sizes": list(settings.batch_sizes),
             "ks": list(settings.ks),
@@ -275,6 +292,15 @@ _VERDICTS = {"caught": "caught", "missed": "**missed**",
              "inert": "no effect (bitwise equal: nothing here reads it)"}
 
 
+def _noise_line(check: Mapping[str, Any] | None) -> str:
+    if not check:
+        return ""
+    ratios = ", ".join(f"{r:.2f}x" for r in check["k1_ratios"])
+    return (f": {check['tokens_per_s_verdict']} (the A/A control, K = 1, where the plugin has "
+            f"nothing to update, read {ratios}: differences within {check['noise']:.0%} are "
+            "this run's noise)")
+
+
 def _acceptance_lengths(config: Mapping[str, Any]) -> str:
     """Mean acceptance length off / on (vLLM's count); ``-`` for results without it."""
     if "acceptance" not in config:
@@ -305,7 +331,8 @@ def markdown(data: Mapping[str, Any]) -> str:
         f"{_fmt(data['refresh_us_per_later_step']['on'])} us update "
         f"({_fmt(goals['later_refresh_ratio'], 2)}x)",
         f"- tokens/s: {_fmt(data['tokens_per_s']['off'])} off, "
-        f"{_fmt(data['tokens_per_s']['on'])} on ({_fmt(goals['tokens_per_s_ratio'], 3)}x)",
+        f"{_fmt(data['tokens_per_s']['on'])} on ({_fmt(goals['tokens_per_s_ratio'], 3)}x)"
+        + _noise_line(data.get("noise_check")),
         "",
         "| backend | batch | K | tokens same | drafts same | acceptance length off / on "
         "| in place (on) | carried over (on) "
