@@ -348,24 +348,16 @@ def _coverage(args: argparse.Namespace) -> int:
     return 0
 
 
-def _vllm_missing() -> str | None:
-    """Why vLLM's engine arguments do not import here, or ``None`` when they do."""
-    try:
-        import vllm.engine.arg_utils  # noqa: F401
-    except ImportError as exc:
-        return str(exc)
-    return None
-
-
 def _bench(args: argparse.Namespace) -> int:
     from draftmeta.bench import BenchConfig, run_bench, summarize, table, write_results
+    from draftmeta.integrations.vllm.release import import_problem
 
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise UsageError("--device cuda needs a CUDA device")
-    elif (missing := _vllm_missing()) is not None:
+    elif (missing := import_problem()) is not None:
         raise UsageError(f"it times vLLM's own metadata builders, and vLLM does not import "
                          f"here ({missing}); install it first: pip install vllm==0.33.0")
     out = Path(args.out)

@@ -26,6 +26,7 @@ __all__ = [
     "CATALOGUE",
     "DEFAULT_RELEASE",
     "DISTRIBUTIONS",
+    "import_problem",
     "installed_version",
     "module_name",
     "release_in_use",
@@ -114,3 +115,13 @@ def release_in_use() -> str:
     :data:`DEFAULT_RELEASE` (supported or not: the catalogue refuses an unsupported one)."""
     installed = installed_version()
     return DEFAULT_RELEASE if installed is None else release_of(installed)
+
+
+def import_problem() -> str | None:
+    """Why vLLM (its engine arguments, what every builder needs) does not import in this
+    environment, or ``None`` when it does. Imports vLLM only when called."""
+    try:
+        import vllm.engine.arg_utils  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
