@@ -159,8 +159,9 @@ class Recorder:
         recorder = self
 
         def sample(proposer: Any, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
-            recorder.record.hidden_digests.append(_digest(hidden_states))
-            recorder.record.hidden_states.append(hidden_states.detach().float().cpu())
+            host = hidden_states.detach().cpu()  # one copy, for the digest and the record
+            recorder.record.hidden_digests.append(_digest(host))
+            recorder.record.hidden_states.append(host.float())
             return original(proposer, hidden_states, *args, **kwargs)
 
         return sample

@@ -82,7 +82,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--negative-control", action="store_true",
                    help="also run deliberately wrong updates, each of which must be caught "
                         "(cpu: sequence lengths, slot mapping, positions, max_seq_len left "
-                        "stale from draft index 2; cuda: FLASHMLA with a wrong spec)")
+                        "stale from draft index 2; cuda: FLASHMLA's and FLASH_ATTN_MLA's "
+                        "scheduler left stale by a wrong spec)")
     p.add_argument("--limit", action="store_true",
                    help="cuda only: also each case with a hook that does no metadata work at "
                         "all (timing only; its tokens may differ): how close the plugin's "
@@ -110,12 +111,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(run=run)
     return p
-
-
-def _trained_max_tokens() -> int:
-    from draftmeta.integrations.vllm.e2e.trained import MAX_TOKENS
-
-    return MAX_TOKENS
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from draftmeta.integrations.vllm.e2e.compare import MatrixConfig, run_matrix
     from draftmeta.integrations.vllm.e2e.controls import CONTROLS
+    from draftmeta.integrations.vllm.e2e.model import default_max_tokens
     from draftmeta.integrations.vllm.e2e.report import markdown, summary, write_results
 
     try:
@@ -162,8 +158,7 @@ def run(args: argparse.Namespace) -> int:
             backends=tuple(dict.fromkeys(args.backends or BACKENDS)),
             batch_sizes=tuple(dict.fromkeys(args.batch_sizes or [1, 4])),
             ks=tuple(dict.fromkeys(args.ks)),
-            max_tokens=args.max_tokens or (_trained_max_tokens() if models == ["trained"]
-                                           else 64),
+            max_tokens=args.max_tokens or default_max_tokens(models, 64),
             warmups=args.warmups,
             repeats=args.repeats,
             seed=args.seed,

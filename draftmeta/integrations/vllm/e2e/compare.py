@@ -38,7 +38,6 @@ from draftmeta.integrations.vllm.e2e.model import (
     TRAINED,
     model_folder,
     reinitialized_weights,
-    write_model,
 )
 from draftmeta.integrations.vllm.e2e.trained import vllm_cpu_rope_fix
 
@@ -47,6 +46,8 @@ __all__ = [
     "MatrixConfig",
     "MatrixResult",
     "differing_draft_tokens",
+    "draft_token_difference",
+    "flat_draft_tokens",
     "hidden_max_abs_difference",
     "make_prompts",
     "model_prompts",
@@ -133,8 +134,19 @@ def make_prompts(count: int, seed: int) -> tuple[tuple[int, ...], ...]:
                  for n in lengths)
 
 
-def _flat_drafts(run: BatchRun) -> list[int]:
-    return [t for call in run.first.draft_tokens for row in call for t in row]
+def flat_draft_tokens(drafts: list[list[list[int]]]) -> list[int]:
+    """Every draft token id of a run's ``propose`` calls (``[call][request][draft step]``), in
+    order."""
+    return [t for call in drafts for row in call for t in row]
+
+
+def draft_token_difference(a: list[list[list[int]]], b: list[list[list[int]]]
+                           ) -> tuple[int, int]:
+    """How many draft token ids of two runs differ, call by call and position by position, and
+    how many were compared (the longer run's count: a draft only one run made differs)."""
+    flat_a, flat_b = flat_draft_tokens(a), flat_draft_tokens(b)
+    differing = sum(x != y for x, y in zip(flat_a, flat_b)) + abs(len(flat_a) - len(flat_b))
+    return differing, max(len(flat_a), len(flat_b))
 
 
 def model_prompts(name: str, count: int, seed: int) -> tuple[tuple[int, ...], ...]:
@@ -150,8 +162,7 @@ def model_prompts(name: str, count: int, seed: int) -> tuple[tuple[int, ...], ..
 def differing_draft_tokens(off: BatchRun, on: BatchRun) -> int:
     """How many draft token ids differ between two runs of the same batch (extra or missing
     ``propose`` calls count every token they hold)."""
-    a, b = _flat_drafts(off), _flat_drafts(on)
-    return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+    return draft_token_difference(off.first.draft_tokens, on.first.draft_tokens)[0]
 
 
 def hidden_max_abs_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -206,7 +217,8 @@ class Comparison:
     def draft_tokens_compared(self) -> int:
         """How many draft token ids were compared, call by call and position by position (the
         longer run's count: a draft one run made and the other did not counts as differing)."""
-        return max(len(_flat_drafts(self.off)), len(_flat_drafts(self.on)))
+        return draft_token_difference(self.off.first.draft_tokens,
+                                      self.on.first.draft_tokens)[1]
 
     @property
     def hidden_max_abs_difference(self) -> float:
@@ -250,8 +262,8 @@ def run_matrix(config: MatrixConfig, *, model_dir: Path | None = None,
 
     Args:
         config: the matrix.
-        model_dir: where to write the tiny model's config (default: a temporary folder,
-            removed afterwards).
+        model_dir: the folder to write the tiny model's config under (default: a temporary
+            folder, removed afterwards); the trained model is read from its checkpoint.
         progress: called with one line per engine as it starts.
 
     Raises:
@@ -274,8 +286,7 @@ def run_matrix(config: MatrixConfig, *, model_dir: Path | None = None,
     startups: list[float] = []
     builders: dict[str, None] = {}
     with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-model-") as tmp:
-        folder, load_format = (model_folder(TRAINED, Path(tmp)) if trained
-                               else (write_model(model_dir or Path(tmp)), "dummy"))
+        folder, load_format = model_folder(config.model, model_dir or Path(tmp))
         for backend in backends:
             for k in config.ks:
                 if progress is not None:

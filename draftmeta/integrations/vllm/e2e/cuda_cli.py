@@ -27,6 +27,7 @@ from draftmeta.integrations.vllm.e2e.cuda_matrix import (
     CudaMatrixConfig,
 )
 from draftmeta.integrations.vllm.e2e.environment import CUDA_BACKENDS, MODEL_NAMES
+from draftmeta.integrations.vllm.e2e.model import default_max_tokens
 
 __all__ = [
     "DEFAULT_BACKENDS",
@@ -91,12 +92,6 @@ def cases_from(models: list[str], backends: list[str], ks: list[int], *,
     return tuple(cases)
 
 
-def _trained_max_tokens() -> int:
-    from draftmeta.integrations.vllm.e2e.trained import MAX_TOKENS
-
-    return MAX_TOKENS
-
-
 def run_cuda(args: argparse.Namespace,
              engine_output: Callable[[], AbstractContextManager[None]],
              progress: Callable[[str], None]) -> int:
@@ -125,8 +120,8 @@ def run_cuda(args: argparse.Namespace,
                              negative_control=args.negative_control, eager=args.eager,
                              limit=args.limit),
             batch_sizes=tuple(dict.fromkeys(args.batch_sizes or DEFAULT_BATCH_SIZES)),
-            max_tokens=args.max_tokens or (_trained_max_tokens() if args.models == ["trained"]
-                                           else DEFAULT_MAX_TOKENS),
+            max_tokens=args.max_tokens or default_max_tokens(args.models or DEFAULT_MODELS,
+                                                             DEFAULT_MAX_TOKENS),
             warmups=args.warmups,
             repeats=args.repeats,
             seed=args.seed,

@@ -36,6 +36,7 @@ import attrs
 from draftmeta.integrations.vllm.e2e.acceptance import Acceptance
 from draftmeta.integrations.vllm.e2e.compare import (
     TRAINED_MAX_MODEL_LEN,
+    draft_token_difference,
     hidden_max_abs_difference,
     model_prompts,
 )
@@ -84,12 +85,13 @@ class CudaModel:
     """A model of the CUDA run and how much GPU memory its weights take.
 
     Attributes:
-        config: its ``config.json`` (the trained model's is its checkpoint's).
+        config: its ``config.json``; ``None`` for the trained model, whose checkpoint holds
+            its own.
         weights_gib: its weights (target and MTP layer) on the GPU, GiB.
         max_model_len: its engines' context limit.
     """
 
-    config: Mapping[str, Any]
+    config: Mapping[str, Any] | None
     weights_gib: float
     max_model_len: int = 1024
 
@@ -117,7 +119,7 @@ MODELS: Mapping[str, CudaModel] = dict(zip(MODEL_NAMES, (
     CudaModel(LARGE_MODEL_CONFIG, weights_gib=5.0),
     CudaModel(V3_RANK_CONFIG, weights_gib=81.0),
     CudaModel(V2_LITE_CONFIG, weights_gib=31.0),
-    CudaModel({}, weights_gib=0.1, max_model_len=TRAINED_MAX_MODEL_LEN),
+    CudaModel(None, weights_gib=0.1, max_model_len=TRAINED_MAX_MODEL_LEN),
 )))
 """The models by name: the tiny DeepSeek-V3 of the CPU run; one with DeepSeek-V3's layer
 dimensions and 3 layers (:data:`~draftmeta.integrations.vllm.e2e.model.LARGE_MODEL_CONFIG`,
@@ -301,15 +303,6 @@ def stale_scheduler_spec(backend: str = "FLASHMLA") -> SpecOverride:
     return spec
 
 
-def _draft_ids(drafts: list[list[list[int]]]) -> list[int]:
-    return [t for call in drafts for row in call for t in row]
-
-
-def _drafts_differ(a: list[list[list[int]]], b: list[list[list[int]]]) -> int:
-    flat_a, flat_b = _draft_ids(a), _draft_ids(b)
-    return sum(x != y for x, y in zip(flat_a, flat_b)) + abs(len(flat_a) - len(flat_b))
-
-
 @attrs.define
 class _Side:
     """What one engine of a pair gave at one batch size."""
@@ -357,8 +350,21 @@ def _measure_alone(engine: CudaEngine, prompts: Sequence[tuple[int, ...]],
     return side
 
 
-def _comparison(case: CudaCase, batch: int, pairs: list[_Pair], off: CudaEngine,
-                on: CudaEngine) -> CudaComparison:
+@attrs.frozen
+class _Configured:
+    """What vLLM configured in one engine (kept after the engine, and its GPU memory, are
+    freed)."""
+
+    fused: bool
+    groups: tuple[GroupInfo, ...]
+
+    @classmethod
+    def of(cls, engine: CudaEngine) -> _Configured:
+        return cls(engine.fused, engine.groups)
+
+
+def _comparison(case: CudaCase, batch: int, pairs: list[_Pair], off: _Configured,
+                on: _Configured) -> CudaComparison:
     reference = pairs[0].off.recorded
     offs = [p.off for p in pairs]
     ons = [p.on for p in pairs]
@@ -368,16 +374,16 @@ def _comparison(case: CudaCase, batch: int, pairs: list[_Pair], off: CudaEngine,
     # plugin-off engine against the first (they must all agree)
     against = recorded_on + recorded_off[1:]
     timed = all(s.measured for s in offs + ons)
+    differences = [draft_token_difference(reference.draft_tokens, g.draft_tokens)
+                   for g in against]
     return CudaComparison(
         case=case,
         batch_size=batch,
         output_tokens_identical=all(g.output_tokens == reference.output_tokens
                                     for g in against),
         draft_tokens_identical=all(g.draft_tokens == reference.draft_tokens for g in against),
-        differing_draft_tokens=sum(_drafts_differ(reference.draft_tokens, g.draft_tokens)
-                                   for g in against),
-        draft_tokens_compared=sum(max(len(_draft_ids(reference.draft_tokens)),
-                                      len(_draft_ids(g.draft_tokens))) for g in against),
+        differing_draft_tokens=sum(differing for differing, _ in differences),
+        draft_tokens_compared=sum(compared for _, compared in differences),
         hidden_max_abs_difference=max((hidden_max_abs_difference(reference.draft_hidden,
                                                                  g.draft_hidden)
                                        for g in against), default=0.0),
@@ -497,14 +503,13 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
                  if pair.off.measured else "not timed")
         same = (pair.off.recorded.output_tokens == pair.on.recorded.output_tokens,
                 pair.off.recorded.draft_tokens == pair.on.recorded.draft_tokens)
-        drafts_off, drafts_on = pair.off.recorded.draft_tokens, pair.on.recorded.draft_tokens
-        compared = max(len(_draft_ids(drafts_off)), len(_draft_ids(drafts_on)))
+        differing, compared = draft_token_difference(pair.off.recorded.draft_tokens,
+                                                     pair.on.recorded.draft_tokens)
         progress(f"{case.label} batch {batch}, pair {number}: tokens identical {same[0]}, "
-                 f"drafts identical {same[1]} ({_drafts_differ(drafts_off, drafts_on)} of "
-                 f"{compared} differ); {speed}")
+                 f"drafts identical {same[1]} ({differing} of {compared} differ); {speed}")
 
     per_batch: dict[int, list[_Pair]] = {b: [] for b in config.batch_sizes}
-    engines: dict[bool, CudaEngine] = {}
+    configured: dict[bool, _Configured] = {}
     for number in range(1, config.pairs + 1):
         order = (False, True) if number % 2 == 1 else (True, False)
         progress(f"{case.label}: pair {number} of {config.pairs}, engines "
@@ -514,7 +519,7 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
             with open_cuda_engine(model_dir, settings(order[0]), recorder) as first, \
                     open_cuda_engine(model_dir, settings(order[1]), recorder) as second:
                 off, on = (first, second) if not order[0] else (second, first)
-                engines = {False: off, True: on}
+                configured = {False: _Configured.of(off), True: _Configured.of(on)}
                 for batch in config.batch_sizes:
                     sides = _measure_together(off, on, prompts[:batch], config, recorder, timed)
                     pair = _Pair(*sides, (off.startup_seconds, on.startup_seconds))
@@ -525,7 +530,7 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
             startup: dict[bool, float] = {}
             for plugin in order:
                 with open_cuda_engine(model_dir, settings(plugin), recorder) as engine:
-                    engines[plugin] = engine
+                    configured[plugin] = _Configured.of(engine)
                     startup[plugin] = engine.startup_seconds
                     progress(f"{case.label}: plugin {'on' if plugin else 'off'} engine started "
                              f"in {engine.startup_seconds:.0f} s (fused draft loop "
@@ -540,7 +545,7 @@ def _run_case(case: CudaCase, config: CudaMatrixConfig, workdir: Path, recorder:
                 per_batch[batch].append(pair)
                 report(batch, pair, number)
         _free_gpu()
-        pair_done([_comparison(case, batch, pairs, engines[False], engines[True])
+        pair_done([_comparison(case, batch, pairs, configured[False], configured[True])
                    for batch, pairs in per_batch.items()])
-    return [_comparison(case, batch, pairs, engines[False], engines[True])
+    return [_comparison(case, batch, pairs, configured[False], configured[True])
             for batch, pairs in per_batch.items()]

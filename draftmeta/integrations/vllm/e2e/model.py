@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "MODEL_CONFIG",
     "V2_LITE_CONFIG",
     "V3_RANK_CONFIG",
+    "default_max_tokens",
     "model_folder",
     "reinitialize",
     "reinitialized_weights",
@@ -169,14 +170,6 @@ shipped checkpoint with its default loader, and its prompts are its task's; ever
 the end-to-end runs is a ``config.json`` with vLLM's dummy weights (re-initialised)."""
 
 
-def trained_config() -> Mapping[str, Any]:
-    """The trained checkpoint's ``config.json``."""
-    from draftmeta.integrations.vllm.e2e.trained import CHECKPOINT
-
-    loaded: Mapping[str, Any] = json.loads((CHECKPOINT / "config.json").read_text("utf-8"))
-    return loaded
-
-
 def write_model(folder: Path, config: Mapping[str, Any] = MODEL_CONFIG) -> Path:
     """Write a model's ``config.json`` (the tiny model's by default) into ``folder`` (created)
     and return ``folder``.
@@ -190,16 +183,28 @@ def write_model(folder: Path, config: Mapping[str, Any] = MODEL_CONFIG) -> Path:
     return folder
 
 
-def model_folder(name: str, workdir: Path, config: Mapping[str, Any] = MODEL_CONFIG
+def model_folder(name: str, workdir: Path, config: Mapping[str, Any] | None = None
                  ) -> tuple[Path, str]:
     """The folder vLLM loads the model ``name`` from, and vLLM's ``load_format`` for it: the
-    trained model's shipped checkpoint with the default loader (``"auto"``), or ``config``
-    written into ``workdir / name`` for the dummy loader."""
+    trained model's shipped checkpoint with the default loader (``"auto"``), or ``config`` (the
+    tiny model's by default) written into ``workdir / name`` for the dummy loader."""
     if name == TRAINED:
         from draftmeta.integrations.vllm.e2e.trained import CHECKPOINT
 
         return CHECKPOINT, "auto"
-    return write_model(workdir / name, config), "dummy"
+    return write_model(workdir / name, config or MODEL_CONFIG), "dummy"
+
+
+def default_max_tokens(models: Sequence[str], otherwise: int) -> int:
+    """Tokens per prompt when the command line names none: the trained model's own
+    (:data:`draftmeta.integrations.vllm.e2e.trained.MAX_TOKENS`: its prompts and what is
+    generated stay within the positions it was trained on) when it runs alone, else
+    ``otherwise``."""
+    if list(models) == [TRAINED]:
+        from draftmeta.integrations.vllm.e2e.trained import MAX_TOKENS
+
+        return MAX_TOKENS
+    return otherwise
 
 
 def _tensor_seed(seed: int, owner: str, name: str) -> int:

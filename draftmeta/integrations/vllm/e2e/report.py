@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from draftmeta.arguments import Extent
-from draftmeta.integrations.vllm.e2e.acceptance import Acceptance, total_acceptance
+from draftmeta.integrations.vllm.e2e.acceptance import total_acceptance
 from draftmeta.integrations.vllm.e2e.compare import Comparison, MatrixConfig, MatrixResult
 
 __all__ = ["REFRESH_GOAL", "RESULT_NAME", "extent", "markdown", "planned_extent", "plot",
@@ -174,7 +174,8 @@ def _pooled(configs: list[JSONObject], key_total: str, key_calls: str) -> dict[s
 
 def summary(result: MatrixResult) -> JSONObject:
     """The JSON object ``draftmeta e2e --json`` prints; see the module docs for its layout."""
-    configs = [_configuration(c) for c in result.comparisons if c.control is None]
+    plain = [c for c in result.comparisons if c.control is None]
+    configs = [_configuration(c) for c in plain]
     controls = [_control(c) for c in result.comparisons if c.control is not None]
     in_place: dict[str, dict[str, int]] = {"off": {}, "on": {}}
     rebuilds: dict[str, dict[str, int]] = {"off": {}, "on": {}}
@@ -195,11 +196,8 @@ def summary(result: MatrixResult) -> JSONObject:
     identical = all(c["output_tokens_identical"] for c in configs)
     drafts = all(c["draft_tokens_identical"] for c in configs)
     hidden = all(c["draft_hidden_states_identical"] for c in configs)
-    acceptance = {m: total_acceptance([Acceptance(
-        c["acceptance"][m]["drafts"], c["acceptance"][m]["draft_tokens"],
-        c["acceptance"][m]["accepted"], tuple(c["acceptance"][m]["accepted_per_position"]),
-        tuple(c["acceptance"][m]["draft_tokens_per_position"])) for c in configs]).as_json()
-        for m in ("off", "on")}
+    acceptance = {"off": total_acceptance([c.off.first.acceptance for c in plain]).as_json(),
+                  "on": total_acceptance([c.on.first.acceptance for c in plain]).as_json()}
     backends = list(dict.fromkeys(c["backend"] for c in configs))
     settings = result.config
     return {
