@@ -348,6 +348,44 @@ def _coverage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    import json
+
+    from draftmeta.integrations.vllm.plugin import enabled_by_environment
+    from draftmeta.integrations.vllm.release import import_problem
+    from draftmeta.integrations.vllm.testing.harness import prepare_environment
+
+    # the user's plugin setting, read before the harness's environment turns it off for itself
+    plugin = enabled_by_environment() if args.plugin is None else args.plugin == "on"
+    prepare_environment()  # vLLM on its CPU platform, before anything imports it
+    if (missing := import_problem()) is not None:
+        raise UsageError(f"it drives the installed vLLM's own builders and hooks, and vLLM does "
+                         f"not import here ({missing}); install it first: pip install "
+                         f"vllm==0.33.0")
+    if args.out is not None:  # fail before the run, not after it
+        if (problem := folder_problem("--out", args.out)) is not None:
+            raise UsageError(problem)
+        args.out.mkdir(parents=True, exist_ok=True)
+    with Progress("audit", enabled=not args.quiet) as progress, \
+            stdout_to_stderr() if args.json else contextlib.nullcontext():
+        progress.update("importing vLLM and finding every builder with a draft hook")
+        from draftmeta.integrations.vllm.audit import audit, audit_table
+
+        try:
+            report = audit(args.backends or None, batches=args.batches, seed=args.seed,
+                           plugin=plugin, negative_control=args.negative_control,
+                           echo=progress.update)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    data = report.to_json()
+    print(json.dumps(data, indent=1) if args.json else audit_table(report))
+    if args.out is not None:
+        path = args.out / f"audit-vllm-{report.release}.json"
+        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
+    return 0 if report.ok else 1
+
+
 def _bench(args: argparse.Namespace) -> int:
     from draftmeta.bench import BenchConfig, run_bench, summarize, table, write_results
     from draftmeta.integrations.vllm.release import import_problem
@@ -486,6 +524,36 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     _add_common(c)
     c.set_defaults(run=_coverage)
+
+    a = sub.add_parser(
+        "audit",
+        help="check every draft hook of the installed vLLM against vLLM's own rebuild",
+        description="Find every metadata builder whose update_draft_decode_metadata hook vLLM's "
+                    "runner calls between draft steps (vLLM's own, and those draftmeta's "
+                    "plugin gives one), drive each hook as vLLM 0.34's fused draft loop does "
+                    "over random decode batches (inputs advanced in place, then the hook) and "
+                    "compare the metadata field by field with vLLM's own rebuild of the same "
+                    "state. Builders that construct only on a GPU are listed with why they were "
+                    "not run. Exit 1 on any mismatch or an uncaught negative control. About a "
+                    "minute on CPU with the defaults.",
+    )
+    a.add_argument("backends", nargs="*", metavar="BACKEND",
+                   help="builders to audit (vLLM's backend names, INDEXER, KPOOL_TAIL); "
+                        "default: every one with a hook")
+    a.add_argument("--batches", type=positive, default=16, help="random batches per builder")
+    a.add_argument("--seed", type=seed, default=0, help="the first batch's seed")
+    a.add_argument("--plugin", choices=["on", "off"], default=None,
+                   help="audit with draftmeta's plugin active (its hooks too) or off; default: "
+                        "as DRAFTMETA_VLLM_PLUGIN says (on unless 0)")
+    a.add_argument("--negative-control", action="store_true",
+                   help="also run vLLM's indexer and K-pool-tail hooks with a deliberate bug "
+                        "each (a skipped refresh, a wrong value written): each must be reported "
+                        "with its field")
+    a.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    a.add_argument("--out", type=Path, default=None, metavar="FOLDER",
+                   help="also write audit-vllm-RELEASE.json there")
+    _add_common(a)
+    a.set_defaults(run=_audit)
 
     b = sub.add_parser(
         "bench", help="time per draft step: vLLM's rebuild vs draftmeta's update",

@@ -87,6 +87,7 @@ __all__ = [
     "BuilderStats",
     "Installed",
     "Plugin",
+    "enabled_by_environment",
     "installed",
     "register",
     "reset_stats",
@@ -263,6 +264,12 @@ def unregister() -> None:
 
 def _disabled() -> bool:
     return os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "off", "false", "no")
+
+
+def enabled_by_environment() -> bool:
+    """Whether ``DRAFTMETA_VLLM_PLUGIN`` leaves the plugin on (it is, unless set to ``0``,
+    ``off``, ``false`` or ``no``)."""
+    return not _disabled()
 
 
 def _installed_version() -> str:

@@ -23,7 +23,8 @@ from draftmeta.integrations.vllm.testing import harness
 from draftmeta.spec import DraftSpec
 from draftmeta.testing import Mismatch, compare_metadata, random_state
 
-__all__ = ["BUILDERS", "BatchResult", "CaseConfig", "check_batch", "random_case"]
+__all__ = ["BUILDERS", "BatchResult", "CaseConfig", "check_batch", "compare_on_cpu",
+           "random_case"]
 
 SpecFactory = Callable[..., DraftSpec[Any]]
 """``(host_bound, builder=None, dcp=False) -> spec``: the spec of a builder's metadata under a
@@ -192,11 +193,18 @@ def check_batch(case: CaseConfig, *, spec: DraftSpec[Any] | None = None) -> Batc
             copy.dcp_local_seq_lens = _vllm_local_seq_lens(copy, case)
         fresh = harness.common_metadata_for(copy)
         rebuilt = harness.build_metadata(rebuilder, fresh, draft_index=step)
-        mismatches = compare_metadata(metadata, rebuilt, ignore=_unfilled)
-        for path in _UNFILLED_ON_CPU:
-            mismatches += _shape_only(metadata, rebuilt, path)
-        found += [(step, m) for m in mismatches]
+        found += [(step, m) for m in compare_on_cpu(metadata, rebuilt)]
     return BatchResult(case, case.steps - 1, tuple(found))
+
+
+def compare_on_cpu(metadata: object, rebuilt: object) -> list[Mismatch]:
+    """Every field where an updated ``metadata`` differs from vLLM's ``rebuilt`` one on a CPU:
+    field by field, except buffers only CUDA kernels fill (:data:`_UNFILLED_ON_CPU`), whose
+    shape and dtype alone are compared."""
+    mismatches = compare_metadata(metadata, rebuilt, ignore=_unfilled)
+    for path in _UNFILLED_ON_CPU:
+        mismatches += _shape_only(metadata, rebuilt, path)
+    return mismatches
 
 
 def _vllm_local_seq_lens(state: Any, case: CaseConfig) -> torch.Tensor:
