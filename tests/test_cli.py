@@ -15,7 +15,10 @@ import pytest
 
 from draftmeta import DraftSpec, HostConstant
 from draftmeta.cli import main
+from draftmeta.integrations.vllm.catalogue import current_release
 from draftmeta.integrations.vllm.testing import equivalence
+
+RELEASE = current_release()
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -183,9 +186,12 @@ def test_coverage_says_which_vllm_it_found_and_who_covers_each_builder(
     assert lines[0].startswith("vLLM 0.") and f"supported: {', '.join(supported())}" in lines[0]
     assert lines[1].startswith("plugin: active")
     assert any(line.split()[:3] == ["TRITON_MLA", "hook", "vllm"] for line in lines)
-    assert any(line.split()[:3] == ["FLASHMLA", "hook", "draftmeta"] for line in lines)
+    proven = "draftmeta" if RELEASE.entry("FLASHMLA").proof == "GPU" else "none"
+    assert any(line.split()[:3] == ["FLASHMLA", "hook", proven] for line in lines)
     assert any(line.split()[:3] == ["FLASHINFER_MLA", "hook", "none"] for line in lines)
     assert max(len(line) for line in lines) <= 100
+    reasons = " ".join(line[63:].strip() for line in lines[4:])  # the reason column, joined
+    assert "draftmeta audit or benchmarks/h200/hook_equivalence.py" in reasons  # paths whole
 
 
 @needs_vllm
@@ -224,7 +230,7 @@ def test_coverage_sums_up_each_path_and_says_how_each_builder_is_proven(
                            for who in ("draftmeta", "vllm", "none"))
         assert f"{path}: {counts}" in summary
     proven = {r["backend"]: r["proven"] for r in report["builders"]}
-    assert proven["CPU_MLA"] == "CI" and proven["CUTLASS_MLA"] == "fields"
+    assert proven["CPU_MLA"] == "CI" and proven["CUTLASS_MLA"] == "no"
     unimported = [r for r in report["builders"] if "does not import here" in r["reason"]]
     assert all(re.search(r"does not import here \(\w+(Error|Exception)?: .+\)", r["reason"])
                for r in unimported)
@@ -243,9 +249,11 @@ def test_coverage_json_is_one_object_with_the_documented_fields(
     assert rows[("TRITON_MLA", "hook")]["covered_by"] == "vllm"
     assert rows[("CPU_MLA", "hook")]["covered_by"] == "draftmeta"
     assert rows[("CPU_MLA", "hook")]["builder"] == "MLACommonMetadataBuilder"
-    assert rows[("FLASHMLA", "hook")]["covered_by"] == "draftmeta"
+    flashmla_proven = RELEASE.entry("FLASHMLA").proof == "GPU"  # by a committed H200 run
+    assert rows[("FLASHMLA", "hook")]["covered_by"] == ("draftmeta" if flashmla_proven
+                                                       else "none")
     assert "FLASHINFER_MLA" in report["blocking_full_capture"]
-    assert "FLASHMLA" not in report["blocking_full_capture"]
+    assert ("FLASHMLA" not in report["blocking_full_capture"]) == flashmla_proven
 
 
 @needs_vllm
@@ -392,7 +400,7 @@ def _sub_parsers() -> dict[str, argparse.ArgumentParser]:
 
 def test_every_command_has_a_description_and_every_option_says_its_default() -> None:
     commands = _sub_parsers()
-    assert set(commands) == {"explain", "verify", "coverage", "bench", "e2e", "infer"}
+    assert set(commands) == {"explain", "verify", "coverage", "audit", "bench", "e2e", "infer"}
     for name, p in commands.items():
         assert p.description and len(p.description) > 40, name
         text = p.format_help()
@@ -547,6 +555,7 @@ def test_torch_and_vllm_warnings_and_logs_show_only_with_verbose(
 _NOISE = """
 import sys
 from draftmeta.cli import main
+from draftmeta.integrations.vllm.catalogue import current_release
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -108,13 +108,16 @@ def test_vllms_loader_calls_register(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_what_is_installed_where(active: plugin.Installed) -> None:
     if "older_proposer" in RELEASE.paths:
         assert set(active.older_proposer) >= {"CPU_MLA", "AMX_MLA", "TRITON_MLA", "INDEXER",
-                                              "FLASHMLA", "KPOOL_TAIL"}
+                                              "KPOOL_TAIL"}
+        # declared, but nothing ran it against this release's real builder: left to vLLM
+        assert "FLASHMLA" not in active.older_proposer
     assert "CPU_MLA" in active.hook  # upstream leaves it without the hook
     triton = next(d for d in active.plan.on("hook") if d.entry.name == "TRITON_MLA")
     assert triton.covered_by == "vllm"  # upstream covers it where DCP is off
     assert ("TRITON_MLA" in active.hook) == triton.dcp_only  # patched for DCP > 1 only
-    # FlashMLA's kernel fills the fresh scheduler object on the device: capture-safe
-    assert "FLASHMLA" in active.hook
+    # FlashMLA's kernel fills the fresh scheduler object on the device: capture-safe; its hook
+    # is installed where a committed GPU run proved it against the release's builder (0.34)
+    assert ("FLASHMLA" in active.hook) == (RELEASE.entry("FLASHMLA").proof == "GPU")
     assert "FLASHINFER_MLA" not in active.hook  # its Invalidate rules are not capture-safe
     reasons = " ".join(active.skipped.values())
     assert "FlashAttnMLAMetadataBuilder does not import here" in reasons
@@ -870,3 +873,27 @@ def test_under_dcp_the_older_proposer_rebuilds_every_draft_step_even_with_k_know
         tried = [r.getMessage() for r in vllm_log if r.name == plugin.LOGGER_NAME
                  and "rebuilds this draft loop" in r.getMessage()]
         assert tried == []
+
+
+@pytest.mark.parametrize("path", RELEASE.paths)
+def test_a_builder_proven_nowhere_is_left_to_vllm_unless_the_user_opts_in(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from draftmeta.integrations.vllm.plan import UNPROVEN_ENV, make_plan
+    from draftmeta.integrations.vllm.release import installed_version
+
+    version = str(installed_version())
+    unproven = [e.name for e in RELEASE.builders if e.proof is None]
+    monkeypatch.delenv(UNPROVEN_ENV, raising=False)
+    by_default = {d.entry.name: d for d in make_plan(version).on(path)}
+    monkeypatch.setenv(UNPROVEN_ENV, "1")
+    opted_in = {d.entry.name: d for d in make_plan(version).on(path)}
+    flipped = [n for n in unproven if opted_in[n].covered_by == "draftmeta"]
+    assert flipped, "no builder here is kept from draftmeta by the missing proof alone"
+    for name in unproven:
+        assert by_default[name].covered_by != "draftmeta", name
+    for name in flipped:
+        assert "not yet proven" in by_default[name].reason
+        assert UNPROVEN_ENV in by_default[name].reason
+    for name in {e.name for e in RELEASE.builders} - set(unproven):  # proven: unchanged
+        assert by_default[name] == opted_in[name], name

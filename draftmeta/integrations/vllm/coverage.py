@@ -15,20 +15,19 @@ from draftmeta.integrations.vllm.catalogue import DEFAULT_RELEASE, installed_ver
 __all__ = ["HOOK_ENGINES", "OLDER_PROPOSER_ENGINES", "PROOF", "coverage", "coverage_table"]
 
 PROOF = {
-    "CI": "equal to vLLM's own rebuild over random batches, in CI (CPU)",
-    "H200": "equal to vLLM 0.34's own rebuild on an H200, captured and replayed too "
-            "(benchmarks/h200/hook_equivalence.py)",
-    "fields": "checked against the installed classes for missing or unknown fields only",
+    "CI": "equal to vLLM's own rebuild over random batches, in CI (CPU; draftmeta audit "
+          "drives the hooks as vLLM 0.34's runner does)",
+    "GPU": "equal to this release's own rebuild in a committed GPU run, captured and replayed "
+           "too (the entry's proven_on_gpu names the result)",
+    "no": "declared, not yet proven: checked against the installed classes' fields only; "
+          "the plugin leaves it to vLLM unless DRAFTMETA_VLLM_UNPROVEN=1 (a committed GPU run "
+          "of draftmeta audit or benchmarks/h200/hook_equivalence.py would prove it)",
 }
 """What each value of a row's ``proven`` says."""
 
 
-def _proof(entry: Any, release_version: str) -> str:
-    if entry.harness is not None:
-        return "CI"
-    if entry.gpu_harness is not None and release_version == "0.34":
-        return "H200"
-    return "fields"
+def _proof(entry: Any) -> str:
+    return str(entry.proof or "no")
 
 
 def _plugin_state(version: str | None) -> dict[str, Any]:
@@ -115,7 +114,7 @@ def coverage() -> dict[str, Any]:
         report["builders"].append({
             "backend": d.entry.name, "builder": d.entry.builder.qualname, "path": d.path,
             "covered_by": covered, "with_plugin": d.covered_by, "reason": reason,
-            "proven": _proof(d.entry, plan.release.version),
+            "proven": _proof(d.entry),
         })
     if "hook" in plan.release.paths:
         report["blocking_full_capture"] = [r["backend"] for r in report["builders"]
@@ -176,7 +175,8 @@ def coverage_table(report: dict[str, Any] | None = None, *, width: int = 100) ->
     for row in report["builders"]:
         first = (f"{row['backend']:<28} {row['path']:<15} {row['covered_by']:<10} "
                  f"{row.get('proven', ''):<6} ")
-        wrapped = textwrap.wrap(row["reason"], width - len(head)) or [""]
+        wrapped = textwrap.wrap(row["reason"], width - len(head), break_long_words=False,
+                                break_on_hyphens=False) or [""]
         lines.append(first + wrapped[0])
         lines.extend(indent + more for more in wrapped[1:])
     proofs = sorted({row.get("proven", "") for row in report["builders"]} & PROOF.keys())

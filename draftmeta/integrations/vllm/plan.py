@@ -31,6 +31,7 @@ __all__ = [
     "DISABLE_ENV",
     "FORCE_ENV",
     "OVERRIDE_ENV",
+    "UNPROVEN_ENV",
     "Decision",
     "Plan",
     "SpecOverride",
@@ -47,6 +48,12 @@ FORCE_ENV = "DRAFTMETA_VLLM_FORCE"
 """Set to ``1`` to install draftmeta's update also where it measured slower than vLLM's own
 path inside a real engine (:attr:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.measured`):
 by default such a builder is left to vLLM on that path."""
+
+UNPROVEN_ENV = "DRAFTMETA_VLLM_UNPROVEN"
+"""Set to ``1`` to install draftmeta's update also on builders where it is declared but not yet
+proven against the release's real builder
+(:attr:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.proof` is ``None``): by default such
+a builder is left to vLLM."""
 
 SpecOverride = Callable[..., DraftSpec[Any]]
 """A replacement spec factory for one builder (tests inject deliberately wrong specs with it):
@@ -119,6 +126,24 @@ def _forced() -> bool:
     return os.environ.get(FORCE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _unproven_allowed() -> bool:
+    return os.environ.get(UNPROVEN_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _not_yet_proven(entry: BuilderEntry, path: DraftPath, cls: type | None,
+                    fallback: CoveredBy) -> Decision | None:
+    """The decision to leave ``entry`` to vLLM on ``path`` where nothing has run draftmeta's
+    update against this release's real builder and :data:`UNPROVEN_ENV` does not opt in."""
+    if entry.proof is not None or _unproven_allowed():
+        return None
+    return Decision(entry, path, fallback,
+                    "declared, not yet proven: its spec matches the installed classes' fields, "
+                    "but no run has checked it against this release's real builder (a "
+                    "committed GPU run of draftmeta audit or benchmarks/h200/"
+                    f"hook_equivalence.py would); left to vLLM; {UNPROVEN_ENV}=1 installs it",
+                    cls)
+
+
 def _measured_slower(entry: BuilderEntry, path: DraftPath, cls: type | None,
                      fallback: CoveredBy) -> Decision | None:
     """The decision to leave ``entry`` to vLLM on ``path``, where its in-place path measured
@@ -137,7 +162,8 @@ def _import_class(entry: BuilderEntry) -> tuple[type | None, str]:
         return import_class(entry.builder), ""
     except Exception as exc:  # any failure to import means "not on this machine", said in the plan
         said = (str(exc).splitlines() or [""])[0].split(". ")[0]  # its first sentence
-        said = said if len(said) <= 100 else said[:97] + "..."
+        if len(said) > 100:  # cut between words, never inside a path
+            said = said[:97].rsplit(" ", 1)[0] + " ..."
         return None, f"{type(exc).__name__}: {said}"
 
 
@@ -170,6 +196,9 @@ def _older_proposer(entry: BuilderEntry, cls: type | None, why: str,
     if not spec.supported:
         reasons = "; ".join(r for _, r in spec.unsupported_reasons)
         return Decision(entry, "older_proposer", "none", f"rebuilt: {reasons}", cls)
+    unproven = _not_yet_proven(entry, "older_proposer", cls, "none")
+    if unproven is not None:
+        return unproven
     slower = _measured_slower(entry, "older_proposer", cls, "none")
     if slower is not None:
         return slower
@@ -201,6 +230,9 @@ def _hook(entry: BuilderEntry, cls: type | None, why: str,
     refused = _why_no_hook(spec)
     if refused is not None:
         return Decision(entry, "hook", "none", f"no hook: {refused}", cls)
+    unproven = _not_yet_proven(entry, "hook", cls, "vllm" if upstream != "none" else "none")
+    if unproven is not None:
+        return unproven
     slower = _measured_slower(entry, "hook", cls, "vllm" if upstream != "none" else "none")
     if slower is not None:
         return slower

@@ -28,6 +28,7 @@ __all__ = [
     "DraftPath",
     "HarnessRecipe",
     "Measured",
+    "Proof",
     "Release",
     "Upstream",
     "class_ref",
@@ -40,6 +41,9 @@ DraftPath = Literal["older_proposer", "hook"]
 
 DRAFT_PATHS: tuple[DraftPath, ...] = ("older_proposer", "hook")
 """Both draft paths, in the order reports list them."""
+
+Proof = Literal["CI", "GPU"]
+"""What ran draftmeta's update against a release's real builder (:attr:`BuilderEntry.proof`)."""
 
 Upstream = Literal["none", "no-op", "refresh"]
 """What vLLM's own ``update_draft_decode_metadata`` does for a builder: nothing (``none``: the
@@ -159,6 +163,10 @@ class BuilderEntry:
             PCP > 1, HiSparse); the builder then keeps vLLM's behaviour, with one log line.
         hook_state: the draft state over the buffers its built metadata views, for the
             generated hook (:func:`hook_state`: the MLA and flat layouts).
+        proven_on_gpu: the committed result of a GPU run that checked this builder's in-place
+            update against this release's real builder (a repository path), where its builder
+            constructs only on a GPU; ``None`` where none did. A builder with a CPU
+            :attr:`harness` is proven in CI instead (:attr:`proof`).
         upstream_hook_without_dcp: vLLM declares its own hook only on builders with
             ``dcp_world_size == 1`` (``TRITON_MLA``: "DCP local sequence lengths are not
             advanced"), so under decode context parallelism the draft loop falls back to
@@ -179,6 +187,17 @@ class BuilderEntry:
     refuses_instance: Callable[[Any], str | None] = instance_refusal
     hook_state: Callable[[Any, Any], DraftState] = hook_state
     upstream_hook_without_dcp: bool = False
+    proven_on_gpu: str | None = None
+
+    @property
+    def proof(self) -> Proof | None:
+        """What ran draftmeta's update against this release's real builder: ``CI`` (its CPU
+        :attr:`harness`, in every CI run), ``GPU`` (a committed run, :attr:`proven_on_gpu`),
+        or ``None``: declared, not yet proven (the plugin then leaves it to vLLM unless
+        ``DRAFTMETA_VLLM_UNPROVEN=1``)."""
+        if self.harness is not None:
+            return "CI"
+        return "GPU" if self.proven_on_gpu is not None else None
 
     def slower_on(self, path: DraftPath) -> Measured | None:
         """The measurement showing its in-place path on ``path`` slower than vLLM's, if any."""

@@ -40,12 +40,20 @@ def _with_shardq(entry: BuilderEntry) -> BuilderEntry:
 _SPARSE = ("FLASHMLA_SPARSE", "FLASH_ATTN_MLA_SPARSE", "FLASHINFER_MLA_SPARSE",
            "FLASHINFER_MLA_SPARSE_SM120")
 
+H200_EQUIVALENCE = "benchmarks/results/hook-equivalence.json"
+"""The committed H200 run of ``benchmarks/h200/hook_equivalence.py`` (vLLM 0.34): the hooks of
+``FLASH_ATTN_MLA`` and ``FLASHMLA`` equal to vLLM's real builders' rebuild, captured and
+replayed too."""
+
+
 def _measured_on_h200(name: str, batch1: str, batch8: str) -> BuilderEntry:
     """``name``'s entry with what its hook measured in vLLM 0.34's GPU engine on an H200
-    (``benchmarks/results/e2e-cuda.json``: tiny MTP model, K = 3, plugin on over off)."""
+    (``benchmarks/results/e2e-cuda.json``: tiny MTP model, K = 3, plugin on over off), proven
+    there by :data:`H200_EQUIVALENCE`."""
     return attrs.evolve(v0_33.RELEASE.entry(name), measured=(Measured("hook", slower=False, figure=(
         f"vLLM takes its captured draft loop: {batch1} tok/s at batch 1, {batch8} at batch "
-        "8, tiny MTP model, K = 3, one H200, draftmeta e2e --device cuda")),))
+        "8, tiny MTP model, K = 3, one H200, draftmeta e2e --device cuda")),),
+        proven_on_gpu=H200_EQUIVALENCE)
 
 
 RELEASE: Release = v0_33.RELEASE.evolve(
