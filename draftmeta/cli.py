@@ -375,7 +375,7 @@ def _audit(args: argparse.Namespace) -> int:
             report = audit(args.backends or None, batches=args.batches, seed=args.seed,
                            plugin=plugin, negative_control=args.negative_control,
                            echo=progress.update)
-        except ValueError as exc:
+        except (ValueError, RuntimeError) as exc:
             raise UsageError(str(exc)) from exc
     data = report.to_json()
     print(json.dumps(data, indent=1) if args.json else audit_table(report))

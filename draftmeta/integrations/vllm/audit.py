@@ -226,6 +226,10 @@ GLM K-pool tail and the DeepSeek-V3.2 indexer (``refresh`` hooks whose builders 
 CPU) with one deliberate bug each; the audit must name the field each one leaves wrong."""
 
 
+_PLUGIN_HOOKS = "draftmeta.integrations.vllm.hook"
+"""The module whose functions the plugin installs as hooks."""
+
+
 def _declares_hook(cls: type) -> bool:
     """Whether vLLM's own code gives ``cls`` a hook: the nearest definition in its class
     hierarchy that is not draftmeta's (the plugin's replacement serves only the exact class it
@@ -234,7 +238,7 @@ def _declares_hook(cls: type) -> bool:
 
     for klass in cls.__mro__:
         hook = klass.__dict__.get("update_draft_decode_metadata")
-        if hook is None or getattr(hook, "__module__", "").startswith("draftmeta."):
+        if hook is None or getattr(hook, "__module__", "") == _PLUGIN_HOOKS:
             continue
         return klass is not AttentionMetadataBuilder
     return False
@@ -265,8 +269,12 @@ def hooked_builders(*, plugin: bool = True) -> tuple[HookedBuilder, ...]:
     version = installed_version()
     if version is None:
         raise RuntimeError("vLLM is not installed")
-    plan = make_plan(version)
     release = current_release()
+    if "hook" not in release.paths:
+        raise RuntimeError(f"vLLM {version} has no draft hook (update_draft_decode_metadata): "
+                           "its draft loop rebuilds or takes the older proposer's path; "
+                           "draftmeta audit checks vLLM 0.33 and later")
+    plan = make_plan(version)
     rows: list[HookedBuilder] = []
     for decision in plan.on("hook"):
         entry, cls = decision.entry, decision.cls
@@ -481,7 +489,7 @@ def audit(
 
     Raises:
         ValueError: ``names`` has a builder without a hook here; the message lists those with.
-        RuntimeError: vLLM is not installed.
+        RuntimeError: vLLM is not installed, or its release has no draft hook (0.32).
     """
     from draftmeta.integrations.vllm.catalogue import current_release
     from draftmeta.integrations.vllm.release import installed_version
