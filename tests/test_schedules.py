@@ -221,15 +221,25 @@ def test_into_rejects_wrong_buffer(out: torch.Tensor) -> None:
         paged_mqa_schedule_into(out, lens2d([[300]]), 64, 3)
 
 
-def test_rejects_bad_inputs() -> None:
-    with pytest.raises(ValueError):
-        paged_mqa_schedule_reference(torch.zeros(2, 1, 1, dtype=torch.int32), 64, 3)
-    with pytest.raises(ValueError):
-        paged_mqa_schedule_reference(torch.zeros(2, 0, dtype=torch.int32), 64, 3)
-    with pytest.raises(TypeError):
-        paged_mqa_schedule_reference(torch.zeros(2, 1), 64, 3)
-    with pytest.raises(ValueError):
-        paged_mqa_schedule_reference(lens2d([[1]]), 64, 0)
+@pytest.mark.parametrize(("lens", "block_kv", "num_sms", "kwargs", "error", "message"), [
+    (torch.zeros(2, 1, 1, dtype=torch.int32), 64, 3, {}, ValueError,
+     r"context_lens must be \[B\] or \[B, next_n\], got shape \(2, 1, 1\)"),
+    (torch.zeros(2, 0, dtype=torch.int32), 64, 3, {}, ValueError,
+     r"context_lens of shape \[B, next_n\] needs next_n >= 1"),
+    (torch.zeros(2, 1), 64, 3, {}, TypeError,
+     r"context_lens must have an integer dtype, got torch\.float32"),
+    (lens2d([[1]]), 64, 0, {}, ValueError, r"num_sms must be positive, got 0"),
+    (lens2d([[1]]), 48, 3, {}, ValueError,
+     r"block_kv \(48\) must be positive and divide split_kv \(256\)"),
+    (lens2d([[1]]), 64, 3, {"num_next_n_atoms": 0}, ValueError,
+     r"num_next_n_atoms must be positive, got 0"),
+], ids=["3-d lengths", "no next_n column", "float lengths", "no SMs", "block_kv not dividing",
+        "no next_n atoms"])
+def test_rejects_bad_inputs(lens: torch.Tensor, block_kv: int, num_sms: int,
+                            kwargs: dict[str, int], error: type[Exception], message: str) -> None:
+    """Each bad input is refused with its own reason (not some other error on the way)."""
+    with pytest.raises(error, match=f"^{message}$"):
+        paged_mqa_schedule_reference(lens, block_kv, num_sms, **kwargs)
 
 
 def test_slots() -> None:

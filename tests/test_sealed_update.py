@@ -189,6 +189,38 @@ def test_the_seal_raises_what_the_full_update_raises() -> None:
     assert _snapshot(meta, state) == before
 
 
+def test_the_seal_runs_the_memory_check_a_written_field_viewing_a_state_buffer_fails_it() -> None:
+    """The seal is the first in-place update of every older-proposer loop: a field it writes
+    that views a state buffer (here ``decode.decode_lens`` over ``state.seq_lens``) must stop
+    it before the first write, as the full update stops, not overwrite the draft state."""
+    spec = toy_spec()
+    state = _state()
+    meta = toy_metadata(state)
+    assert meta.decode is not None
+    meta.decode.decode_lens = state.seq_lens[:]  # written with 1s: would clobber seq_lens
+    seal, _ = spec.sealed
+    advance_state(state, "clamp")
+    seq_lens = state.seq_lens.clone()
+    before = _snapshot(meta, state)
+    with pytest.raises(UpdateError, match=r"decode\.decode_lens.*shares memory with "
+                                          r"state\.seq_lens"):
+        seal(meta, state)
+    assert _snapshot(meta, state) == before
+    assert torch.equal(state.seq_lens, seq_lens)
+
+
+def test_a_written_field_made_a_view_of_a_state_buffer_after_the_seal_is_checked_again() -> None:
+    """The step trusts the seal's memory check only for the sealed tensor: a written field
+    re-pointed at ``state.seq_lens`` writes nothing, and the full update names the overlap."""
+    spec, state, meta, sealed = _sealed()
+    advance_state(state, "clamp")
+    assert meta.decode is not None
+    meta.decode.decode_lens = state.seq_lens[:]
+    _refused(spec, meta, state, sealed)
+    with pytest.raises(UpdateError, match=r"decode\.decode_lens.*shares memory"):
+        spec.update(meta, state)
+
+
 def test_the_seal_is_the_full_update_of_its_step() -> None:
     spec, state, meta, _ = _sealed(3)
     other_state, other = copy.deepcopy((state, meta))

@@ -397,6 +397,31 @@ def test_indexer_schedule_hook_refills_the_persistent_buffer(seed: int) -> None:
         assert torch.equal(buffer, want)
 
 
+@pytest.mark.parametrize("field", ["decode_lens", "per_req_decode_lens"])
+def test_the_indexer_update_rewrites_each_requests_decode_length_to_one(field: str) -> None:
+    """A draft step decodes one token per request: the update writes 1 into every row of the
+    indexer's decode lengths, whatever the buffer held (stale 7s here), in the same tensor, and
+    the result equals vLLM's rebuild of the step."""
+    from draftmeta.integrations.vllm.testing import harness
+    _cad = harness.common_metadata_for
+
+    spec = indexer_spec()
+    state = random_state(torch.Generator().manual_seed(5), batch_size=9, block_size=64,
+                         max_model_len=4096, steps=4)
+    config = harness.cached_vllm_config(max_model_len=4096, block_size=64)
+    builder = harness.make_builder("INDEXER", config, block_size=64, block_table_width=64)
+    meta = harness.build_metadata(builder, _cad(state), draft_index=1)
+    lens = getattr(meta.decode, field)
+    lens.fill_(7)
+    advance_state(state, "clamp")
+    spec.update(meta, state)
+    assert getattr(meta.decode, field) is lens
+    assert lens.tolist() == [1] * lens.shape[0]
+    rebuilt = harness.build_metadata(builder, _cad(state), draft_index=2)
+    assert compare_metadata(meta.decode, rebuilt.decode,
+                            ignore=lambda p: p == "schedule_metadata") == []
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_flashmla_fp8_tile_schedule_hook(seed: int) -> None:
     from draftmeta.testing.reference_schedules import (

@@ -12,7 +12,7 @@ import attrs
 import pytest
 import torch
 
-from draftmeta import advance_state
+from draftmeta import Unchanged, advance_state
 from draftmeta.integrations.vllm import plugin
 from draftmeta.integrations.vllm.catalogue import current_release
 from draftmeta.integrations.vllm.release import supported_range
@@ -270,6 +270,53 @@ def test_without_dcp_the_builder_keeps_vllms_own_hook(active: plugin.Installed) 
     decision = next(d for d in active.plan.on("hook") if d.entry.name == "TRITON_MLA")
     assert decision.covered_by == "vllm" and decision.dcp_only and decision.installs
     assert "under DCP > 1" in decision.reason
+
+
+def _triton_mla_dcp_spec_with(prefill: Any) -> Any:
+    """TRITON_MLA's catalogue spec, its DCP spec's ``prefill`` rule replaced by ``prefill``
+    (a ``spec_overrides`` entry: the spec without DCP is the catalogue's own)."""
+    from draftmeta import DraftSpec
+
+    entry = RELEASE.entry("TRITON_MLA")
+
+    def override(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+        spec = entry.make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
+        if not dcp:
+            return spec
+        return DraftSpec(spec.cls, {**spec.rules, "prefill": prefill}, name=f"{spec.name}.test",
+                         preconditions=spec.preconditions, nested=spec.nested)
+
+    return override
+
+
+@pytest.mark.skipif(not RELEASE.entry("TRITON_MLA").upstream_hook_without_dcp,
+                    reason="this release's TRITON_MLA hook is not declared without DCP only")
+@pytest.mark.parametrize(("prefill", "refusal"), [
+    ("unsupported", "none under DCP > 1: test: cannot update in place"),
+    ("capture-unsafe", "none under DCP > 1: not capture-safe: prefill is replaced by a host "
+                       "object every step (Reset)"),
+], ids=["unsupported", "capture-unsafe"])
+def test_the_plan_refuses_an_unsupported_or_capture_unsafe_dcp_spec_from_spec_overrides(
+    prefill: str, refusal: str,
+) -> None:
+    """Where vLLM's hook covers the builder only without DCP, draftmeta adds its own under
+    DCP > 1 only if its DCP spec (here one given through ``spec_overrides``) is supported and
+    capture-safe; otherwise the builder stays vLLM's alone (not ``dcp_only``), and says why."""
+    from draftmeta import Reset, Unsupported
+    from draftmeta.integrations.vllm.plan import make_plan
+
+    rule = Unsupported("test: cannot update in place") if prefill == "unsupported" else Reset(dict)
+    plan = make_plan(RELEASE.version,
+                     overrides={"TRITON_MLA": _triton_mla_dcp_spec_with(rule)})
+    (decision,) = [d for d in plan.on("hook") if d.entry.name == "TRITON_MLA"]
+    assert decision.covered_by == "vllm"
+    assert not decision.dcp_only
+    assert refusal in decision.reason
+    control = make_plan(RELEASE.version,
+                        overrides={"TRITON_MLA": _triton_mla_dcp_spec_with(Unchanged())})
+    (kept,) = [d for d in control.on("hook") if d.entry.name == "TRITON_MLA"]
+    assert kept.dcp_only and kept.reason.endswith("draftmeta's generated hook (spec "
+                                                  f"{kept.entry.name}.dcp.frozen.test)")
 
 
 def test_unregister_restores_the_classes_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
