@@ -54,12 +54,16 @@ def _positive(values: Iterable[float], what: str) -> tuple[float, ...]:
     return out
 
 
+def _floats(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
 @attrs.frozen
 class Ratios:
     """The pair ratios of one comparison, candidate speed over baseline speed (one per pair;
     above 1.00 the candidate is faster), with their median and min-max."""
 
-    values: tuple[float, ...] = attrs.field(converter=tuple)
+    values: tuple[float, ...] = attrs.field(converter=_floats)
 
     def __attrs_post_init__(self) -> None:
         if not self.values:
@@ -128,12 +132,16 @@ def rate_ratios(baseline: Sequence[float], candidate: Sequence[float]) -> Ratios
     return pair_ratios(candidate, baseline)
 
 
+def _ratios(values: Iterable[Ratios]) -> tuple[Ratios, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class Control:
     """A run's A/A control: the pair ratios of each of its configurations, where both sides ran
     the same code."""
 
-    configurations: tuple[Ratios, ...] = attrs.field(converter=tuple)
+    configurations: tuple[Ratios, ...] = attrs.field(converter=_ratios)
 
     @property
     def pooled(self) -> Ratios | None:
