@@ -19,9 +19,11 @@ measures the same way and judges its ratios by the same rule, this module:
 3. **The noise** ``n`` of a run is then the largest distance from 1.00 among its control's
    configurations' median ratios. A comparison is **faster** when its median ratio is above
    ``1 + n``, **slower** when it is below ``1 - n``, else **within noise**.
-4. **Without a control** (or with one of fewer than :data:`MIN_CONTROL_PAIRS` pairs) the noise
-   is unknown, so a comparison is faster only when every pair is (lowest ratio above 1.00),
-   slower only when every pair is (highest below 1.00), else within noise.
+4. **Without a control** (or with one of fewer than :data:`MIN_CONTROL_PAIRS` pairs, or one that
+   measures another quantity: the e2e's K = 1 rows have no refresh time) the noise is unknown,
+   so a comparison is faster only when every pair is (lowest ratio above 1.00), slower only
+   when every pair is (highest below 1.00), else within noise. Rule 2 still applies: a run
+   whose control leans one way gives no verdict at all.
 
 So no summary prints a verdict its own A/A control contradicts. :func:`verdict` applies the
 rule; :meth:`Verdict.sentence` words it the same way in every report.
@@ -30,13 +32,13 @@ rule; :meth:`Verdict.sentence` words it the same way in every report.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal, TypeVar
 
 import attrs
 
-__all__ = ["MIN_CONTROL_PAIRS", "Control", "Ratios", "Verdict", "VerdictWord", "pair_ratios",
-           "rate_ratios", "verdict"]
+__all__ = ["MIN_CONTROL_PAIRS", "Control", "Ratios", "Verdict", "VerdictWord", "alternating",
+           "pair_ratios", "rate_ratios", "verdict"]
 
 VerdictWord = Literal["faster", "slower", "within noise", "too noisy"]
 """What :func:`verdict` can say about a comparison."""
@@ -52,6 +54,18 @@ def _positive(values: Iterable[float], what: str) -> tuple[float, ...]:
     if bad:
         raise ValueError(f"{what} must be positive and finite, got {bad}")
     return out
+
+
+_T = TypeVar("_T")
+
+
+def alternating(sides: Sequence[_T], runs: int) -> Iterator[tuple[int, _T]]:
+    """The order of rule 1: ``(run, side)`` for ``runs`` runs of every side, the sides in their
+    order on even runs and reversed on odd ones (A B, B A, A B, ...), so that within each run
+    every pair of sides took turns going first. Run ``i`` of every side makes one pair."""
+    for run in range(runs):
+        for side in (sides if run % 2 == 0 else sides[::-1]):
+            yield run, side
 
 
 def _floats(values: Iterable[float]) -> tuple[float, ...]:
@@ -188,9 +202,11 @@ class Control:
             count = 0 if pooled is None else pooled.pairs
             return (f"the A/A control has {count} pair{'s' if count != 1 else ''}, too few to "
                     "tell this machine's noise")
-        medians = ", ".join(f"{c.median:.2f}x" for c in self.configurations)
+        medians = [c.median for c in self.configurations]
+        shown = (", ".join(f"{m:.2f}x" for m in medians) if len(medians) <= 4
+                 else f"{min(medians):.2f}x to {max(medians):.2f}x over {len(medians)}")
         return (f"the A/A control (the same code on both sides) read {pooled.span()} over "
-                f"{pooled.pairs} pairs (per configuration {medians})")
+                f"{pooled.pairs} pairs (medians per configuration: {shown})")
 
 
 @attrs.frozen
@@ -224,17 +240,24 @@ class Verdict:
         if self.noise is None:
             agree = "every pair agrees" if self.word != "within noise" else (
                 "its pairs fall on both sides of 1.00")
-            return f"{self.word} ({agree}; no A/A control)"
+            return f"{self.word} ({agree}; no A/A control for this ratio)"
         return f"{self.word} (beyond this run's noise of {self.noise:.0%})" if (
             self.word != "within noise") else (
             f"within noise (inside this run's noise of {self.noise:.0%} around 1.00)")
 
 
-def verdict(ratio: Ratios, control: Control | None = None) -> Verdict:
-    """Apply the rule (module docs) to ``ratio``, judged by the run's A/A ``control``."""
-    if control is not None and control.usable:
-        if not control.straddles:
-            return Verdict("too noisy", ratio, control.noise, control.off_by)
+def verdict(ratio: Ratios, control: Control | None = None, *,
+            measures_the_same: bool = True) -> Verdict:
+    """Apply the rule (module docs) to ``ratio``, judged by the run's A/A ``control``.
+
+    ``measures_the_same``: the control measures what ``ratio`` does (the e2e's K = 1 rows give
+    the noise of tokens/s, not of refresh time, which they do not have). Where it does not, the
+    control's rule 2 still withholds the verdict of a run that was too noisy, and rule 4
+    decides otherwise.
+    """
+    if control is not None and control.usable and not control.straddles:
+        return Verdict("too noisy", ratio, control.noise, control.off_by)
+    if control is not None and control.usable and measures_the_same:
         noise = control.noise
         word: VerdictWord = ("faster" if ratio.median > 1.0 + noise
                              else "slower" if ratio.median < 1.0 - noise else "within noise")

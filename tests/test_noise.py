@@ -96,3 +96,19 @@ def test_every_verdict_sentence_names_its_word_and_the_noise() -> None:
     assert verdict(Ratios((1.0, 1.01)), QUIET).sentence() == (
         "within noise (inside this run's noise of 1% around 1.00)")
     assert "0.45-0.70" in NOISY.sentence() and "5 pairs" in NOISY.sentence()
+
+
+def test_the_sides_of_a_pair_take_turns_going_first() -> None:
+    from draftmeta.noise import alternating
+
+    assert list(alternating(["off", "on"], 3)) == [(0, "off"), (0, "on"), (1, "on"), (1, "off"),
+                                                   (2, "off"), (2, "on")]
+    order = [side for _, side in alternating(["rebuild", "update", "rebuild (A/A)"], 2)]
+    assert order == ["rebuild", "update", "rebuild (A/A)", "rebuild (A/A)", "update", "rebuild"]
+
+
+def test_a_ratio_the_control_does_not_measure_is_judged_by_its_pairs_unless_too_noisy() -> None:
+    """The e2e's K = 1 rows give the noise of tokens/s; refresh time they do not have."""
+    assert verdict(Ratios((1.015, 1.005, 1.008)), QUIET, measures_the_same=False).word == "faster"
+    assert verdict(Ratios((1.015, 1.005, 1.008)), QUIET).word == "within noise"  # < 1 + n
+    assert verdict(Ratios((1.05, 1.02)), NOISY, measures_the_same=False).word == "too noisy"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["BenchConfig", "Sample"]
+__all__ = ["BASELINES", "CONTROLS", "BenchConfig", "Pairing", "Sample"]
 
 
 @attrs.frozen
@@ -33,7 +33,20 @@ class BenchConfig:
 
 @attrs.frozen
 class Sample:
-    """One measured path at one configuration: per-step times in microseconds."""
+    """One measured path at one configuration: per-step times in microseconds.
+
+    Attributes:
+        backend: the builder (CPU) or the builders measured together (CUDA).
+        path: what was timed (``rebuild``, ``update``, ...).
+        batch_size: requests in the batch.
+        steps: K, the draft steps of the loop (steps 2..K are timed).
+        host_us: host time of every timed step (CPU), or per step of every run (CUDA).
+        device_us: device time per step of every run (CUDA only).
+        launches_per_step: kernel launches per step (CUDA only).
+        run_us: per measured run, the time per step that run took on average (host time on
+            CPU, device time on CUDA): run ``i`` of every path of one configuration ran in turn
+            with the others (:func:`draftmeta.noise.alternating`), so they make pair ``i``.
+    """
 
     backend: str
     path: str
@@ -42,3 +55,30 @@ class Sample:
     host_us: tuple[float, ...]
     device_us: tuple[float, ...] = ()
     launches_per_step: float | None = None
+    run_us: tuple[float, ...] = ()
+
+
+@attrs.frozen
+class Pairing:
+    """One comparison of a bench run: ``candidate`` against ``baseline``, pair by pair."""
+
+    candidate: str
+    baseline: str
+
+
+BASELINES: dict[str, tuple[Pairing, ...]] = {
+    "cpu": (Pairing("update", "rebuild"),),
+    "cuda": (Pairing("update (eager)", "rebuild (reference)"),
+             Pairing("advance + update (fused)", "advance + update (eager)"),
+             Pairing("captured loop (replay)", "advance + update (fused)")),
+}
+"""What each device's bench compares: draftmeta's update against vLLM's rebuild on CPU; on
+CUDA the eager update against the reference rebuild, the fused step against the eager one, and
+the captured loop against the fused step."""
+
+CONTROLS: dict[str, Pairing] = {
+    "cpu": Pairing("rebuild (A/A)", "rebuild"),
+    "cuda": Pairing("rebuild (A/A)", "rebuild (reference)"),
+}
+"""Each device's A/A control: the rebuild timed again, in turn with the others, against itself
+(:mod:`draftmeta.noise`, rule 2)."""
