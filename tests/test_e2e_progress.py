@@ -136,4 +136,4 @@ def test_the_plan_counts_every_engine_start_and_generate_of_the_matrix() -> None
     assert units.count("engine") == 4  # two engines per K
     # per K and batch size: 2 engines x 6 generates, and at K = 3 the control's one
     assert units.count("generate b1") == units.count("generate b4") == 2 * 12 + 1
-    assert units[:3] == ["engine", "engine", "generate b1"]
+    assert units[:4] == ["prepare", "engine", "engine", "generate b1"]

@@ -260,10 +260,11 @@ class MatrixResult:
 
 
 def plan(config: MatrixConfig, backends: Sequence[str]) -> list[str]:
-    """The units of work :func:`run_matrix` does for ``backends``, in order, by kind: each
-    engine start (``engine``) and each generate (``generate b<batch size>``: warm-ups,
-    measured ones and negative controls), for its progress."""
-    units: list[str] = []
+    """The units of work :func:`run_matrix` does for ``backends``, in order, by kind: the
+    model and prompts made ready (``prepare``), each engine start (``engine``) and each
+    generate (``generate b<batch size>``: warm-ups, measured ones and negative controls), for
+    its progress."""
+    units: list[str] = ["prepare"]
     for _ in backends:
         for k in config.ks:
             units += ["engine", "engine"]
@@ -297,16 +298,18 @@ def run_matrix(config: MatrixConfig, *, model_dir: Path | None = None,
         reasons = "; ".join(f"{b}: {r}" for b, r in skipped.items())
         raise E2EUnavailable(f"no requested backend can run on this machine ({reasons}); "
                              "ask for CPU_MLA, which every x86 CPU runs")
-    pool = model_prompts(config.model, max(config.batch_sizes), config.seed)
-    trained = config.model == TRAINED
     start = time.perf_counter()
-    comparisons: list[Comparison] = []
-    startups: list[float] = []
-    builders: dict[str, None] = {}
 
     def step(kind: str, what: str) -> None:
         if progress is not None:
             progress.step(kind, what)
+
+    step("prepare", f"the {config.model} model's folder and prompts")
+    pool = model_prompts(config.model, max(config.batch_sizes), config.seed)
+    trained = config.model == TRAINED
+    comparisons: list[Comparison] = []
+    startups: list[float] = []
+    builders: dict[str, None] = {}
 
     with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-model-") as tmp:
         folder, load_format = model_folder(config.model, model_dir or Path(tmp))

@@ -168,9 +168,11 @@ def noise_check(configs: list[JSONObject]) -> JSONObject | None:
         return None
     control = Control(tuple(Ratios.from_json(c["tokens_per_s_pairs"]) for c in configs
                             if c["k"] == 1 and c.get("tokens_per_s_pairs")))
-    acting = [c for c in configs if c["k"] > 1] or configs
+    acting = [c for c in configs if c["k"] > 1]
     out: JSONObject = {"rule": "draftmeta.noise", "control": control.as_json(),
-                       "control_sentence": control.sentence()}
+                       "control_sentence": control.sentence(),
+                       "compared": "K >= 2" if acting else "every configuration"}
+    acting = acting or configs
     for name, key in PAIRED.items():
         ratios = [Ratios.from_json(c[key]) for c in acting if c.get(key)]
         if not ratios:
@@ -373,8 +375,10 @@ def markdown(data: Mapping[str, Any]) -> str:
         f"{_fmt(data['refresh_us_per_later_step']['on'])} us update "
         f"({_fmt(goals['later_refresh_ratio'], 2)}x)" + _judged(check, "later_refresh"),
         f"- tokens/s: {_fmt(data['tokens_per_s']['off'])} off, "
-        f"{_fmt(data['tokens_per_s']['on'])} on ({_fmt(goals['tokens_per_s_ratio'], 3)}x)"
-        + _judged(check, "tokens_per_s"),
+        f"{_fmt(data['tokens_per_s']['on'])} on (" + ("over the medians " if check else "")
+        + f"{_fmt(goals['tokens_per_s_ratio'], 3)}x)"
+        + _judged(check, "tokens_per_s").replace(
+            "; per pair", f"; per pair of generates, {(check or {}).get('compared')},", 1),
         *([f"- noise: {check['control_sentence']}; ratios are off time / on time per pair of "
            "generates (above 1.00 the plugin is faster), judged by draftmeta.noise's rule"]
           if check else []),
