@@ -20,7 +20,7 @@ import json
 import os
 import platform
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,8 @@ from draftmeta.integrations.vllm.e2e.compare import Comparison, MatrixConfig, Ma
 from draftmeta.noise import Control, Ratios, Verdict, pair_ratios, verdict
 
 __all__ = ["REFRESH_GOAL", "RESULT_NAME", "extent", "markdown", "noise_check",
-           "planned_extent", "plot", "strictly_identical", "summary", "write_results"]
+           "planned_extent", "plot", "strictly_identical", "summary", "tokens_per_s_pairs",
+           "write_results"]
 
 RESULT_NAME = "e2e-cpu"
 """The stem of the CPU run's files in its results folder."""
@@ -154,7 +155,17 @@ PAIRED = {"tokens_per_s": "tokens_per_s_pairs", "refresh": "refresh_pairs",
 """The ratios :func:`noise_check` judges, and the key of each configuration's pairs."""
 
 
-def noise_check(configs: list[JSONObject]) -> JSONObject | None:
+def tokens_per_s_pairs(config: Mapping[str, Any]) -> JSONObject | None:
+    """One configuration's tokens/s pairs: as :func:`summary` records them, or for a result
+    written before it did, from the seconds of its generates (which took turns the same way:
+    off, on, then on, off, ...)."""
+    if config.get("tokens_per_s_pairs"):
+        return dict(config["tokens_per_s_pairs"])
+    seconds = config.get("seconds_per_generate")
+    return None if not seconds else _pairs(list(seconds["off"]), list(seconds["on"]))
+
+
+def noise_check(configs: Sequence[Mapping[str, Any]]) -> JSONObject | None:
     """The run's ratios judged by the rule of :mod:`draftmeta.noise`.
 
     The A/A control is the K = 1 configurations, where the plugin has no draft step to update
@@ -164,10 +175,11 @@ def noise_check(configs: list[JSONObject]) -> JSONObject | None:
     verdict. Refresh time (K >= 2 only, so the control cannot measure it) is faster or slower
     only where every pair agrees. ``None`` for configurations without pairs (results written
     before generates were paired)."""
-    if not any(c.get("tokens_per_s_pairs") for c in configs):
+    configs = [{**c, "tokens_per_s_pairs": tokens_per_s_pairs(c)} for c in configs]
+    if not any(c["tokens_per_s_pairs"] for c in configs):
         return None
     control = Control(tuple(Ratios.from_json(c["tokens_per_s_pairs"]) for c in configs
-                            if c["k"] == 1 and c.get("tokens_per_s_pairs")))
+                            if c["k"] == 1 and c["tokens_per_s_pairs"]))
     acting = [c for c in configs if c["k"] > 1]
     out: JSONObject = {"rule": "draftmeta.noise", "control": control.as_json(),
                        "control_sentence": control.sentence(),
@@ -337,8 +349,8 @@ def _judged(check: Mapping[str, Any] | None, name: str) -> str:
     return f"; per pair {judged.ratio.span()}: {judged.sentence()}"
 
 
-def _pair_cell(config: Mapping[str, Any], key: str) -> str:
-    pairs = config.get(key)
+def _pair_cell(config: Mapping[str, Any]) -> str:
+    pairs = tokens_per_s_pairs(config)
     return "-" if not pairs else Ratios.from_json(pairs).span()
 
 
@@ -355,8 +367,8 @@ def markdown(data: Mapping[str, Any]) -> str:
     per configuration."""
     goals = data["goals"]
     check = data.get("noise_check")
-    if check is not None and "rule" not in check:
-        check = None  # a result written before its generates were paired
+    if check is None or "rule" not in check:  # a result written before it was judged so
+        check = noise_check(list(data["configurations"]))
     lines = [
         f"vLLM {data['vllm_version']} (CPU build), backend(s) {data['backend']}; "
         + (f"skipped: {'; '.join(f'{k}: {v}' for k, v in data['skipped'].items())}; "
@@ -401,7 +413,7 @@ def markdown(data: Mapping[str, Any]) -> str:
             f"{_fmt(c['refresh_us_per_step']['on'])} | "
             f"{_fmt(c['refresh_us_per_later_step']['off'])} / "
             f"{_fmt(c['refresh_us_per_later_step']['on'])} | {_fmt(c['tokens_per_s']['off'])} / "
-            f"{_fmt(c['tokens_per_s']['on'])} | {_pair_cell(c, 'tokens_per_s_pairs')} |"
+            f"{_fmt(c['tokens_per_s']['on'])} | {_pair_cell(c)} |"
         )
     lines.append("")
     lines.append("Counts are per generate; refreshes are calls of vLLM's "
@@ -467,8 +479,9 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
             values = [c["refresh_us_per_step"][mode] or 0.0 for c in configs]
             spread = [c.get("refresh_us_per_step_all", {}).get(mode) or [v]
                       for c, v in zip(configs, values)]
-            errors = [[v - min(a) if v else 0.0 for v, a in zip(values, spread)],
-                      [max(a) - v if v else 0.0 for v, a in zip(values, spread)]]
+            errors = ([[v - min(a) for v, a in zip(values, spread)],
+                       [max(a) - v for v, a in zip(values, spread)]]
+                      if any(len(a) > 1 for a in spread) else None)  # older results: none
             top.bar([x + shift for x in xs], values, width, yerr=errors, capsize=2,
                     label=f"plugin {mode}", color=colour)
         top.set_ylabel("host µs per refresh step\n(draft indices >= 1)")
@@ -493,6 +506,8 @@ def _ratio_panel(ax: Any, configs: list[Mapping[str, Any]],
     """Tokens/s on over off per configuration: pair ratios (median, min-max) where paired,
     else the ratio of the medians; the A/A control's noise band around 1.00."""
     ax.axhline(1.0, color="black", linewidth=0.8)
+    if check is None or "rule" not in check:
+        check = noise_check(list(configs))
     control = (check or {}).get("control") or {}
     if control.get("usable") and control.get("straddles_1"):
         noise = control["noise"]
@@ -501,7 +516,7 @@ def _ratio_panel(ax: Any, configs: list[Mapping[str, Any]],
     for aa, colour, name in ((False, "#2b7bba", "on / off per pair (median, min-max)"),
                              (True, "#808080", "A/A control: K = 1, on / off per pair")):
         points = [(x, c) for x, c in enumerate(configs) if (c["k"] == 1) == aa]
-        paired = [(x, c["tokens_per_s_pairs"]) for x, c in points if c.get("tokens_per_s_pairs")]
+        paired = [(x, p) for x, c in points if (p := tokens_per_s_pairs(c)) is not None]
         if paired:
             medians = [p["median"] for _, p in paired]
             ax.errorbar([x for x, _ in paired], medians,
