@@ -16,7 +16,11 @@ class BenchConfig:
         device: ``"cpu"`` (vLLM's real builders) or ``"cuda"``.
         batch_sizes: batch sizes to measure.
         steps: numbers of draft steps K.
-        repeats: measured runs per configuration (after one warm-up run).
+        repeats: measured runs per configuration (after one warm-up run); on CPU each path's
+            runs take turns with the other paths', run ``i`` of each making pair ``i``.
+        loops_per_run: on CPU, the draft loops (steps 2..K each) one run times: its time per
+            step is the median over them, so one preempted step (a busy machine) cannot make a
+            run's figure.
         block_size: KV block size for the MLA builders (the indexer always uses 64).
         max_model_len: the context limit; batches have mixed lengths up to it.
         backends: CPU builders to measure (``CPU_MLA``, ``TRITON_MLA``, ``INDEXER``).
@@ -26,6 +30,7 @@ class BenchConfig:
     batch_sizes: tuple[int, ...] = (1, 8, 64, 256)
     steps: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)
     repeats: int = 12
+    loops_per_run: int = 10
     block_size: int = 64
     max_model_len: int = 4096
     backends: tuple[str, ...] = ("CPU_MLA", "TRITON_MLA", "INDEXER")

@@ -30,7 +30,8 @@ runs) and :data:`TIMED`."""
 
 def cpu_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sample]:
     """Per backend, batch size and K: one sample per path of :data:`PATHS`, their runs
-    alternating; ``tick`` is called after each configuration."""
+    taking turns (one warm-up run first); a run is ``loops_per_run`` draft loops, its time per
+    step the median of their steps; ``tick`` is called after each configuration."""
     from draftmeta.integrations.vllm.testing import harness
     from draftmeta.integrations.vllm.testing.equivalence import BUILDERS
 
@@ -53,28 +54,29 @@ def cpu_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sampl
                 runs: dict[str, list[float]] = {p: [] for p in PATHS}
                 # one warm-up run, then the paths in turn (rule 1 of draftmeta.noise)
                 for repeat, path in alternating(TIMED, config.repeats + 1):
-                    reset_state(state, start)
-                    cad.max_seq_len = state.max_seq_len
                     run: dict[str, list[float]] = {path: [], "advance": []}
-                    for step in range(2, k + 1):
-                        t0 = time.perf_counter_ns()
-                        advance_state(state)
-                        t1 = time.perf_counter_ns()
-                        if path != "update":  # the rebuild, or the rebuild again (A/A)
-                            cad.max_seq_len = state.max_seq_len
+                    for _ in range(config.loops_per_run):
+                        reset_state(state, start)
+                        cad.max_seq_len = state.max_seq_len
+                        for step in range(2, k + 1):
+                            t0 = time.perf_counter_ns()
+                            advance_state(state)
                             t1 = time.perf_counter_ns()
-                            harness.build_metadata(builder, cad, draft_index=step)
-                        else:
-                            spec.update(metadata, state)
-                        t2 = time.perf_counter_ns()
-                        run[path].append((t2 - t1) / 1e3)
-                        if path == "update":
-                            run["advance"].append((t1 - t0) / 1e3)
+                            if path != "update":  # the rebuild, or the rebuild again (A/A)
+                                cad.max_seq_len = state.max_seq_len
+                                t1 = time.perf_counter_ns()
+                                harness.build_metadata(builder, cad, draft_index=step)
+                            else:
+                                spec.update(metadata, state)
+                            t2 = time.perf_counter_ns()
+                            run[path].append((t2 - t1) / 1e3)
+                            if path == "update":
+                                run["advance"].append((t1 - t0) / 1e3)
                     if repeat:
                         for name, values in run.items():
                             if values:
                                 times[name] += values
-                                runs[name].append(statistics.fmean(values))
+                                runs[name].append(statistics.median(values))
                 for path in PATHS:
                     yield Sample(backend, path, batch, k, tuple(times[path]),
                                  run_us=tuple(runs[path]))
