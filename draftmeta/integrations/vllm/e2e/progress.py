@@ -4,9 +4,9 @@ time elapsed and an estimate of the time left, and never a long silence.
 :class:`RunProgress` takes the run's plan (one kind per unit of work, in order: ``engine``,
 ``generate b4`` ...) before it starts. Each unit says when it begins (:meth:`RunProgress.step`),
 which ends the one before; the time left is each remaining unit's kind's mean measured duration
-(a kind not measured yet counts as its family's mean, ``generate b4`` as ``generate b1``'s, else
-as the mean of every unit so far), so an engine start, which takes many generates' time, does
-not skew the estimate of the generates after it.
+(a kind not measured yet counts as its family's mean, ``generate b4`` as ``generate b1``'s; until
+every family left has been measured once, it says it is estimating), so an engine start, which
+takes many generates' time, does not skew the estimate of the generates after it.
 
 On a terminal it is a tqdm bar, redrawn every second (the elapsed time moves while a unit runs);
 elsewhere (a log file, nox's output, a pipe) every unit is one plain line, and a unit that runs
@@ -101,20 +101,22 @@ class RunProgress:
         return time.monotonic() - self.started
 
     def left(self) -> float | None:
-        """The estimated seconds left (module docs); ``None`` before any unit has finished."""
+        """The estimated seconds left (module docs); ``None`` until a unit of every family still
+        to run (``engine``, ``generate``) has finished."""
         if not self._durations:
             return None
         means = {kind: statistics.fmean(values) for kind, values in self._durations.items()}
         families: dict[str, list[float]] = {}
         for kind, values in self._durations.items():
             families.setdefault(kind.split(" ")[0], []).extend(values)
-        overall = statistics.fmean(v for values in self._durations.values() for v in values)
+        remaining = self.plan[self.done:]
+        if any(kind.split(" ")[0] not in families for kind in remaining):
+            return None  # an engine start and a generate differ too much to guess one
 
         def expected(kind: str) -> float:
             if kind in means:
                 return means[kind]
-            family = families.get(kind.split(" ")[0])
-            return statistics.fmean(family) if family else overall
+            return statistics.fmean(families[kind.split(" ")[0]])
 
         pending = sum(expected(kind) for kind in self.plan[self.done + 1:])
         if self.what and self.done < len(self.plan):
