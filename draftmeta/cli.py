@@ -30,6 +30,7 @@ from draftmeta.arguments import (
     OUT_HELP,
     folder_problem,
     integer_in,
+    no_plot,
     positive,
     replace_problem,
     seed,
@@ -388,6 +389,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from draftmeta.bench import BenchConfig, run_bench, summarize, table, write_results
+    from draftmeta.bench.report import load_average, pair_summary
     from draftmeta.integrations.vllm.release import import_problem
 
     if args.device == "cuda":
@@ -395,7 +397,12 @@ def _bench(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise UsageError("--device cuda needs a CUDA device")
-    elif (missing := import_problem()) is not None:
+    else:
+        # vLLM picks its platform when first imported: the CPU one, before the check imports it
+        from draftmeta.integrations.vllm.testing.harness import prepare_environment
+
+        prepare_environment()
+    if args.device == "cpu" and (missing := import_problem()) is not None:
         raise UsageError(f"it times vLLM's own metadata builders, and vLLM does not import "
                          f"here ({missing}); install it first: pip install vllm==0.33.0")
     out = Path(args.out)
@@ -418,14 +425,20 @@ def _bench(args: argparse.Namespace) -> int:
                                   lambda data: extent(data["environment"]["config"]))
         if problem is not None:
             raise UsageError(problem)
+    plotless = no_plot()
+    if plotless is not None:
+        print(f"draftmeta bench: {plotless}", file=sys.stderr)
+    before, started = load_average(), time.monotonic()
     try:
         samples = run_bench(config, progress=not args.quiet)
     except ValueError as exc:  # vLLM's config refuses a batch size, a block size, ...
         raise UsageError(f"vLLM refused this configuration: {exc}") from exc
-    print(table(summarize(samples)))
+    run = {"wall_seconds": round(time.monotonic() - started, 1),
+           "load_average": {"before": before, "after": load_average()}}
+    print(table(summarize(samples), pair_summary(samples, args.device)))
     with Progress("bench", enabled=not args.quiet) as progress:
-        progress.update(f"writing JSON and the plot to {out}")
-        paths = write_results(samples, config, out)
+        progress.update(f"writing JSON, Markdown{'' if plotless else ' and the plot'} to {out}")
+        paths = write_results(samples, config, out, run=run)
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}")
     return 0

@@ -414,18 +414,45 @@ def test_an_in_process_engine_writes_the_plugins_line_once_and_updates_in_place(
     assert in_process_on.output_tokens == multiprocess_off.output_tokens
 
 
-def test_a_noisy_run_says_its_ratio_is_within_noise_instead_of_a_verdict() -> None:
-    """The K = 1 rows, where the plugin does nothing, are the A/A control: a run whose K = 1
-    ratios read 0.52x (a busy machine) cannot call 0.77x slower; a quiet one (1.01x) can."""
+def _paired(k: int, *ratios: float) -> dict[str, Any]:
+    """A configuration's tokens/s pairs (on over off) and refresh pairs, as summary gives them."""
+    from draftmeta.noise import Ratios
+
+    pairs = Ratios(ratios).as_json()
+    return {"k": k, "tokens_per_s_pairs": pairs,
+            "refresh_pairs": None if k == 1 else pairs, "later_refresh_pairs": None}
+
+
+def test_a_noisy_run_says_the_machine_was_too_noisy_instead_of_a_verdict() -> None:
+    """The K = 1 rows, where the plugin does nothing, are the A/A control. A busy machine whose
+    K = 1 pairs all read about 0.52x cannot call 0.77x slower: it says too noisy, by 48%."""
+    from draftmeta.integrations.vllm.e2e.report import markdown, noise_check
+
+    noisy = noise_check([_paired(1, 0.5, 0.55, 0.52), _paired(1, 0.6, 0.45),
+                         _paired(3, 0.77, 0.8, 0.75)])
+    assert noisy is not None and not noisy["control"]["straddles_1"]
+    assert noisy["tokens_per_s"]["verdict"] == "too noisy"
+    assert noisy["tokens_per_s"]["too_noisy_by"] == pytest.approx(0.48)
+    assert noisy["refresh"]["verdict"] == "too noisy"  # no verdict at all in such a run
+    committed = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+                            / "e2e-cpu.json").read_text())
+    text = markdown({**committed, "noise_check": noisy})
+    tokens_line = next(line for line in text.splitlines() if line.startswith("- tokens/s"))
+    assert "too noisy" in tokens_line and "48% off 1.00" in tokens_line, tokens_line
+    assert "slower" not in tokens_line and "faster" not in tokens_line
+
+
+def test_negative_control_a_quiet_run_gives_the_same_ratio_its_verdict() -> None:
     from draftmeta.integrations.vllm.e2e.report import noise_check
 
-    def config(k: int, ratio: float) -> dict[str, Any]:
-        return {"k": k, "tokens_per_s_ratio": ratio}
-
-    noisy = noise_check([config(1, 0.52), config(1, 1.1), config(3, 0.8)], 0.765)
-    assert noisy == {"k1_ratios": [0.52, 1.1], "noise": 0.48,
-                     "tokens_per_s_verdict": "within noise"}
-    quiet = noise_check([config(1, 1.01), config(1, 0.995), config(3, 0.8)], 0.8)
-    assert quiet is not None and quiet["tokens_per_s_verdict"] == "slower"
-    assert noise_check([config(1, 1.0)], 1.2)["tokens_per_s_verdict"] == "faster"  # type: ignore[index]
-    assert noise_check([config(3, 0.8)], 0.8) is None  # no A/A control: no verdict
+    quiet = noise_check([_paired(1, 1.01, 0.99, 1.0), _paired(1, 0.995, 1.004),
+                         _paired(3, 0.77, 0.8, 0.75)])
+    assert quiet is not None and quiet["control"]["straddles_1"]
+    assert quiet["tokens_per_s"]["verdict"] == "slower"
+    assert quiet["tokens_per_s"]["noise"] == pytest.approx(0.0005, abs=1e-3)
+    within = noise_check([_paired(1, 0.9, 1.1, 1.06), _paired(3, 0.97, 1.02)])
+    assert within is not None and within["tokens_per_s"]["verdict"] == "within noise"
+    # without K = 1 there is no control: every pair must agree
+    alone = noise_check([_paired(3, 0.77, 0.8), _paired(4, 0.9, 1.1)])
+    assert alone is not None and alone["tokens_per_s"]["verdict"] == "within noise"
+    assert noise_check([{"k": 1, "tokens_per_s_ratio": 1.0}]) is None  # unpaired: none

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -241,3 +242,93 @@ def test_a_cuda_run_whose_case_failed_writes_beside_a_fuller_result_not_over_it(
     assert "its results go to e2e-cuda-partial.* beside it" in capsys.readouterr().err
     assert main([*argv, "--force"]) == 1
     assert written[-1] == "e2e-cuda"
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        (folder / ".probe").write_text("")
+    except OSError:
+        return False
+    (folder / ".probe").unlink()
+    return True
+
+
+@pytest.fixture
+def unwritable(tmp_path: Path) -> Iterator[Path]:
+    """A results folder that cannot be created: under a read-only folder (its permissions
+    bind where the tests do not run as root), else under ``/sys``, read-only to root too."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if not _writable(locked):
+            yield locked / "results"
+            return
+        for parent in (Path("/sys"), Path("/proc")):
+            if parent.is_dir() and not _writable(parent):
+                yield parent / "draftmeta-results"
+                return
+        pytest.skip("no folder here that this user cannot write")
+    finally:
+        locked.chmod(0o700)
+
+
+UNWRITABLE_RUNS = {
+    "bench": ["bench", "--quiet"],
+    "e2e": ["e2e", "--quiet"],
+    "e2e-cuda": ["e2e", "--device", "cuda", "--quiet"],
+}
+
+
+@pytest.mark.usefixtures("no_runs")
+@pytest.mark.parametrize("command", list(UNWRITABLE_RUNS))
+def test_an_unwritable_results_folder_is_refused_in_one_line_before_anything_is_measured(
+    command: str, unwritable: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Exit 2 and one line naming the folder and why, where the run would have started
+    (``Started``) and measured for nothing."""
+    assert main([*UNWRITABLE_RUNS[command], "--out", str(unwritable)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out {unwritable}: cannot create that folder" in err, err
+    assert "name a folder you can write to" in err
+
+
+def test_e2e_floor_refuses_an_unwritable_results_folder_before_it_needs_vllm(
+    unwritable: Path, capsys: pytest.CaptureFixture[str], e2e_floor: ModuleType,
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        e2e_floor.main(["--out", str(unwritable)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot create that folder" in err, err
+
+
+def test_a_folder_that_can_be_created_but_not_written_is_refused_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The test-write: a folder that exists but takes no file (simulated: root writes through
+    permissions) is refused, and a writable one is left as it was found."""
+    import tempfile
+
+    from draftmeta.arguments import folder_problem
+
+    assert folder_problem("--out", tmp_path / "new" / "deeper") is None
+    assert list((tmp_path / "new" / "deeper").iterdir()) == []  # the test file is gone
+
+    def refuse(*args: object, **kwargs: object) -> object:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refuse)
+    problem = folder_problem("--out", tmp_path)
+    assert problem == (f"--out {tmp_path}: cannot write into that folder (Permission denied); "
+                       "name a folder you can write to")
+
+
+@pytest.mark.usefixtures("no_runs")
+def test_negative_control_a_writable_folder_lets_every_command_reach_its_run(
+    tmp_path: Path,
+) -> None:
+    """The same calls with a folder that can be written get as far as the run."""
+    for command, argv in UNWRITABLE_RUNS.items():
+        with pytest.raises(Started):
+            main([*argv, "--out", str(tmp_path / command)])

@@ -17,6 +17,7 @@ import torch
 from draftmeta.advance import advance_state
 from draftmeta.bench.config import BenchConfig, Sample
 from draftmeta.bench.states import bench_state, reset_state
+from draftmeta.noise import alternating
 from draftmeta.protocol import SpecBuilder
 from draftmeta.state import DraftState
 
@@ -24,8 +25,8 @@ __all__ = ["cuda_samples"]
 
 
 def cuda_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sample]:
-    """Per batch size and K: one sample per path; ``tick`` is called after each
-    configuration."""
+    """Per batch size and K: one sample per path, their runs alternating (the rebuild twice:
+    the A/A control); ``tick`` is called after each configuration."""
     from draftmeta.integrations.vllm.catalogue import builder_spec
 
     mla = builder_spec("TRITON_MLA", host_bound="frozen")
@@ -67,49 +68,52 @@ def _cuda_config(config: BenchConfig, mla: Any, idx: Any, batch: int, k: int
         mla.update(mla_meta, state)
         idx.update(idx_meta, state)
 
-    paths: dict[str, Callable[[], None]] = {
-        "advance": lambda: advance_state(state, "clamp", "frozen"),
-        "rebuild (reference)": rebuild_all,
-        "update (eager)": update_eager,
-        "advance + update (eager)": lambda: eager.refresh(1),
-        "advance + update (fused)": lambda: fused.refresh(1),
-    }
-    for path, fn in paths.items():
-        host, device = _time_cuda(fn, state, start, k, config.repeats, calls=k - 1)
-        yield Sample(backend, path, batch, k, host, device, _launches(fn))
     reset_state(state, start)
     captured = fused.capture(lambda i, m: None, k)
-    # 20 replays back to back: the state runs past its start, which changes no cost
-    host, device = _time_cuda(captured.replay, state, start, k, config.repeats, calls=1,
-                              runs=20)
-    yield Sample(backend, "captured loop (replay)", batch, k, host, device,
-                 _launches(captured.replay) / (k - 1))
-
-
-def _time_cuda(fn: Callable[[], None], state: DraftState, start: DraftState, k: int,
-               repeats: int, *, calls: int, runs: int = 1
-               ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Host and device microseconds per draft step of ``calls`` calls covering ``k - 1``
-    steps, over ``repeats`` runs after a warm-up run. ``runs`` > 1 repeats the whole set back
-    to back between the two events, so the device queue never waits for the host (what a
-    captured loop's device time per step means)."""
-    host: list[float] = []
-    device: list[float] = []
-    for repeat in range(repeats + 1):
-        reset_state(state, start)
-        torch.cuda.synchronize()
-        begin, end = _event(), _event()
-        t0 = time.perf_counter_ns()
-        begin.record()
-        for _ in range(calls * runs):
-            fn()
-        end.record()
-        t1 = time.perf_counter_ns()
-        torch.cuda.synchronize()
+    # name: (function, calls per run, runs back to back between the two events)
+    paths: dict[str, tuple[Callable[[], None], int, int]] = {
+        "advance": (lambda: advance_state(state, "clamp", "frozen"), k - 1, 1),
+        "rebuild (reference)": (rebuild_all, k - 1, 1),
+        "update (eager)": (update_eager, k - 1, 1),
+        "advance + update (eager)": (lambda: eager.refresh(1), k - 1, 1),
+        "advance + update (fused)": (lambda: fused.refresh(1), k - 1, 1),
+        # 20 replays back to back: the state runs past its start, which changes no cost
+        "captured loop (replay)": (captured.replay, 1, 20),
+        "rebuild (A/A)": (rebuild_all, k - 1, 1),
+    }
+    host: dict[str, list[float]] = {name: [] for name in paths}
+    device: dict[str, list[float]] = {name: [] for name in paths}
+    # one warm-up run, then every path in turn (rule 1 of draftmeta.noise)
+    for repeat, name in alternating(list(paths), config.repeats + 1):
+        fn, calls, runs = paths[name]
+        h, d = _time_cuda(fn, state, start, k, calls=calls, runs=runs)
         if repeat:
-            host.append((t1 - t0) / 1e3 / (k - 1) / runs)
-            device.append(begin.elapsed_time(end) * 1e3 / (k - 1) / runs)
-    return tuple(host), tuple(device)
+            host[name].append(h)
+            device[name].append(d)
+    for name, (fn, calls, _) in paths.items():
+        launches = _launches(fn) / (k - 1 if calls == 1 else 1)
+        yield Sample(backend, name, batch, k, tuple(host[name]), tuple(device[name]), launches,
+                     run_us=tuple(device[name]))
+
+
+def _time_cuda(fn: Callable[[], None], state: DraftState, start: DraftState, k: int, *,
+               calls: int, runs: int = 1) -> tuple[float, float]:
+    """Host and device microseconds per draft step of one run: ``calls`` calls covering
+    ``k - 1`` steps, from ``start``. ``runs`` > 1 repeats the whole set back to back between
+    the two events, so the device queue never waits for the host (what a captured loop's
+    device time per step means)."""
+    reset_state(state, start)
+    torch.cuda.synchronize()
+    begin, end = _event(), _event()
+    t0 = time.perf_counter_ns()
+    begin.record()
+    for _ in range(calls * runs):
+        fn()
+    end.record()
+    t1 = time.perf_counter_ns()
+    torch.cuda.synchronize()
+    return ((t1 - t0) / 1e3 / (k - 1) / runs,
+            float(begin.elapsed_time(end)) * 1e3 / (k - 1) / runs)
 
 
 def _event() -> Any:

@@ -3,7 +3,9 @@ on its device, with a progress count."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 
 from draftmeta.bench.config import BenchConfig, Sample
 from draftmeta.bench.cpu import cpu_samples
@@ -12,28 +14,33 @@ from draftmeta.bench.cuda import cuda_samples
 __all__ = ["run_bench"]
 
 
-def _progress(total: int, enabled: bool) -> Callable[[], None]:
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool) -> Iterator[Callable[[], None]]:
+    """A tick per configuration: a tqdm bar on stderr (elapsed, rate, time left), cleared when
+    the run ends; a count without tqdm; nothing when not ``enabled``."""
     if not enabled:
-        return lambda: None
+        yield lambda: None
+        return
     try:
         from tqdm import tqdm
-
-        bar = tqdm(total=total, desc="draftmeta bench", unit="config", leave=False)
-        return lambda: bar.update(1) and None
     except ImportError:
         done = [0]
 
         def tick() -> None:
             done[0] += 1
-            print(f"\r{done[0]}/{total}", end="" if done[0] < total else "\n", flush=True)
+            print(f"\rdraftmeta bench: {done[0]}/{total} configurations",
+                  end="" if done[0] < total else "\n", file=sys.stderr, flush=True)
 
-        return tick
+        yield tick
+        return
+    with tqdm(total=total, desc="draftmeta bench", unit="config", leave=False) as bar:
+        yield lambda: bar.update(1) and None
 
 
 def run_bench(config: BenchConfig, *, progress: bool = True) -> list[Sample]:
     """Measure every configuration; returns the raw samples."""
     total = (len(config.backends) if config.device == "cpu" else 1) * len(
         config.batch_sizes) * len(config.steps)
-    tick = _progress(total, progress)
     source = cpu_samples if config.device == "cpu" else cuda_samples
-    return list(source(config, tick))
+    with _progress(total, progress) as tick:
+        return list(source(config, tick))

@@ -21,6 +21,7 @@ from draftmeta.arguments import (
     OUT_HELP,
     folder_problem,
     integer_in,
+    no_plot,
     non_negative,
     positive,
     seed,
@@ -178,9 +179,18 @@ def run(args: argparse.Namespace) -> int:
             print(f"draftmeta e2e: {problem}", file=sys.stderr)
             return 2
 
+    from draftmeta.integrations.vllm.e2e.compare import plan
+    from draftmeta.integrations.vllm.e2e.environment import backend_unavailable_reason
+    from draftmeta.integrations.vllm.e2e.progress import RunProgress
+
+    runs_here = [b for b in config.backends if backend_unavailable_reason(b) is None]
+    plotless = no_plot()
+    if plotless is not None:  # said before the run, not found missing after it
+        print(f"draftmeta e2e: {plotless}", file=sys.stderr, flush=True)
     try:
-        with stdout_to_stderr() if args.json else contextlib.nullcontext():
-            result = run_matrix(config, progress=progress)
+        with stdout_to_stderr() if args.json else contextlib.nullcontext(), \
+                RunProgress(plan(config, runs_here), enabled=not args.quiet) as steps:
+            result = run_matrix(config, progress=steps)
     except E2EUnavailable as exc:
         print(f"draftmeta e2e: cannot run here: {exc}", file=sys.stderr)
         return 2

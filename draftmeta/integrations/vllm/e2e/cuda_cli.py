@@ -18,7 +18,7 @@ from pathlib import Path
 
 import attrs
 
-from draftmeta.arguments import replace_problem
+from draftmeta.arguments import no_plot, replace_problem
 from draftmeta.integrations.vllm.e2e.cuda_matrix import (
     SCHEDULED_BACKENDS,
     CudaCase,
@@ -144,6 +144,9 @@ def run_cuda(args: argparse.Namespace,
         write_cuda_results(cuda_summary(done, failed, command=command), args.out,
                            f"{CUDA_RESULT_NAME}-running", plot=False)
 
+    plotless = no_plot()
+    if plotless is not None:  # said before the run, not found missing after it
+        print(f"draftmeta e2e: {plotless}", file=sys.stderr, flush=True)
     try:
         with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-cuda-") as workdir, \
                 engine_output():

