@@ -24,6 +24,7 @@ from draftmeta.integrations.vllm.catalogue import (
     Release,
     release,
     supported_range,
+    with_registered,
 )
 from draftmeta.spec import DraftSpec
 
@@ -283,7 +284,7 @@ def make_plan(
             release's draft paths need.
     """
     try:
-        catalogue = release(version)
+        catalogue = with_registered(release(version))
     except LookupError as exc:
         raise Unsupported(
             f"vLLM {version} is not a supported release ({supported_range()})"

@@ -43,6 +43,7 @@ from draftmeta.spec import DraftSpec
 __all__ = [
     "DEFAULT_RELEASE",
     "DRAFT_PATHS",
+    "ENTRY_POINT_GROUP",
     "BuilderEntry",
     "DraftPath",
     "HarnessRecipe",
@@ -54,9 +55,13 @@ __all__ = [
     "class_ref",
     "current_release",
     "installed_version",
+    "register_builder",
+    "registered_builders",
     "release",
     "releases",
     "supported_range",
+    "unregister_builder",
+    "with_registered",
 ]
 
 
@@ -98,13 +103,97 @@ def release(version: str) -> Release:
 
 
 def current_release() -> Release:
-    """The installed release's catalogue, or :data:`DEFAULT_RELEASE`'s without vLLM.
+    """The installed release's catalogue, or :data:`DEFAULT_RELEASE`'s without vLLM, with the
+    out-of-tree builders registered in this process (:func:`with_registered`).
 
     Raises:
         LookupError: the installed vLLM is not a supported release.
+        RuntimeError: an out-of-tree registration does not load or clashes with a name.
     """
     installed = installed_version()
-    return release(installed if installed is not None else DEFAULT_RELEASE)
+    return with_registered(release(installed if installed is not None else DEFAULT_RELEASE))
+
+
+ENTRY_POINT_GROUP = "draftmeta.vllm_builders"
+"""The entry-point group through which a package declares specs for its own vLLM metadata
+builders: each entry point names a :class:`BuilderEntry`, or a function returning one or an
+iterable of them. The plugin, ``coverage``, ``audit``, the harness and the equivalence checks
+then treat each as they treat the catalogue's builders."""
+
+_registered: dict[str, BuilderEntry] = {}
+
+
+def register_builder(entry: BuilderEntry) -> None:
+    """Declare the spec of an out-of-tree builder in this process (what an entry point of
+    :data:`ENTRY_POINT_GROUP` does for every process): from then on it is a builder of the
+    installed release's catalogue, covered by the plugin where its spec fits and it is proven
+    (:attr:`BuilderEntry.proof`: a CPU :attr:`BuilderEntry.harness` recipe, which
+    ``draftmeta audit NAME`` then runs). Register before vLLM loads its plugins.
+
+    Raises:
+        ValueError: another entry is registered under ``entry.name``.
+    """
+    held = _registered.get(entry.name)
+    if held is not None and held != entry:
+        raise ValueError(f"a different builder is already registered as {entry.name!r}; "
+                         "give yours another name (or unregister_builder it first)")
+    _registered[entry.name] = entry
+
+
+def unregister_builder(name: str) -> None:
+    """Forget the builder :func:`register_builder` registered as ``name`` (if any)."""
+    _registered.pop(name, None)
+
+
+@functools.cache
+def _entry_point_builders() -> tuple[BuilderEntry, ...]:
+    from importlib.metadata import entry_points
+
+    found: list[BuilderEntry] = []
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            declared: Any = point.load()
+            if callable(declared) and not isinstance(declared, BuilderEntry):
+                declared = declared()
+            entries = [declared] if isinstance(declared, BuilderEntry) else list(declared)
+        except Exception as exc:  # said with the entry point's name: the package to fix
+            raise RuntimeError(f"the {ENTRY_POINT_GROUP} entry point {point.name!r} "
+                               f"({point.value}) does not load: {exc}") from exc
+        wrong = [e for e in entries if not isinstance(e, BuilderEntry)]
+        if wrong:
+            raise RuntimeError(f"the {ENTRY_POINT_GROUP} entry point {point.name!r} "
+                               f"({point.value}) gave {wrong[0]!r}, not a BuilderEntry")
+        found.extend(entries)
+    return tuple(found)
+
+
+def registered_builders() -> tuple[BuilderEntry, ...]:
+    """The out-of-tree builders: those of :data:`ENTRY_POINT_GROUP`'s entry points (loaded once
+    per process), then those :func:`register_builder` added.
+
+    Raises:
+        RuntimeError: an entry point does not load or gives something else than entries.
+    """
+    return (*_entry_point_builders(), *_registered.values())
+
+
+def with_registered(catalogue: Release) -> Release:
+    """``catalogue`` with the out-of-tree builders added after its own.
+
+    Raises:
+        RuntimeError: a registered builder takes a name the catalogue already has (or two take
+            the same name).
+    """
+    extra = registered_builders()
+    if not extra:
+        return catalogue
+    names = [e.name for e in extra]
+    taken = sorted({n for n in names if n in catalogue.names or names.count(n) > 1})
+    if taken:
+        raise RuntimeError(f"out-of-tree builders registered under names that vLLM "
+                           f"{catalogue.version}'s catalogue or another registration already has: "
+                           f"{', '.join(taken)}; register them under names of their own")
+    return catalogue.evolve(version=catalogue.version, add=extra)
 
 
 def builder_spec(

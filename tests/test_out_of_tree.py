@@ -1,0 +1,137 @@
+"""An out-of-tree vLLM backend gets draftmeta's hook from a spec it registers itself.
+
+The example package (``examples/oot_mla``: vLLM's CPU MLA backend whose metadata carries one more
+field that changes every draft step) registers its builder's catalogue entry; from then on the
+plan, the plugin, ``coverage`` and ``audit`` treat it as one of the catalogue's builders.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+from draftmeta.integrations.vllm import catalogue
+from draftmeta.integrations.vllm.catalogue import (
+    ENTRY_POINT_GROUP,
+    current_release,
+    register_builder,
+    unregister_builder,
+)
+from draftmeta.rules import Unchanged
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "oot_mla"
+sys.path.insert(0, str(EXAMPLE))
+from draftmeta_example_oot.spec import ENTRY  # noqa: E402
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="needs vLLM (pip install -e '.[vllm]')")
+needs_hook = pytest.mark.skipif("hook" not in current_release().paths,
+                                reason="this vLLM has no draft hook (0.32)")
+
+
+@pytest.fixture
+def registered() -> Iterator[None]:
+    register_builder(ENTRY)
+    try:
+        yield
+    finally:
+        unregister_builder(ENTRY.name)
+
+
+def _plan() -> dict[str, object]:
+    from draftmeta.integrations.vllm.plan import make_plan
+    from draftmeta.integrations.vllm.release import installed_version
+
+    plan = make_plan(str(installed_version()))
+    return {d.path: d for d in plan.decisions if d.entry.name == ENTRY.name}
+
+
+def test_a_registered_builder_is_a_builder_of_the_installed_release(registered: None) -> None:
+    assert current_release().entry(ENTRY.name) is ENTRY
+    assert ENTRY.proof == "CI"  # its CPU harness recipe: draftmeta audit runs it
+    unregister_builder(ENTRY.name)
+    assert ENTRY.name not in current_release().names
+
+
+def test_a_name_the_catalogue_already_has_is_refused_with_the_fix() -> None:
+    register_builder(attrs.evolve(ENTRY, name="CPU_MLA"))
+    try:
+        with pytest.raises(RuntimeError, match="CPU_MLA; register them under names of their own"):
+            current_release()
+    finally:
+        unregister_builder("CPU_MLA")
+    with pytest.raises(ValueError, match="already registered"):
+        register_builder(ENTRY)
+        register_builder(attrs.evolve(ENTRY, harness=None))
+    unregister_builder(ENTRY.name)
+
+
+def test_an_entry_point_of_the_group_registers_it_and_a_broken_one_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    good = importlib.metadata.EntryPoint(ENTRY.name, "draftmeta_example_oot.spec:ENTRY",
+                                         ENTRY_POINT_GROUP)
+    broken = importlib.metadata.EntryPoint("BROKEN", "draftmeta_example_oot.spec:NOTHING",
+                                           ENTRY_POINT_GROUP)
+    for points, expect in (([good], None), ([good, broken], "'BROKEN'")):
+        monkeypatch.setattr(importlib.metadata, "entry_points",
+                            lambda group, points=points: points if group == ENTRY_POINT_GROUP
+                            else [])
+        catalogue._entry_point_builders.cache_clear()
+        try:
+            if expect is None:
+                assert current_release().entry(ENTRY.name) == ENTRY
+            else:
+                with pytest.raises(RuntimeError, match=f"entry point {expect}.*does not load"):
+                    current_release()
+        finally:
+            catalogue._entry_point_builders.cache_clear()
+
+
+@needs_vllm
+def test_the_plan_gives_a_registered_builder_draftmeta_on_every_draft_path(
+    registered: None,
+) -> None:
+    decisions = _plan()
+    assert set(decisions) == set(current_release().paths)
+    for decision in decisions.values():
+        assert decision.covered_by == "draftmeta", decision.reason  # type: ignore[attr-defined]
+
+
+@needs_vllm
+def test_a_registered_spec_without_a_rule_for_the_extra_field_is_left_to_vllm() -> None:
+    spec = attrs.evolve(ENTRY.spec, extra_rules=())  # type: ignore[misc]
+    register_builder(attrs.evolve(ENTRY, spec=spec))
+    try:
+        for decision in _plan().values():
+            assert decision.covered_by == "none"  # type: ignore[attr-defined]
+            assert "seq_lens_i64" in decision.reason  # type: ignore[attr-defined]
+    finally:
+        unregister_builder(ENTRY.name)
+
+
+@needs_vllm
+@needs_hook
+def test_the_audit_finds_the_registered_hook_equal_and_a_stale_extra_field_wrong() -> None:
+    from draftmeta.integrations.vllm.audit import audit
+
+    register_builder(ENTRY)
+    try:
+        report = audit([ENTRY.name], batches=4, plugin=True)
+    finally:
+        unregister_builder(ENTRY.name)
+    (row,) = report.rows
+    assert (row.owner, row.verdict) == ("draftmeta", "equal"), row
+    stale = attrs.evolve(ENTRY.spec, extra_rules=(("seq_lens_i64", Unchanged()),))  # type: ignore[misc]
+    register_builder(attrs.evolve(ENTRY, spec=stale))
+    try:
+        report = audit([ENTRY.name], batches=4, plugin=True)
+    finally:
+        unregister_builder(ENTRY.name)
+    (row,) = report.rows
+    assert row.verdict == "mismatch" and any(": seq_lens_i64: " in m for m in row.mismatches)
