@@ -228,7 +228,8 @@ TEST_SUPPORT = ("draftmeta.testing", "draftmeta.integrations.vllm.testing")
 
 TOOLS = (*TEST_SUPPORT, "draftmeta.cli", "draftmeta.arguments", "draftmeta.verify",
          "draftmeta.bench", "draftmeta.integrations.vllm.e2e", "draftmeta.infer",
-         "draftmeta.integrations.vllm.infer", "draftmeta.__main__")
+         "draftmeta.integrations.vllm.infer", "draftmeta.integrations.vllm.audit",
+         "draftmeta.__main__")
 """The test support and the commands that check and measure (they may use the test support);
 every other module of the package is run time."""
 

@@ -45,6 +45,8 @@ from typing import Any, Literal
 import attrs
 import torch
 
+from draftmeta.integrations.vllm.plan import CoveredBy
+
 __all__ = [
     "CONTROLS",
     "AuditReport",
@@ -56,7 +58,7 @@ __all__ = [
     "hooked_builders",
 ]
 
-Owner = Literal["vllm", "draftmeta", "none"]
+Owner = CoveredBy
 """Whose ``update_draft_decode_metadata`` vLLM's runner calls for a builder: vLLM's own, the
 one draftmeta's plugin installed, or none (the builder's flag is off: vLLM rebuilds)."""
 

@@ -33,6 +33,7 @@ __all__ = [
     "FORCE_ENV",
     "OVERRIDE_ENV",
     "UNPROVEN_ENV",
+    "CoveredBy",
     "Decision",
     "Plan",
     "SpecOverride",
@@ -61,6 +62,8 @@ SpecOverride = Callable[..., DraftSpec[Any]]
 called like :meth:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.make_spec`."""
 
 CoveredBy = Literal["draftmeta", "vllm", "none"]
+"""Who updates a builder's metadata between draft steps: draftmeta's generated update, vLLM's own
+hook, or nobody (rebuilt every step)."""
 
 
 @attrs.frozen
