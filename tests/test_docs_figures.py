@@ -487,6 +487,35 @@ def test_a_wrong_floor_ratio_is_caught() -> None:
         check_floor(page.replace(shown, f"{ratio + 0.2:.1f}x cheaper"))
 
 
+def check_floor_pairs(page: str) -> None:
+    """The paired floor run's paragraph: each ratio per pair (median, min-max) and verdict, the
+    load and the number of generates, as ``e2e-floor-pairs.json`` gives them."""
+    data = _json("e2e-floor-pairs.json")
+    flat = _flat(_paragraph(page, "The script now also gives each ratio per pair"))
+    spans = {name: Ratios.from_json(entry["ratio"]).span()
+             for name, entry in data["pairs"].items()}
+    quoted = re.findall(r"\d\.\d\dx \(\d\.\d\d-\d\.\d\d\)", flat)
+    assert sorted(quoted) == sorted(spans.values()), (quoted, spans)
+    assert data["pairs"]["off_over_on_in_place"]["verdict"] == "faster"
+    assert data["pairs"]["off_over_on_all_refreshes"]["verdict"] == "within noise"
+    assert f"{spans['off_over_on_in_place']} on the in-place steps, faster" in flat
+    assert f"{spans['off_over_on_all_refreshes']} over all refreshes, within noise" in flat
+    load = data["cpu"]["load_average"]
+    assert f"load average {_span([load['before'][0], load['after'][0]], 1)}" in flat
+    assert f"{data['repeats']} generates per mode" in flat and data["tokens_identical"]
+
+
+def test_the_paired_floor_run_is_the_committed_json() -> None:
+    check_floor_pairs(_text("docs/e2e.md"))
+
+
+def test_a_paired_floor_figure_not_in_the_json_is_caught() -> None:
+    page = _text("docs/e2e.md")
+    assert "1.19x (1.01-1.30)" in page
+    with pytest.raises(AssertionError):
+        check_floor_pairs(page.replace("1.19x (1.01-1.30)", "1.19x (1.10-1.30)"))
+
+
 def check_lines(page: str) -> None:
     """Every per-statement figure of the ``--lines`` paragraph is one of the JSON's."""
     timed = {f"{v:.1f}" for k, v in _json("e2e-floor-lines.json")["update_line_us"].items()
