@@ -339,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"e2e_floor.py: draftmeta from {Path(draftmeta.__file__).parent}", file=sys.stderr)
     prepare_environment()
+    from draftmeta.bench.report import load_average
     from draftmeta.integrations.vllm.backends.amx import compute_units
     from draftmeta.integrations.vllm.e2e.capture import Recorder
     from draftmeta.integrations.vllm.e2e.compare import make_prompts
@@ -346,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftmeta.integrations.vllm.e2e.model import reinitialized_weights, write_model
     from draftmeta.integrations.vllm.e2e.progress import RunProgress
 
+    load_before = load_average()
     timings: dict[str, list[float]] = {}  # per phase, or per statement with --lines
     undo = (instrument_phases(timings, lines=args.lines) if args.phases or args.lines
             else None)
@@ -409,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_version": version, "backend": args.backend, "k": args.k,
         "batch_size": args.batch_size, "max_tokens": args.max_tokens, "repeats": args.repeats,
         "tokens_identical": identical,
-        "cpu": {"model": cpu_model(), "threads": units, "amx": cpu_has_amx()},
+        "cpu": {"model": cpu_model(), "threads": units, "amx": cpu_has_amx(),
+                "load_average": {"before": load_before, "after": load_average()}},
         "us_per_call_by_draft_index": medians,
         "us_per_in_place_step": later,
         "us_per_refresh_step": refresh,

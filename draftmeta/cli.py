@@ -571,9 +571,12 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser(
         "bench", help="time per draft step: vLLM's rebuild vs draftmeta's update",
         description="Time the host cost of one draft step per backend and batch size: vLLM's "
-                    "build against draftmeta's in-place update (and the shared advance), then "
-                    "print a table and write JSON and a PNG plot. About a minute on CPU with "
-                    "the defaults.",
+                    "build against draftmeta's in-place update (and the shared advance), their "
+                    "runs taking turns with the build timed again as an A/A control; then print "
+                    "a table with each ratio per pair of runs (median, min-max) and the noise "
+                    "rule's verdict (faster, slower, within noise, or too noisy to say), and "
+                    "write JSON and a PNG plot. About a minute on 2 CPU cores with the "
+                    "defaults, more on a busy machine.",
     )
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu times vLLM's builders; cuda the plain-torch models (no vLLM needed)")

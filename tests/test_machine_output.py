@@ -128,19 +128,21 @@ _E2E = textwrap.dedent("""
         import torch
         out = torch.empty(2)
         torch.ops.aten.add.out(torch.ones(3), torch.ones(3), out=out)  # warns in C++
-        progress("two fresh engines")
+        progress.step("engine", "two fresh engines")
         return None
 
     compare = types.ModuleType("draftmeta.integrations.vllm.e2e.compare")
     compare.MatrixConfig = lambda **settings: types.SimpleNamespace(**settings)
     compare.run_matrix = run_matrix
+    compare.plan = lambda config, backends: ["engine"]
     report = types.ModuleType("draftmeta.integrations.vllm.e2e.report")
     report.RESULT_NAME = "e2e-cpu"
     report.planned_extent = lambda config: Extent.of([], 1)
     report.extent = lambda data: Extent.of([], 1)
     report.summary = lambda result: {{"output_tokens_identical": True,
                                      "draft_tokens_identical": True,
-                                     "strictly_identical": True, "negative_controls": []}}
+                                     "strictly_identical": True, "negative_controls": [],
+                                     "machine": {{}}}}
     report.write_results = lambda data, out: {{}}
     report.markdown = lambda data: "a table"
     sys.modules.update({{m.__name__: m for m in (compare, report)}})
@@ -159,9 +161,10 @@ def test_python_m_draftmeta_e2e_json_prints_one_json_document_and_hides_warnings
     done = subprocess.run([sys.executable, "-c", _E2E.format(root=str(ROOT)), *args],
                           capture_output=True, text=True, timeout=120, check=False, env=env)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"output_tokens_identical": True,
-                                       "draft_tokens_identical": True,
-                                       "strictly_identical": True,
-                                       "negative_controls": []}, done.stdout
-    assert "draftmeta e2e: two fresh engines" in done.stderr
+    document = json.loads(done.stdout)
+    assert set(document.pop("machine")) == {"load_average"}  # the run's, added by the command
+    assert document == {"output_tokens_identical": True, "draft_tokens_identical": True,
+                        "strictly_identical": True, "negative_controls": []}, done.stdout
+    assert "draftmeta e2e: [1/1, 0:00 elapsed, estimating what is left] two fresh engines" \
+        in done.stderr
     assert ("was resized" in done.stderr) is verbose, done.stderr

@@ -101,7 +101,7 @@ def test_the_committed_bench_plots_are_drawn_from_their_json_with_this_code(
     from draftmeta.bench.report import plot
 
     data = json.loads((ROOT / "benchmarks" / "results" / f"bench-{device}.json").read_text())
-    drawn = plot(data["summary"], tmp_path / "plot.png", device)
+    drawn = plot(data["summary"], tmp_path / "plot.png", device, data.get("pairs"))
     for committed in (ROOT / "benchmarks" / "results" / f"bench-{device}.png",
                       ROOT / "docs" / "assets" / f"bench-{device}.png"):
         assert imread(committed).shape == imread(drawn).shape, committed

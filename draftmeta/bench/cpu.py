@@ -3,7 +3,9 @@
 For each vLLM builder that runs on CPU, at each batch size and number of draft steps K, the
 metadata is built once, then for steps 2..K the draft state is advanced (timed on its own: the
 same work on both paths) and the metadata is either rebuilt with vLLM's ``build_for_drafting`` or
-updated in place by draftmeta's generated function. Needs vLLM, imported only when run.
+updated in place by draftmeta's generated function; the rebuild runs a second time as the A/A
+control, and the three take turns run by run (:func:`draftmeta.noise.alternating`). Needs vLLM,
+imported only when run.
 """
 
 from __future__ import annotations

@@ -45,7 +45,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         name = resolve(args.builder)
         inference = infer_vllm(name)
-    except (LookupError, ImportError, ValueError) as exc:
+    except ImportError as exc:
+        missing = exc.name or ""
+        if missing == "vllm" or missing.startswith("vllm."):
+            print(f"draftmeta infer: it reads vLLM's own builder, and vLLM does not import here "
+                  f"({exc}); install it first: pip install vllm==0.33.0", file=sys.stderr)
+        else:
+            print(f"draftmeta infer: {exc}", file=sys.stderr)
+        return 2
+    except (LookupError, ValueError) as exc:
         print(f"draftmeta infer: {exc}", file=sys.stderr)
         return 2
     print(inference.source(), end="", flush=True)  # stdout: the module alone (> spec.py)

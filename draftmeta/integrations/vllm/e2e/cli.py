@@ -187,6 +187,9 @@ def run(args: argparse.Namespace) -> int:
     plotless = no_plot()
     if plotless is not None:  # said before the run, not found missing after it
         print(f"draftmeta e2e: {plotless}", file=sys.stderr, flush=True)
+    from draftmeta.bench.report import load_average
+
+    load_before = load_average()
     try:
         with stdout_to_stderr() if args.json else contextlib.nullcontext(), \
                 RunProgress(plan(config, runs_here), enabled=not args.quiet) as steps:
@@ -198,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"draftmeta e2e: failed: {exc}", file=sys.stderr)
         return 1
     data = summary(result)
+    data["machine"]["load_average"] = {"before": load_before, "after": load_average()}
     paths = write_results(data, args.out)
     if args.json:
         print(json.dumps(data))

@@ -213,7 +213,9 @@ class CudaRecorder:
         except (ImportError, AttributeError) as exc:
             raise E2EUnavailable(
                 f"this vLLM has no GPU model runner draft loop draftmeta knows ({exc}); the "
-                "CUDA end-to-end run is written against vLLM 0.34"
+                "CUDA end-to-end run is written against vLLM 0.34: pip install -e "
+                "'.[vllm,bench]' vllm==0.33.0, then pip install --no-deps vllm==0.34.0 "
+                "(docs/install.md, vLLM 0.34)"
             ) from exc
         p = self._patches
         p.replace(speculator, "_configure_decode_metadata_update",
