@@ -556,15 +556,16 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--batches", type=positive, default=16, help="random batches per builder")
     a.add_argument("--seed", type=seed, default=0, help="the first batch's seed")
     a.add_argument("--plugin", choices=["on", "off"], default=None,
-                   help="audit with draftmeta's plugin active (its hooks too) or off; default: "
-                        "as DRAFTMETA_VLLM_PLUGIN says (on unless 0)")
+                   help="audit with draftmeta's plugin active (its hooks too) or off (default: "
+                        "as DRAFTMETA_VLLM_PLUGIN says: on unless 0)")
     a.add_argument("--negative-control", action="store_true",
                    help="also run vLLM's indexer and K-pool-tail hooks with a deliberate bug "
                         "each (a skipped refresh, a wrong value written): each must be reported "
                         "with its field")
     a.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     a.add_argument("--out", type=Path, default=None, metavar="FOLDER",
-                   help="also write audit-vllm-RELEASE.json there")
+                   help="also write audit-vllm-RELEASE.json there (default: no file, the "
+                        "table or --json on stdout only)")
     _add_common(a)
     a.set_defaults(run=_audit)
 

@@ -127,3 +127,14 @@ def test_the_command_says_in_one_line_what_it_cannot_audit(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("draftmeta audit: no draft hook to audit for "
                                                "NO_SUCH_BACKEND")
+
+
+def test_an_output_under_a_regular_file_is_refused_in_one_line_before_the_audit_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[object] = []
+    monkeypatch.setattr(audit_module, "audit", lambda *a, **k: ran.append(a))
+    (tmp_path / "file").write_text("")
+    assert main(["audit", "--quiet", "--out", str(tmp_path / "file" / "results")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("draftmeta audit: --out") and not ran

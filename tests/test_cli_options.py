@@ -18,6 +18,8 @@ FREE_TEXT = {
     ("infer", "builder"): "test_cli.py: an unknown builder exits 2",
     ("bench", "--out"): "test_cli.py: an output under a regular file exits 2 with one line",
     ("e2e", "--out"): "test_an_e2e_output_under_a_file_is_refused_before_any_engine_starts",
+    ("audit", "backends"): "test_audit.py: a name without a hook exits 2 naming those with one",
+    ("audit", "--out"): "test_audit.py: an output under a regular file exits 2 before the run",
 }
 POSITIONALS = {"infer": ["TRITON_MLA"]}
 THIRD_PARTY = ("Traceback", "pydantic", "For further information")
