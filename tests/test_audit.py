@@ -45,9 +45,18 @@ def test_hooks_that_construct_only_on_a_gpu_are_listed_with_why_they_did_not_run
     report: audit_module.AuditReport,
 ) -> None:
     not_run = {r.backend: r.note for r in report.rows if r.verdict == "not run"}
-    assert "FLASH_ATTN" in not_run  # vLLM's FA3 hook: not in the catalogue, CUDA only
-    assert "FLASH_ATTN_MLA_SPARSE" in not_run
+    assert "FLASH_ATTN_MLA_SPARSE" in not_run  # vLLM's hook; its builder needs CUDA
+    assert "FLASHINFER" in not_run and "does not construct on a CPU" in not_run["FLASHINFER"]
     assert all("GPU" in note or "does not import" in note for note in not_run.values())
+
+
+def test_standard_attention_hooks_run_for_a_tiny_llama_and_say_what_a_cpu_cannot_check(
+    report: audit_module.AuditReport,
+) -> None:
+    rows = {r.backend: r for r in report.rows}
+    for name in ("TRITON_ATTN", "FLASH_ATTN"):  # vLLM's no-op and its FA3 schedule refresh
+        assert (rows[name].owner, rows[name].verdict) == ("vllm", "equal"), rows[name]
+        assert "only on CUDA" in rows[name].note
 
 
 @pytest.mark.parametrize("control", CONTROLS, ids=lambda c: c.field)

@@ -49,6 +49,7 @@ from draftmeta.integrations.vllm.plan import CoveredBy
 
 __all__ = [
     "CONTROLS",
+    "WORKSPACES",
     "AuditReport",
     "AuditRow",
     "Control",
@@ -82,6 +83,9 @@ class HookedBuilder:
         runs_here: ``None`` where the audit builds it on this machine, else why not.
         dcp: audit it under decode context parallelism (2 ranks) too: draftmeta's hook serves
             it there, where vLLM declares none.
+        standard: a standard-attention backend outside the catalogue, built for a tiny Llama
+            (:func:`~draftmeta.integrations.vllm.testing.harness.make_attention_builder`);
+            where it does not construct on a CPU, its row says why.
     """
 
     name: str
@@ -89,6 +93,7 @@ class HookedBuilder:
     owner: Owner
     runs_here: str | None
     dcp: bool = False
+    standard: bool = False
 
 
 @attrs.frozen
@@ -222,10 +227,13 @@ CONTROLS: tuple[Control, ...] = (
             "decode.block_table", _write_wrong("decode.block_table")),
     Control("the hook writes a wrong value into the runner's slot mapping", "INDEXER",
             "slot_mapping", _write_wrong("slot_mapping")),
+    Control("the no-op hook writes a wrong value into the runner's sequence lengths",
+            "TRITON_ATTN", "seq_lens", _write_wrong("seq_lens")),
 )
 """The negative controls of ``draftmeta audit --negative-control``: vLLM's own hooks of the
 GLM K-pool tail and the DeepSeek-V3.2 indexer (``refresh`` hooks whose builders construct on a
-CPU) with one deliberate bug each; the audit must name the field each one leaves wrong."""
+CPU) and of Triton attention (a no-op, built for a tiny Llama) with one deliberate bug each;
+the audit must name the field each one leaves wrong."""
 
 
 _PLUGIN_HOOKS = "draftmeta.integrations.vllm.hook"
@@ -297,12 +305,24 @@ def hooked_builders(*, plugin: bool = True) -> tuple[HookedBuilder, ...]:
     for name, loaded in _registry_builders().items():
         if name in known or isinstance(loaded, str):  # a str: it does not load here
             continue
-        if _declares_hook(loaded):
-            rows.append(HookedBuilder(
-                name, loaded.__qualname__, "vllm",
-                "not in draftmeta's catalogue: no recipe to build it on a CPU (owed on a GPU "
-                "machine)"))
+        if not _declares_hook(loaded):
+            continue
+        backend = _registry_backend(name)
+        standard = backend is not None and not backend.is_mla()
+        rows.append(HookedBuilder(
+            name, loaded.__qualname__, "vllm",
+            None if standard else "an MLA backend outside draftmeta's catalogue: no recipe to "
+            "build it on a CPU (owed on a GPU machine)", standard=standard))
     return tuple(rows)
+
+
+def _registry_backend(name: str) -> Any:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    try:
+        return AttentionBackendEnum[name].get_class()
+    except Exception:  # does not load here: the caller lists it as not run
+        return None
 
 
 @contextlib.contextmanager
@@ -311,7 +331,9 @@ def _hook_replaced(backend: str, wrap: HookWrapper) -> Iterator[None]:
     from draftmeta.integrations.vllm.catalogue import current_release
 
     name = "update_draft_decode_metadata"
-    cls = import_class(current_release().entry(backend).builder)
+    release = current_release()
+    cls = (import_class(release.entry(backend).builder) if backend in release.names
+           else _registry_backend(backend).get_builder_cls())
     original = cls.__dict__.get(name)
     setattr(cls, name, wrap(getattr(cls, name)))
     try:
@@ -352,7 +374,7 @@ def _runner_view(state: Any) -> Any:
     return harness.common_metadata_for(attrs.evolve(state, num_reqs=state.seq_lens.shape[0]))
 
 
-def _drive(name: str, seed: int, *, dcp_world: int = 1
+def _drive(name: str, seed: int, *, dcp_world: int = 1, standard: bool = False
            ) -> tuple[Owner, int, list[tuple[int, str, str]]]:
     """One random batch through ``name``'s hook: its owner, the steps compared, and every
     ``(step, path, detail)`` that differed."""
@@ -361,16 +383,22 @@ def _drive(name: str, seed: int, *, dcp_world: int = 1
     from draftmeta.integrations.vllm.testing.equivalence import compare_on_cpu, random_case
     from draftmeta.testing import random_state
 
-    case = random_case(name, seed)
     rank = seed % dcp_world
-    config = harness.cached_vllm_config(
-        max_model_len=case.max_model_len, block_size=case.block_size,
-        dcp_world_size=dcp_world, cudagraph_mode="FULL_DECODE_ONLY")
-    kwargs: dict[str, Any] = {"block_size": case.block_size, "dcp_rank": rank}
-    if name == "INDEXER":
-        kwargs["block_table_width"] = -(-case.max_model_len // case.block_size)
-    updater = harness.make_builder(name, config, **kwargs)
-    rebuilder = harness.make_builder(name, config, **kwargs)
+    if standard:  # block sizes 16 and 64, as TRITON_MLA's cases draw them
+        case = attrs.evolve(random_case("TRITON_MLA", seed), builder=name)
+        updater, rebuilder = (harness.make_attention_builder(
+            name, max_model_len=case.max_model_len, block_size=case.block_size)
+            for _ in range(2))
+    else:
+        case = random_case(name, seed)
+        config = harness.cached_vllm_config(
+            max_model_len=case.max_model_len, block_size=case.block_size,
+            dcp_world_size=dcp_world, cudagraph_mode="FULL_DECODE_ONLY")
+        kwargs: dict[str, Any] = {"block_size": case.block_size, "dcp_rank": rank}
+        if name == "INDEXER":
+            kwargs["block_table_width"] = -(-case.max_model_len // case.block_size)
+        updater = harness.make_builder(name, config, **kwargs)
+        rebuilder = harness.make_builder(name, config, **kwargs)
     owner = _owner(updater)
     if owner == "none":
         return owner, 0, []
@@ -395,11 +423,12 @@ def _drive(name: str, seed: int, *, dcp_world: int = 1
         if dcp_world > 1:  # the rebuild's local lengths from vLLM's own function
             before.dcp_local_seq_lens = harness.dcp_local_seq_lens(before.seq_lens, dcp_world,
                                                                     rank, 1)
-        differ = compare_on_cpu(metadata, harness.build_metadata(rebuilder, _runner_view(before)))
+        differ = compare_on_cpu(metadata, harness.build_metadata(rebuilder, _runner_view(before)),
+                                workspaces=WORKSPACES)
         if differ:  # equal under the other bound a hook may keep: max_model_len
             before.max_seq_len = case.max_model_len
             at_limit = harness.build_metadata(rebuilder, _runner_view(before))
-            differ = differ if compare_on_cpu(metadata, at_limit) else []
+            differ = differ if compare_on_cpu(metadata, at_limit, workspaces=WORKSPACES) else []
         found += [(step, m.path, m.detail) for m in differ]
     return owner, case.steps - 1, found
 
@@ -413,7 +442,16 @@ def _audit_one(hooked: HookedBuilder, batches: int, seed: int, dcp_world: int = 
     steps = bad_steps = 0
     shown: list[str] = []
     for s in range(seed, seed + batches):
-        owner, compared, found = _drive(hooked.name, s, dcp_world=dcp_world)
+        try:
+            owner, compared, found = _drive(hooked.name, s, dcp_world=dcp_world,
+                                            standard=hooked.standard)
+        except Exception as exc:
+            if not hooked.standard or s != seed:
+                raise
+            said = (str(exc).splitlines() or [""])[0]  # vLLM's reason, as it said it
+            return AuditRow(label, hooked.builder, hooked.owner,
+                            note=f"does not construct on a CPU ({type(exc).__name__}: {said}); "
+                            "owed on a GPU machine")
         owners.add(owner)
         steps += compared
         bad_steps += len({step for step, _, _ in found})
@@ -422,16 +460,31 @@ def _audit_one(hooked: HookedBuilder, batches: int, seed: int, dcp_world: int = 
     if owner == "none":
         return AuditRow(label, hooked.builder, "none", batches,
                         note="its flag is off on this machine's builders: vLLM rebuilds")
+    note = f"{len(shown)} differences" if shown else ""
+    if hooked.standard:
+        note = "; ".join(filter(None, (note, _STANDARD_ON_CPU)))
     return AuditRow(label, hooked.builder, owner, batches, steps, bad_steps,
-                    tuple(shown[:_SHOWN]), "mismatch" if shown else "equal",
-                    note=f"{len(shown)} differences" if shown else "")
+                    tuple(shown[:_SHOWN]), "mismatch" if shown else "equal", note=note)
+
+
+WORKSPACES = frozenset({"softmax_segm_output", "softmax_segm_max", "softmax_segm_expsum"})
+"""Metadata fields that are scratch, not values: buffers a builder allocates with
+``torch.empty`` and hands to the kernel to write (the segment outputs of vLLM's Triton
+attention's 3-D kernel); the audit compares their shape and dtype only."""
+
+_STANDARD_ON_CPU = ("built for a tiny Llama on a CPU: what the builder computes only on CUDA "
+                    "(FA3's ahead-of-time schedule) is absent on both sides, owed on a GPU "
+                    "machine")
 
 
 def _run_control(control: Control, batches: int, seed: int) -> ControlResult:
     reported: dict[str, None] = {}
+    from draftmeta.integrations.vllm.catalogue import current_release
+
+    standard = control.backend not in current_release().names
     with _hook_replaced(control.backend, control.wrap):
         for s in range(seed, seed + batches):
-            _, _, found = _drive(control.backend, s)
+            _, _, found = _drive(control.backend, s, standard=standard)
             reported.update(dict.fromkeys(path for _, path, _ in found))
     named = {control.field, f"runner input {control.field}"}
     return ControlResult(control.name, control.backend, control.field,

@@ -197,12 +197,15 @@ def check_batch(case: CaseConfig, *, spec: DraftSpec[Any] | None = None) -> Batc
     return BatchResult(case, case.steps - 1, tuple(found))
 
 
-def compare_on_cpu(metadata: object, rebuilt: object) -> list[Mismatch]:
+def compare_on_cpu(metadata: object, rebuilt: object, *,
+                   workspaces: frozenset[str] = frozenset()) -> list[Mismatch]:
     """Every field where an updated ``metadata`` differs from vLLM's ``rebuilt`` one on a CPU:
-    field by field, except buffers only CUDA kernels fill (:data:`_UNFILLED_ON_CPU`), whose
-    shape and dtype alone are compared."""
-    mismatches = compare_metadata(metadata, rebuilt, ignore=_unfilled)
-    for path in _UNFILLED_ON_CPU:
+    field by field, except buffers only CUDA kernels fill (:data:`_UNFILLED_ON_CPU`) and the
+    given ``workspaces`` (scratch a kernel writes, which a build allocates and never fills),
+    whose shape and dtype alone are compared."""
+    shape_only = _UNFILLED_ON_CPU | workspaces
+    mismatches = compare_metadata(metadata, rebuilt, ignore=shape_only.__contains__)
+    for path in sorted(shape_only):
         mismatches += _shape_only(metadata, rebuilt, path)
     return mismatches
 

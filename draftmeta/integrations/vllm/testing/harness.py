@@ -51,6 +51,7 @@ __all__ = [
     "common_metadata_for",
     "dcp_group",
     "dcp_local_seq_lens",
+    "make_attention_builder",
     "make_builder",
     "make_common_metadata",
     "make_vllm_config",
@@ -489,6 +490,91 @@ def make_builder(
             spec = dataclasses.replace(spec, block_size=block_size)
         builder_cls = layer.attn_backend.get_builder_cls()
         return builder_cls(spec, [layer.layer_name], config, dev)
+
+
+_ATTENTION_MODEL: Final[Mapping[str, Any]] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 1024,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "tie_word_embeddings": False,
+}
+"""A tiny Llama: grouped-query attention (4 query heads over 2 KV heads of size 64), for the
+builders of standard (non-MLA) attention backends."""
+
+_attention_configs: dict[tuple[int, int, str | None], VllmConfig] = {}
+
+
+def _attention_config(max_model_len: int, block_size: int, cudagraph_mode: str | None
+                      ) -> VllmConfig:
+    key = (max_model_len, block_size, cudagraph_mode)
+    config = _attention_configs.get(key)
+    if config is not None:
+        return config
+    from vllm.engine.arg_utils import EngineArgs
+
+    directory = tempfile.mkdtemp(prefix="draftmeta-vllm-attention-")
+    atexit.register(shutil.rmtree, directory, True)
+    model = {**_ATTENTION_MODEL, "max_position_embeddings": max(max_model_len, 4096)}
+    with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(model, f, indent=1)
+    config = EngineArgs(model=directory, skip_tokenizer_init=True, load_format="dummy",
+                        max_model_len=max_model_len, enforce_eager=True, dtype="bfloat16",
+                        block_size=block_size, max_num_seqs=256).create_engine_config()
+    if config.cache_config.block_size != block_size:
+        config.cache_config.block_size = block_size
+    if cudagraph_mode is not None:
+        from vllm.config.compilation import CUDAGraphMode
+
+        config.compilation_config.cudagraph_mode = CUDAGraphMode[cudagraph_mode]
+    _attention_configs[key] = config
+    return config
+
+
+def make_attention_builder(
+    backend: str,
+    *,
+    max_model_len: int,
+    block_size: int,
+    cudagraph_mode: str | None = None,
+) -> AttentionMetadataBuilder[Any]:
+    """Construct the metadata builder of vLLM's standard (non-MLA) attention backend
+    ``backend`` (a name of vLLM's backend registry, ``TRITON_ATTN``) for a tiny Llama, with a
+    full-attention KV-cache spec of ``block_size``; configs are shared per argument tuple.
+
+    Raises:
+        ValueError: ``backend`` is an MLA backend, or not in vLLM's registry.
+        Exception: whatever vLLM raises where the builder needs a GPU or a library this
+            machine lacks (the caller says so).
+    """
+    prepare_environment()
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    try:
+        backend_cls = AttentionBackendEnum[backend].get_class()
+    except KeyError as exc:
+        raise ValueError(f"{backend} is not in vLLM's backend registry") from exc
+    if backend_cls.is_mla():
+        raise ValueError(f"{backend} is an MLA backend: make_builder builds those")
+    config = _attention_config(max_model_len, block_size, cudagraph_mode)
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=64,
+                             dtype=torch.bfloat16)
+    with set_current_vllm_config(config):
+        builder: AttentionMetadataBuilder[Any] = backend_cls.get_builder_cls()(
+            spec, ["draftmeta_harness.layers.0.self_attn.attn"], config, torch.device("cpu"))
+    return builder
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
