@@ -13,7 +13,7 @@ from draftmeta.integrations.vllm.catalogue import current_release
 
 pytest.importorskip("vllm", reason="needs vLLM (pip install -e '.[vllm]')")
 pytestmark = pytest.mark.skipif("hook" not in current_release().paths,
-                                reason="this vLLM has no draft hook to audit (0.32)")
+                                reason="this vLLM release has no draft hook path to audit")
 
 from draftmeta.cli import main  # noqa: E402
 from draftmeta.integrations.vllm import audit as audit_module  # noqa: E402

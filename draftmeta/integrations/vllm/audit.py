@@ -282,8 +282,8 @@ def hooked_builders(*, plugin: bool = True) -> tuple[HookedBuilder, ...]:
     release = current_release()
     if "hook" not in release.paths:
         raise RuntimeError(f"vLLM {version} has no draft hook (update_draft_decode_metadata): "
-                           "its draft loop rebuilds or takes the older proposer's path; "
-                           "draftmeta audit checks vLLM 0.33 and later")
+                           "its draft loop rebuilds or takes the older proposer's path, so "
+                           "there is no hook to audit")
     plan = make_plan(version)
     rows: list[HookedBuilder] = []
     for decision in plan.on("hook"):
@@ -544,7 +544,7 @@ def audit(
 
     Raises:
         ValueError: ``names`` has a builder without a hook here; the message lists those with.
-        RuntimeError: vLLM is not installed, or its release has no draft hook (0.32).
+        RuntimeError: vLLM is not installed, or its release has no draft hook path.
     """
     from draftmeta.integrations.vllm.catalogue import current_release
     from draftmeta.integrations.vllm.release import installed_version
