@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-@pytest.mark.parametrize("version", ["0.33", "0.34"])
+@pytest.mark.parametrize("version", ["0.32", "0.33", "0.34"])
 def test_the_committed_audit_found_every_cpu_hook_equal_and_caught_every_control(
     version: str,
 ) -> None:
