@@ -17,7 +17,12 @@ SupportsDraftUpdate)`` holds and mypy sees the method's precise type:
 >>> isinstance(Builder(), SupportsDraftUpdate)
 True
 
-:func:`install_draft_update` does the same for a class one does not own (the vLLM plugin uses it).
+:func:`install_draft_update` does the same for a class one does not own. The vLLM plugin binds
+a spec per builder *instance* instead (:func:`draftmeta.integrations.vllm.hook.bind`): where its
+spec is bound, a patched vLLM builder satisfies :class:`SupportsDraftUpdate`, :func:`spec_of`
+returns that spec, and vLLM's ``supports_draft_decode_metadata_update`` is set from the same
+fact; where none is bound (a spec refused, a subclass, an engine without full CUDA graphs),
+``spec_of`` returns ``None`` and the builder keeps vLLM's behaviour.
 """
 
 from __future__ import annotations
@@ -127,6 +132,10 @@ class SpecBuilder(Generic[M]):
 
 
 def spec_of(builder: object) -> DraftSpec[Any] | None:
-    """The spec a builder (or builder class) declares, or ``None``."""
+    """The spec a builder (or builder class) declares, or ``None``.
+
+    For a vLLM builder the plugin patched: the spec bound to that instance, or ``None`` where
+    none is (the plugin's log says why: a spec refused, a subclass, an engine without full
+    CUDA graphs)."""
     spec = getattr(builder, _SPEC_ATTR, None)
     return spec if isinstance(spec, DraftSpec) else None

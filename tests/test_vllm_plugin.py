@@ -519,6 +519,57 @@ def test_a_spec_that_does_not_fit_its_builder_leaves_that_builder_to_vllm(
         plugin.unregister()
 
 
+def test_a_builder_the_plugin_binds_a_spec_to_satisfies_supports_draft_update(
+    active: plugin.Installed,
+) -> None:
+    """One capability story: the builder the plugin patched for the hook is a
+    ``SupportsDraftUpdate``, ``spec_of`` returns the spec bound to it, and vLLM's flag says
+    the same."""
+    from draftmeta import SupportsDraftUpdate, spec_of
+
+    assert "CPU_MLA" in active.hook
+    config = harness.make_vllm_config(max_model_len=512, block_size=16,
+                                      cudagraph_mode=CAPTURED)
+    builder = harness.make_builder("CPU_MLA", config, block_size=16)
+    bound = builder.__dict__["_draftmeta_spec"]  # what the hook runs at every step
+    assert bound is not None
+    assert spec_of(builder) is bound
+    assert isinstance(builder, SupportsDraftUpdate)
+    assert builder.update_draft_metadata is bound.update  # type: ignore[attr-defined]
+    assert builder.supports_draft_decode_metadata_update is True
+
+
+def test_a_builder_whose_spec_was_refused_does_not_satisfy_supports_draft_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from draftmeta import SupportsDraftUpdate, spec_of
+
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register(spec_overrides={"CPU_MLA": _refused_when_bound})
+    try:
+        config = harness.make_vllm_config(max_model_len=512, block_size=16,
+                                          cudagraph_mode=CAPTURED)
+        builder = harness.make_builder("CPU_MLA", config, block_size=16)
+        assert spec_of(builder) is None
+        assert not isinstance(builder, SupportsDraftUpdate)
+        assert builder.supports_draft_decode_metadata_update is False
+    finally:
+        plugin.unregister()
+
+
+def test_a_builder_of_an_engine_without_full_cuda_graphs_is_bound_no_spec(
+    active: plugin.Installed,
+) -> None:
+    from draftmeta import SupportsDraftUpdate, spec_of
+
+    config = harness.make_vllm_config(max_model_len=512, block_size=16, cudagraph_mode="NONE")
+    builder = harness.make_builder("CPU_MLA", config, block_size=16)
+    assert spec_of(builder) is None
+    assert not isinstance(builder, SupportsDraftUpdate)
+    assert builder.supports_draft_decode_metadata_update is False
+
+
 def _stale_cpu_mla(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
     """CPU_MLA's spec with its host ``max_seq_len`` frozen: deliberately stale."""
     from draftmeta import DraftSpec, HostConstant
