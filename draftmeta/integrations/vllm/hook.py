@@ -22,7 +22,7 @@ from typing import Any
 from draftmeta.errors import DraftMetaError, UpdateError
 from draftmeta.integrations.vllm.log import LOGGER_NAME, fallback
 from draftmeta.integrations.vllm.plan import DISABLE_ENV, Decision, SpecOverride, spec_for
-from draftmeta.protocol import SupportsDraftUpdate, spec_of
+from draftmeta.protocol import SupportsDraftUpdate, spec_of, why_not_in_place
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
@@ -108,7 +108,7 @@ def replacement_init(
         # the spec bound to this builder (FA3's head configuration, FlashMLA's FP8 cache) is
         # decided here: vLLM captures the hook, so a bound spec must be capture-safe too
         refusal = entry.refuses_instance(self)
-        if refusal is not None or not (spec.supported and spec.capture_safe):
+        if refusal is not None or why_not_in_place(spec, captured=True) is not None:
             # vLLM's behaviour exactly: its own hook flag (TRITON_MLA's, under the override)
             # and method stay, and a builder without one rebuilds
             bind(self, None)
