@@ -995,3 +995,30 @@ def test_a_builder_proven_nowhere_is_left_to_vllm_unless_the_user_opts_in(
         assert UNPROVEN_ENV in by_default[name].reason
     for name in {e.name for e in RELEASE.builders} - set(unproven):  # proven: unchanged
         assert by_default[name] == opted_in[name], name
+
+
+def test_the_draft_loop_updates_a_patched_vllm_builder_in_place_through_the_protocol(
+    active: plugin.Installed,
+) -> None:
+    """The same capability serves both loops: ``DraftLoop`` dispatches on
+    ``SupportsDraftUpdate``, which the plugin's bound builder satisfies, and its in-place
+    updates equal vLLM's rebuild."""
+    from draftmeta.loop import AttentionGroup, DraftLoop
+
+    config = harness.make_vllm_config(max_model_len=512, block_size=16,
+                                      cudagraph_mode=CAPTURED)
+    builder = harness.make_builder("CPU_MLA", config, block_size=16)
+    state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                         max_model_len=512, steps=4)
+    reference = harness.make_builder("CPU_MLA", config, block_size=16)
+
+    def rebuild(s: Any, draft_index: int = 0) -> Any:
+        return type(reference).build.__get__(reference)(0, _cad(s.clone()))
+
+    metadata = builder.build(0, _cad(state))
+    loop = DraftLoop([AttentionGroup("mla", builder, metadata, rebuild)], state,
+                     host_bound="frozen", fused=False)
+    stats = loop.run(lambda index, groups: None, num_steps=4)
+    assert stats.fallbacks() == {} and stats.groups["mla"].updates == 3
+    diff = compare_metadata(metadata, rebuild(state), ignore=lambda p: p == "max_seq_len")
+    assert diff == [], diff
