@@ -1022,3 +1022,18 @@ def test_the_draft_loop_updates_a_patched_vllm_builder_in_place_through_the_prot
     assert stats.fallbacks() == {} and stats.groups["mla"].updates == 3
     diff = compare_metadata(metadata, rebuild(state), ignore=lambda p: p == "max_seq_len")
     assert diff == [], diff
+
+
+def test_a_subclass_of_a_patched_builder_is_bound_no_spec(active: plugin.Installed) -> None:
+    from draftmeta import SupportsDraftUpdate, spec_of
+
+    config = harness.make_vllm_config(max_model_len=512, block_size=16,
+                                      cudagraph_mode=CAPTURED)
+    builder = harness.make_builder("CPU_MLA", config, block_size=16)
+    assert spec_of(builder) is not None  # the class itself is bound
+    subclass = type("Subclass", (type(builder),), {})
+    layers = list(config.compilation_config.static_forward_context)  # the harness's layer
+    sub = subclass(builder.kv_cache_spec, layers, config, builder.device)
+    assert spec_of(sub) is None
+    assert not isinstance(sub, SupportsDraftUpdate)
+    assert sub.supports_draft_decode_metadata_update is False
