@@ -8,110 +8,63 @@ capability that draft loops dispatch on.
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the names, for type checkers and the API reference
-    from draftmeta.advance import HostBound, OverflowPolicy, advance_spec, advance_state
-    from draftmeta.codegen import UpdateFunction, explain
-    from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameValue, Satisfies
-    from draftmeta.derivations import (
-        CopyFrom,
-        DcpLocalSeqLens,
-        Derivation,
-        Fill,
-        RecomputeHook,
-        SlotMapping,
-        TokenToRequest,
-    )
-    from draftmeta.errors import DraftMetaError, PreconditionFailed, SpecError, UpdateError
-    from draftmeta.fields import FieldInfo, FieldKind
-    from draftmeta.protocol import (
-        DraftUpdatable,
-        SpecBuilder,
-        SupportsDraftUpdate,
-        install_draft_update,
-        spec_of,
-    )
-    from draftmeta.rules import (
-        Advance,
-        Alias,
-        Clamp,
-        Derive,
-        HostAdvance,
-        HostConstant,
-        HostDerive,
-        HostSet,
-        HostUpperBound,
-        Invalidate,
-        Overflow,
-        Recompute,
-        Reset,
-        Rule,
-        Unchanged,
-        Unsupported,
-        Wrap,
-        WrittenBy,
-        copy_of,
-    )
-    from draftmeta.spec import DraftSpec
-    from draftmeta.state import DraftState
-    from draftmeta.workspace import Workspace
+if TYPE_CHECKING:  # the public names for type checkers, as explicit re-exports; equal to
+    # _EXPORTS below, which is the one list (tests/test_public_names.py holds them equal)
+    from draftmeta.advance import HostBound as HostBound
+    from draftmeta.advance import OverflowPolicy as OverflowPolicy
+    from draftmeta.advance import advance_spec as advance_spec
+    from draftmeta.advance import advance_state as advance_state
+    from draftmeta.codegen import UpdateFunction as UpdateFunction
+    from draftmeta.codegen import explain as explain
+    from draftmeta.conditions import Equals as Equals
+    from draftmeta.conditions import IsNone as IsNone
+    from draftmeta.conditions import IsNotNone as IsNotNone
+    from draftmeta.conditions import Precondition as Precondition
+    from draftmeta.conditions import SameValue as SameValue
+    from draftmeta.conditions import Satisfies as Satisfies
+    from draftmeta.derivations import CopyFrom as CopyFrom
+    from draftmeta.derivations import DcpLocalSeqLens as DcpLocalSeqLens
+    from draftmeta.derivations import Derivation as Derivation
+    from draftmeta.derivations import Fill as Fill
+    from draftmeta.derivations import RecomputeHook as RecomputeHook
+    from draftmeta.derivations import SlotMapping as SlotMapping
+    from draftmeta.derivations import TokenToRequest as TokenToRequest
+    from draftmeta.errors import DraftMetaError as DraftMetaError
+    from draftmeta.errors import PreconditionFailed as PreconditionFailed
+    from draftmeta.errors import SpecError as SpecError
+    from draftmeta.errors import UpdateError as UpdateError
+    from draftmeta.fields import FieldInfo as FieldInfo
+    from draftmeta.fields import FieldKind as FieldKind
+    from draftmeta.protocol import DraftUpdatable as DraftUpdatable
+    from draftmeta.protocol import SpecBuilder as SpecBuilder
+    from draftmeta.protocol import SupportsDraftUpdate as SupportsDraftUpdate
+    from draftmeta.protocol import install_draft_update as install_draft_update
+    from draftmeta.protocol import spec_of as spec_of
+    from draftmeta.rules import Advance as Advance
+    from draftmeta.rules import Alias as Alias
+    from draftmeta.rules import Clamp as Clamp
+    from draftmeta.rules import Derive as Derive
+    from draftmeta.rules import HostAdvance as HostAdvance
+    from draftmeta.rules import HostConstant as HostConstant
+    from draftmeta.rules import HostDerive as HostDerive
+    from draftmeta.rules import HostSet as HostSet
+    from draftmeta.rules import HostUpperBound as HostUpperBound
+    from draftmeta.rules import Invalidate as Invalidate
+    from draftmeta.rules import Overflow as Overflow
+    from draftmeta.rules import Recompute as Recompute
+    from draftmeta.rules import Reset as Reset
+    from draftmeta.rules import Rule as Rule
+    from draftmeta.rules import Unchanged as Unchanged
+    from draftmeta.rules import Unsupported as Unsupported
+    from draftmeta.rules import Wrap as Wrap
+    from draftmeta.rules import WrittenBy as WrittenBy
+    from draftmeta.rules import copy_of as copy_of
+    from draftmeta.spec import DraftSpec as DraftSpec
+    from draftmeta.state import DraftState as DraftState
+    from draftmeta.workspace import Workspace as Workspace
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Advance",
-    "Alias",
-    "Clamp",
-    "CopyFrom",
-    "DcpLocalSeqLens",
-    "Derivation",
-    "Derive",
-    "DraftMetaError",
-    "DraftSpec",
-    "DraftState",
-    "DraftUpdatable",
-    "Equals",
-    "FieldInfo",
-    "FieldKind",
-    "Fill",
-    "HostAdvance",
-    "HostBound",
-    "HostConstant",
-    "HostDerive",
-    "HostSet",
-    "HostUpperBound",
-    "Invalidate",
-    "IsNone",
-    "IsNotNone",
-    "Overflow",
-    "OverflowPolicy",
-    "Precondition",
-    "PreconditionFailed",
-    "Recompute",
-    "RecomputeHook",
-    "Reset",
-    "Rule",
-    "SameValue",
-    "Satisfies",
-    "SlotMapping",
-    "SpecBuilder",
-    "SpecError",
-    "SupportsDraftUpdate",
-    "TokenToRequest",
-    "Unchanged",
-    "Unsupported",
-    "UpdateError",
-    "UpdateFunction",
-    "Workspace",
-    "Wrap",
-    "WrittenBy",
-    "__version__",
-    "advance_spec",
-    "advance_state",
-    "copy_of",
-    "explain",
-    "install_draft_update",
-    "spec_of",
-]
 
 _EXPORTS: dict[str, str] = {
     "Advance": "draftmeta.rules",
@@ -169,6 +122,10 @@ _EXPORTS: dict[str, str] = {
 }
 """Where each public name is defined: imported on first use, so that ``import draftmeta``
 (and ``draftmeta explain`` for a shipped spec) does not import torch."""
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+"""The public names: derived from :data:`_EXPORTS`, the one list of them (the imports above, for
+type checkers, are checked against it by ``tests/test_public_names.py``)."""
 
 
 if not TYPE_CHECKING:

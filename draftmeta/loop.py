@@ -40,7 +40,7 @@ import attrs
 from draftmeta.advance import HostBound, OverflowPolicy, advance_spec, check_policy
 from draftmeta.errors import DraftMetaError, PreconditionFailed, UpdateError, WriteFailed
 from draftmeta.loop_capture import CapturedLoop, CaptureError, capture_loop
-from draftmeta.protocol import SupportsDraftUpdate, spec_of
+from draftmeta.protocol import SupportsDraftUpdate, spec_of, why_not_in_place
 from draftmeta.shadow import Sentinel, sentinel_for
 from draftmeta.state import DraftState
 from draftmeta.state_validation import validate_state
@@ -126,10 +126,7 @@ def _capability(builder: object) -> str | None:
     if not isinstance(builder, SupportsDraftUpdate):
         return f"{type(builder).__qualname__} declares no draft-update capability"
     spec = spec_of(builder)
-    if spec is not None and not spec.supported:
-        reasons = "; ".join(f"{p}: {r}" for p, r in spec.unsupported_reasons)
-        return f"spec {spec.name!r} is unsupported ({reasons})"
-    return None
+    return None if spec is None else why_not_in_place(spec)
 
 
 class DraftLoop:

@@ -17,7 +17,12 @@ SupportsDraftUpdate)`` holds and mypy sees the method's precise type:
 >>> isinstance(Builder(), SupportsDraftUpdate)
 True
 
-:func:`install_draft_update` does the same for a class one does not own (the vLLM plugin uses it).
+:func:`install_draft_update` does the same for a class one does not own. The vLLM plugin binds
+a spec per builder *instance* instead (:func:`draftmeta.integrations.vllm.hook.bind`): where its
+spec is bound, a patched vLLM builder satisfies :class:`SupportsDraftUpdate`, :func:`spec_of`
+returns that spec, and vLLM's ``supports_draft_decode_metadata_update`` is set from the same
+fact; where none is bound (a spec refused, a subclass, an engine without full CUDA graphs),
+``spec_of`` returns ``None`` and the builder keeps vLLM's behaviour.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = [
     "SupportsDraftUpdate",
     "install_draft_update",
     "spec_of",
+    "why_not_in_place",
 ]
 
 M = TypeVar("M")
@@ -127,6 +133,33 @@ class SpecBuilder(Generic[M]):
 
 
 def spec_of(builder: object) -> DraftSpec[Any] | None:
-    """The spec a builder (or builder class) declares, or ``None``."""
+    """The spec a builder (or builder class) declares, or ``None``.
+
+    For a vLLM builder the plugin patched: the spec bound to that instance, or ``None`` where
+    none is (the plugin's log says why: a spec refused, a subclass, an engine without full
+    CUDA graphs)."""
     spec = getattr(builder, _SPEC_ATTR, None)
     return spec if isinstance(spec, DraftSpec) else None
+
+
+def why_not_in_place(spec: DraftSpec[Any], *, captured: bool = False) -> str | None:
+    """Why ``spec`` cannot update metadata in place, or ``None`` where it can: the one
+    engine-neutral statement of the decision "update in place, or rebuild and say why" made
+    before any step runs.
+
+    :class:`~draftmeta.loop.DraftLoop` asks it for each capable group's spec; the vLLM plugin's
+    hook path asks it with ``captured=True`` (vLLM captures the hook in a CUDA graph) before it
+    binds a spec to a builder. What fails at a step (a precondition, a structure check) is
+    decided where the step runs.
+
+    Args:
+        spec: the spec a builder declares or would be bound.
+        captured: the update is replayed by a captured CUDA graph, so the spec must also be
+            capture-safe (:attr:`~draftmeta.spec.DraftSpec.capture_safe`).
+    """
+    if not spec.supported:
+        reasons = "; ".join(f"{p}: {r}" for p, r in spec.unsupported_reasons)
+        return f"spec {spec.name!r} is unsupported ({reasons})"
+    if captured and not spec.capture_safe:
+        return f"spec {spec.name!r} is not capture-safe ({spec.capture_unsafe_reason})"
+    return None

@@ -117,3 +117,22 @@ def test_mypy_rejects_the_wrong_metadata_type(mypy_output: dict[str, str]) -> No
     assert 'incompatible type "MlaBuilder"; expected "SupportsDraftUpdate[IndexerMeta]"' in out
     assert 'incompatible type "IndexerMeta"; expected "MlaMeta"' in out
     assert out.count("error:") == 2, out
+
+
+def test_why_not_in_place_is_none_for_a_supported_spec_and_names_what_refuses_the_others() -> None:
+    from draftmeta import Reset, Unsupported
+    from draftmeta.protocol import why_not_in_place
+
+    assert why_not_in_place(SPEC) is None
+    assert why_not_in_place(SPEC, captured=True) is None
+    unsupported = DraftSpec(Meta, {"seq_lens": Alias("seq_lens"),
+                                   "max_seq_len": Unsupported("a test")}, name="u")
+    assert why_not_in_place(unsupported) == "spec 'u' is unsupported (max_seq_len: a test)"
+    @dataclasses.dataclass
+    class WithScheduler(Meta):
+        scheduler: object = None
+
+    reset = DraftSpec(WithScheduler, {**SPEC.rules, "scheduler": Reset(dict)}, name="r")
+    assert why_not_in_place(reset) is None  # eager loops may replace a host object
+    refusal = why_not_in_place(reset, captured=True)
+    assert refusal is not None and refusal.startswith("spec 'r' is not capture-safe (")

@@ -519,6 +519,57 @@ def test_a_spec_that_does_not_fit_its_builder_leaves_that_builder_to_vllm(
         plugin.unregister()
 
 
+def test_a_builder_the_plugin_binds_a_spec_to_satisfies_supports_draft_update(
+    active: plugin.Installed,
+) -> None:
+    """One capability story: the builder the plugin patched for the hook is a
+    ``SupportsDraftUpdate``, ``spec_of`` returns the spec bound to it, and vLLM's flag says
+    the same."""
+    from draftmeta import SupportsDraftUpdate, spec_of
+
+    assert "CPU_MLA" in active.hook
+    config = harness.make_vllm_config(max_model_len=512, block_size=16,
+                                      cudagraph_mode=CAPTURED)
+    builder = harness.make_builder("CPU_MLA", config, block_size=16)
+    bound = builder.__dict__["_draftmeta_spec"]  # what the hook runs at every step
+    assert bound is not None
+    assert spec_of(builder) is bound
+    assert isinstance(builder, SupportsDraftUpdate)
+    assert builder.update_draft_metadata is bound.update  # type: ignore[attr-defined]
+    assert builder.supports_draft_decode_metadata_update is True
+
+
+def test_a_builder_whose_spec_was_refused_does_not_satisfy_supports_draft_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from draftmeta import SupportsDraftUpdate, spec_of
+
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register(spec_overrides={"CPU_MLA": _refused_when_bound})
+    try:
+        config = harness.make_vllm_config(max_model_len=512, block_size=16,
+                                          cudagraph_mode=CAPTURED)
+        builder = harness.make_builder("CPU_MLA", config, block_size=16)
+        assert spec_of(builder) is None
+        assert not isinstance(builder, SupportsDraftUpdate)
+        assert builder.supports_draft_decode_metadata_update is False
+    finally:
+        plugin.unregister()
+
+
+def test_a_builder_of_an_engine_without_full_cuda_graphs_is_bound_no_spec(
+    active: plugin.Installed,
+) -> None:
+    from draftmeta import SupportsDraftUpdate, spec_of
+
+    config = harness.make_vllm_config(max_model_len=512, block_size=16, cudagraph_mode="NONE")
+    builder = harness.make_builder("CPU_MLA", config, block_size=16)
+    assert spec_of(builder) is None
+    assert not isinstance(builder, SupportsDraftUpdate)
+    assert builder.supports_draft_decode_metadata_update is False
+
+
 def _stale_cpu_mla(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
     """CPU_MLA's spec with its host ``max_seq_len`` frozen: deliberately stale."""
     from draftmeta import DraftSpec, HostConstant
@@ -944,3 +995,45 @@ def test_a_builder_proven_nowhere_is_left_to_vllm_unless_the_user_opts_in(
         assert UNPROVEN_ENV in by_default[name].reason
     for name in {e.name for e in RELEASE.builders} - set(unproven):  # proven: unchanged
         assert by_default[name] == opted_in[name], name
+
+
+def test_the_draft_loop_updates_a_patched_vllm_builder_in_place_through_the_protocol(
+    active: plugin.Installed,
+) -> None:
+    """The same capability serves both loops: ``DraftLoop`` dispatches on
+    ``SupportsDraftUpdate``, which the plugin's bound builder satisfies, and its in-place
+    updates equal vLLM's rebuild."""
+    from draftmeta.loop import AttentionGroup, DraftLoop
+
+    config = harness.make_vllm_config(max_model_len=512, block_size=16,
+                                      cudagraph_mode=CAPTURED)
+    builder = harness.make_builder("CPU_MLA", config, block_size=16)
+    state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                         max_model_len=512, steps=4)
+    reference = harness.make_builder("CPU_MLA", config, block_size=16)
+
+    def rebuild(s: Any, draft_index: int = 0) -> Any:
+        return type(reference).build.__get__(reference)(0, _cad(s.clone()))
+
+    metadata = builder.build(0, _cad(state))
+    loop = DraftLoop([AttentionGroup("mla", builder, metadata, rebuild)], state,
+                     host_bound="frozen", fused=False)
+    stats = loop.run(lambda index, groups: None, num_steps=4)
+    assert stats.fallbacks() == {} and stats.groups["mla"].updates == 3
+    diff = compare_metadata(metadata, rebuild(state), ignore=lambda p: p == "max_seq_len")
+    assert diff == [], diff
+
+
+def test_a_subclass_of_a_patched_builder_is_bound_no_spec(active: plugin.Installed) -> None:
+    from draftmeta import SupportsDraftUpdate, spec_of
+
+    config = harness.make_vllm_config(max_model_len=512, block_size=16,
+                                      cudagraph_mode=CAPTURED)
+    builder = harness.make_builder("CPU_MLA", config, block_size=16)
+    assert spec_of(builder) is not None  # the class itself is bound
+    subclass = type("Subclass", (type(builder),), {})
+    layers = list(config.compilation_config.static_forward_context)  # the harness's layer
+    sub = subclass(builder.kv_cache_spec, layers, config, builder.device)
+    assert spec_of(sub) is None
+    assert not isinstance(sub, SupportsDraftUpdate)
+    assert sub.supports_draft_decode_metadata_update is False

@@ -46,6 +46,7 @@ import attrs
 import torch
 
 from draftmeta.integrations.vllm.plan import CoveredBy
+from draftmeta.protocol import spec_of
 
 __all__ = [
     "CONTROLS",
@@ -346,7 +347,7 @@ def _hook_replaced(backend: str, wrap: HookWrapper) -> Iterator[None]:
 
 
 def _owner(builder: Any) -> Owner:
-    if builder.__dict__.get("_draftmeta_spec") is not None:
+    if spec_of(builder) is not None:  # the plugin bound a spec (hook.bind)
         return "draftmeta"
     return "vllm" if getattr(builder, "supports_draft_decode_metadata_update", False) else "none"
 

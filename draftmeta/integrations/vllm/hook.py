@@ -1,11 +1,15 @@
 """The hook path (vLLM 0.33 and 0.34's new model runner): ``update_draft_decode_metadata``.
 
 For a builder vLLM leaves without the hook, the plugin installs two replacements made here:
-:func:`replacement_init` makes the ``__init__`` that runs vLLM's ``__init__``, binds the spec to
-the builder and sets ``supports_draft_decode_metadata_update`` where the spec is supported and
-capture-safe and the catalogue does not refuse the instance; :func:`replacement_update` makes the
+:func:`replacement_init` makes the ``__init__`` that runs vLLM's ``__init__`` and then binds
+the spec (:func:`bind`) to the builder where the spec is supported and capture-safe and the
+catalogue does not refuse the instance; :func:`replacement_update` makes the
 ``update_draft_decode_metadata`` that runs the generated full refresh from the buffers the
 metadata views, called inside vLLM's captured draft loop.
+
+A bound builder satisfies :class:`~draftmeta.protocol.SupportsDraftUpdate` and
+:func:`~draftmeta.protocol.spec_of` returns its spec; vLLM's flag
+``supports_draft_decode_metadata_update`` is derived from that same fact, in :func:`bind`.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from typing import Any
 from draftmeta.errors import DraftMetaError, UpdateError
 from draftmeta.integrations.vllm.log import LOGGER_NAME, fallback
 from draftmeta.integrations.vllm.plan import DISABLE_ENV, Decision, SpecOverride, spec_for
+from draftmeta.protocol import SupportsDraftUpdate, spec_of, why_not_in_place
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
-__all__ = ["replacement_init", "replacement_update", "without_full_cudagraphs"]
+__all__ = ["bind", "replacement_init", "replacement_update", "without_full_cudagraphs"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -41,6 +46,28 @@ def without_full_cudagraphs(builder: Any) -> str | None:
         return None
     return (f"this engine captures no full CUDA graphs (cudagraph_mode "
             f"{getattr(mode, 'name', mode)}), where the hook would run on the host")
+
+
+def bind(builder: Any, spec: DraftSpec[Any] | None) -> None:
+    """The one place a patched builder's capability is decided: bind ``spec`` to ``builder``
+    (``None``: none is bound, and the builder keeps vLLM's behaviour).
+
+    A bound builder satisfies :class:`~draftmeta.protocol.SupportsDraftUpdate` (its
+    ``update_draft_metadata`` is the spec's generated update) and
+    :func:`~draftmeta.protocol.spec_of` returns ``spec``; vLLM's
+    ``supports_draft_decode_metadata_update`` is then set from that fact, so the flag vLLM
+    reads and the capability cannot disagree. Unbound, the builder carries neither, and the flag
+    stays what vLLM's ``__init__`` or class set (TRITON_MLA's own, for instance).
+    ``_draftmeta_spec`` is what :func:`replacement_update` reads at every step.
+    """
+    builder._draftmeta_spec = spec
+    if spec is None:
+        return
+    builder.draft_spec = spec
+    builder.update_draft_metadata = spec.update
+    capable = spec_of(builder) is spec and isinstance(builder, SupportsDraftUpdate)
+    if capable:  # the flag vLLM reads follows the capability
+        builder.supports_draft_decode_metadata_update = True
 
 
 def _exactly(obj: Any, cls: type) -> bool:
@@ -63,34 +90,33 @@ def replacement_init(
             return
         dcp = getattr(self, "dcp_world_size", 1) > 1
         if decision.dcp_only and not dcp:  # vLLM's own hook serves this builder
-            self._draftmeta_spec = None
+            bind(self, None)
             return
         eager = without_full_cudagraphs(self)
         if eager is not None:  # the hook serves captured draft loops: vLLM's behaviour here
-            self._draftmeta_spec = None
+            bind(self, None)
             logger.debug("draftmeta: %s keeps vLLM's behaviour: %s", entry.name, eager)
             return
         self._draftmeta_states = _StateCache()
         try:
             spec = spec_for(entry, overrides, host_bound="frozen", dcp=dcp, builder=self)
         except DraftMetaError as exc:  # fail closed: this builder keeps vLLM's behaviour
-            self._draftmeta_spec = None
+            bind(self, None)
             fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: its spec bound to "
                      "this builder does not fit (%s)", entry.name, exc)
             return
         # the spec bound to this builder (FA3's head configuration, FlashMLA's FP8 cache) is
         # decided here: vLLM captures the hook, so a bound spec must be capture-safe too
         refusal = entry.refuses_instance(self)
-        if refusal is not None or not (spec.supported and spec.capture_safe):
+        if refusal is not None or why_not_in_place(spec, captured=True) is not None:
             # vLLM's behaviour exactly: its own hook flag (TRITON_MLA's, under the override)
             # and method stay, and a builder without one rebuilds
-            self._draftmeta_spec = None
+            bind(self, None)
             if refusal is not None:
                 fallback(entry.name, "draftmeta: %s keeps vLLM's behaviour: %s", entry.name,
                          refusal)
             return
-        self._draftmeta_spec = spec
-        self.supports_draft_decode_metadata_update = True
+        bind(self, spec)
 
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__wrapped__ = original  # type: ignore[attr-defined]

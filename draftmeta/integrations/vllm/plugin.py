@@ -26,8 +26,11 @@ plan :func:`~draftmeta.integrations.vllm.plan.make_plan` makes, **per builder**:
 * **hook** (0.33 and 0.34: ``supports_draft_decode_metadata_update`` /
   ``update_draft_decode_metadata``, called inside the new runner's captured draft loop): for
   builders vLLM leaves without the hook, a generated full refresh from the buffers the metadata
-  views is installed, **only where the spec is capture-safe**; the flag is set after the
-  builder's own ``__init__`` where the spec's conditions hold. Builders vLLM covers itself are
+  views is installed, **only where the spec is capture-safe**; after the builder's own
+  ``__init__``, where the spec's conditions hold, the spec is bound to the builder
+  (:func:`~draftmeta.integrations.vllm.hook.bind`): the builder then satisfies
+  :class:`~draftmeta.protocol.SupportsDraftUpdate`, :func:`~draftmeta.protocol.spec_of`
+  returns the spec, and the flag is set from that same fact. Builders vLLM covers itself are
   left alone unless ``DRAFTMETA_VLLM_OVERRIDE_UPSTREAM=1``.
 
 The replacements are made by :mod:`~draftmeta.integrations.vllm.older_proposer` and
