@@ -144,3 +144,29 @@ def test_the_default_overflow_policy_is_clamp() -> None:
     assert state.seq_lens[real].tolist() == [16] * state.num_reqs
     assert bool((state.slot_mapping[real] >= 0).all())
     assert advance_spec().name == "draft_state.clamp.advance"
+
+
+def test_an_unknown_host_bound_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"^host bound must be 'advance' or 'frozen', got "
+                                         r"'stuck'$"):
+        advance_spec("clamp", "stuck")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("own", "loop"), [("clamp", "wrap"), ("wrap", "clamp")])
+def test_a_policy_mismatch_names_the_spec_the_field_and_both_fixes(own: str, loop: str) -> None:
+    """The refusal says which spec and field advance with which policy, the declaration that
+    would match the loop, and the loop policy that would match the spec."""
+    from draftmeta import SpecError
+    from draftmeta.advance import check_policy
+    from tests.toy import toy_rules, toy_spec
+
+    spec = toy_spec(rules=toy_rules(own))
+    check_policy(spec, own)  # type: ignore[arg-type]
+    matching = "Wrap" if loop == "wrap" else "Clamp"
+    with pytest.raises(SpecError) as caught:
+        check_policy(spec, loop)  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        f"field 'positions' of spec 'toy': advances with the {own} overflow policy, but the "
+        f"draft loop's source advance uses {loop}, so the field would drift from the state at "
+        f"max_model_len. Fix: declare it Advance({matching}(...)) to match, or run the loop "
+        f"with policy={own!r}")
