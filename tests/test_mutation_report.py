@@ -83,7 +83,7 @@ def test_the_page_lists_each_equivalent_with_its_reason_and_each_open_survivor_w
                                    "draftmeta.advance.x_h__mutmut_1": "-f(x)\n+f(None)"},
                          "nox -s mutation")
     assert "**Score over the modules run: 77.8%**" in page  # 7 / 9
-    assert ("| `draftmeta/advance.py` | 10 | 6 | 1 | 2 | 1 | 1 | 0 | 2 | 77.8% | - |"
+    assert ("| `draftmeta/advance.py` | 11 (10 run) | 6 | 1 | 2 | 1 | 1 | 0 | 2 | 77.8% | - |"
             in page)
     assert "| `draftmeta/spec.py` | - | not run |" in page
     assert "Not run yet: `draftmeta/spec.py`." in page

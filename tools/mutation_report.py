@@ -173,8 +173,11 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str) 
         took = "-" if r.seconds is None else f"{r.seconds / 60:.0f} min"
         if r.seconds is not None and r.run_with > 1:
             took += f" (one run of {r.run_with} modules)"
+        count = str(s["mutants"])
+        if s["run"] != s["mutants"]:
+            count += f" ({s['run']} run)"
         lines.append(
-            f"| `{r.module}` | {s['run']} | {s['killed']} | {s['timeout']} | {s['survived']} "
+            f"| `{r.module}` | {count} | {s['killed']} | {s['timeout']} | {s['survived']} "
             f"| {s['no_tests']} | {s['equivalent']} | {s['killed_by_new_tests']} | {s['open']} "
             f"| {_percent(r.score)} | {took} |")
     not_run = [r.module for r in results if not r.run]
