@@ -917,3 +917,34 @@ def test_under_dcp_the_older_proposer_rebuilds_every_draft_step_even_with_k_know
         tried = [r.getMessage() for r in vllm_log if r.name == plugin.LOGGER_NAME
                  and "rebuilds this draft loop" in r.getMessage()]
         assert tried == []
+
+
+def test_the_hooks_state_cache_keeps_the_16_latest_live_metadata_objects() -> None:
+    """A builder's hook remembers the draft state of at most 16 metadata objects, the latest
+    ones, by weak reference: a metadata object that is gone frees its place."""
+    import gc
+
+    from draftmeta.integrations.vllm.hook import _StateCache
+
+    class Metadata:
+        pass
+
+    def state(i: int) -> Any:
+        return random_state(torch.Generator().manual_seed(i), batch_size=1, block_size=4,
+                            max_model_len=16, steps=1)
+
+    cache = _StateCache()
+    metadata = [Metadata() for _ in range(20)]
+    states = [state(i) for i in range(20)]
+    for m, s in zip(metadata, states):
+        cache.put(m, s)
+    assert len(cache.entries) == 16
+    assert [cache.get(m) for m in metadata[:4]] == [None] * 4
+    assert all(cache.get(m) is s for m, s in zip(metadata[4:], states[4:]))
+    gone, kept = Metadata(), Metadata()
+    small = _StateCache()
+    small.put(gone, states[0])
+    del gone
+    gc.collect()
+    small.put(kept, states[1])
+    assert len(small.entries) == 1 and small.get(kept) is states[1]
