@@ -948,3 +948,23 @@ def test_the_hooks_state_cache_keeps_the_16_latest_live_metadata_objects() -> No
     gc.collect()
     small.put(kept, states[1])
     assert len(small.entries) == 1 and small.get(kept) is states[1]
+
+
+def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> None:
+    """Only a builder whose engine says it captures no full CUDA graphs loses the hook; one
+    without a config, a compilation config or a mode (a stand-in, an older release) keeps it."""
+    from types import SimpleNamespace as NS
+
+    from draftmeta.integrations.vllm.hook import without_full_cudagraphs
+
+    def builder(mode: object) -> object:
+        return NS(vllm_config=NS(compilation_config=NS(cudagraph_mode=mode)))
+
+    assert without_full_cudagraphs(object()) is None
+    assert without_full_cudagraphs(NS(vllm_config=object())) is None
+    assert without_full_cudagraphs(builder(None)) is None
+    assert without_full_cudagraphs(builder(NS(name="FULL", has_full_cudagraphs=lambda: True))) \
+        is None
+    assert without_full_cudagraphs(builder(NS(name="NONE", has_full_cudagraphs=lambda: False))) \
+        == ("this engine captures no full CUDA graphs (cudagraph_mode NONE), where the hook "
+            "would run on the host")
