@@ -72,6 +72,11 @@ class ModuleResult:
     killed_by: dict[str, str] = field(default_factory=dict)
     seconds: float | None = None
     run_with: int = 1
+    total: int | None = None  # mutants generated, where statuses omit those not run
+
+    @property
+    def mutants(self) -> int:
+        return len(self.statuses) if self.total is None else self.total
 
     def count(self, *names: str) -> int:
         return sum(1 for s in self.statuses.values() if s in names)
@@ -106,7 +111,7 @@ class ModuleResult:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "module": self.module, "mutants": len(self.statuses), "run": self.run,
+            "module": self.module, "mutants": self.mutants, "run": self.run,
             "killed": self.count("killed"), "timeout": self.count("timeout"),
             "survived": self.count("survived", "suspicious"), "no_tests": self.count("no tests"),
             "equivalent": len([m for m in self.equivalent if m in self.statuses]),
@@ -236,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if not r.run and old.get("modules", {}).get(r.module, {}).get("statuses"):
             r.statuses = dict(old["modules"][r.module]["statuses"])
+            r.total = int(old["modules"][r.module]["mutants"])
             r.equivalent = {m: e for m, e in equivalent.items() if m in r.statuses}
             r.killed_by = {m: t for m, t in killed_by.items() if m in r.statuses}
     known = {m: d for m, d in old.get("diffs", {}).items()}
@@ -244,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.folder / "results.json").write_text(json.dumps({
         "tool": "mutmut", "command": args.command,
         "score": total_score([r for r in results if r.run]),
-        "modules": {r.module: {**r.summary(), "statuses": dict(sorted(r.statuses.items()))}
+        "modules": {r.module: {**r.summary(), "statuses": {
+            m: st for m, st in sorted(r.statuses.items()) if st != "not run"}}
                     for r in results},
         "diffs": dict(sorted(diffs.items())),
     }, indent=1) + "\n")
