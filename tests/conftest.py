@@ -71,3 +71,17 @@ def vllm_log() -> Iterator[list[logging.LogRecord]]:
     finally:
         vllm_logger.removeHandler(capture)
         vllm_logger.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def _specs_declared_afresh_under_mutmut() -> None:
+    """Under mutmut (``nox -s mutation``, which sets ``MUTANT_UNDER_TEST``) every test declares
+    its specs afresh: a spec cached by an earlier test (or at collection, before the mutant was
+    switched on) would hide a mutant of the function that declares it, and mutmut would tie
+    that function only to the first test that called it."""
+    if "MUTANT_UNDER_TEST" in os.environ:
+        from draftmeta.advance import advance_spec
+        from draftmeta.registry import clear_spec_caches
+
+        clear_spec_caches()
+        advance_spec.cache_clear()

@@ -144,3 +144,53 @@ def test_the_default_overflow_policy_is_clamp() -> None:
     assert state.seq_lens[real].tolist() == [16] * state.num_reqs
     assert bool((state.slot_mapping[real] >= 0).all())
     assert advance_spec().name == "draft_state.clamp.advance"
+
+
+def test_an_unknown_host_bound_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"^host bound must be 'advance' or 'frozen', got "
+                                         r"'stuck'$"):
+        advance_spec("clamp", "stuck")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("own", "loop"), [("clamp", "wrap"), ("wrap", "clamp")])
+def test_a_policy_mismatch_names_the_spec_the_field_and_both_fixes(own: str, loop: str) -> None:
+    """The refusal says which spec and field advance with which policy, the declaration that
+    would match the loop, and the loop policy that would match the spec."""
+    from draftmeta import SpecError
+    from draftmeta.advance import check_policy
+    from tests.toy import toy_rules, toy_spec
+
+    spec = toy_spec(rules=toy_rules(own))
+    check_policy(spec, own)  # type: ignore[arg-type]
+    matching = "Wrap" if loop == "wrap" else "Clamp"
+    with pytest.raises(SpecError) as caught:
+        check_policy(spec, loop)  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        f"field 'positions' of spec 'toy': advances with the {own} overflow policy, but the "
+        f"draft loop's source advance uses {loop}, so the field would drift from the state at "
+        f"max_model_len. Fix: declare it Advance({matching}(...)) to match, or run the loop "
+        f"with policy={own!r}")
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_state_to_copies_every_buffer_onto_the_device_and_keeps_the_host_values(
+    device: str,
+) -> None:
+    """``DraftState.to`` gives fresh tensors on ``device`` (never views of the original, even
+    on the same device), the same host scalars, and an empty workspace."""
+    state = random_state(torch.Generator().manual_seed(6), batch_size=4, block_size=4,
+                         max_model_len=32, steps=2)
+    state.dcp_local_seq_lens = state.seq_lens.clone()
+    state.workspace.buffer("x", (2,), torch.int32, state.device)
+    moved = state.to(device)
+    for name in ("positions", "seq_lens", "slot_mapping", "block_table", "query_start_loc",
+                 "dcp_local_seq_lens"):
+        original, copy = getattr(state, name), getattr(moved, name)
+        assert copy.device.type == device and copy.dtype == original.dtype, name
+        assert copy.shape == original.shape, name
+        if device == "cpu":
+            assert torch.equal(copy, original), name
+            assert copy.untyped_storage().data_ptr() != original.untyped_storage().data_ptr()
+    assert (moved.num_reqs, moved.max_seq_len, moved.max_model_len, moved.block_size) == (
+        state.num_reqs, state.max_seq_len, state.max_model_len, state.block_size)
+    assert len(moved.workspace) == 0 and len(state.workspace) == 1

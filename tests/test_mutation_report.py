@@ -83,9 +83,32 @@ def test_the_page_lists_each_equivalent_with_its_reason_and_each_open_survivor_w
                                    "draftmeta.advance.x_h__mutmut_1": "-f(x)\n+f(None)"},
                          "nox -s mutation")
     assert "**Score over the modules run: 77.8%**" in page  # 7 / 9
-    assert ("| `draftmeta/advance.py` | 10 | 6 | 1 | 2 | 1 | 1 | 0 | 2 | 77.8% | - |"
+    assert ("| `draftmeta/advance.py` | 11 (10 run) | 6 | 1 | 2 | 1 | 1 | 0 | 2 | 77.8% | - |"
             in page)
     assert "| `draftmeta/spec.py` | - | not run |" in page
     assert "Not run yet: `draftmeta/spec.py`." in page
     assert "- `draftmeta.advance.x_g__mutmut_1`: the default it spells out" in page
     assert "  +a <= b" in page and "  +f(None)" in page
+
+
+def test_a_module_not_run_this_time_keeps_its_committed_results(
+    report: ModuleType, tmp_path: Path,
+) -> None:
+    """``results.json`` keeps the statuses of the mutants run (not those never run); a report
+    written without that module's mutmut data (a fresh clone) still gives its committed tally."""
+    mutants = _fake(tmp_path)
+    folder, page = tmp_path / "mutation", tmp_path / "mutation.md"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"diffs": {
+        "draftmeta.advance.x_g__mutmut_1": "-a\n+b", "draftmeta.advance.x_g__mutmut_2": "-a\n+c",
+        "draftmeta.advance.x_h__mutmut_1": "-a\n+d"}}))
+    args = ["--folder", str(folder), "--page", str(page)]
+    assert report.main(["--mutants", str(mutants), *args]) == 0
+    written = json.loads((folder / "results.json").read_text())
+    advance = written["modules"]["draftmeta/advance.py"]
+    assert (advance["mutants"], advance["run"]) == (11, 10)
+    assert "draftmeta.advance.x_h__mutmut_2" not in advance["statuses"]  # never run
+    first = page.read_text()
+    assert report.main(["--mutants", str(tmp_path / "elsewhere"), *args]) == 0
+    assert page.read_text() == first
+    assert json.loads((folder / "results.json").read_text())["modules"] == written["modules"]

@@ -422,6 +422,60 @@ def test_the_indexer_update_rewrites_each_requests_decode_length_to_one(field: s
                             ignore=lambda p: p == "schedule_metadata") == []
 
 
+def _kpool_inputs(rows: int = 4) -> tuple[torch.Tensor, ...]:
+    """A K-pool tail slot's output and inputs for ``rows`` decode rows: positions, a 2-D
+    block table, the main slot mapping (int64)."""
+    main = torch.full((rows,), -1, dtype=torch.int64)
+    return (main.clone(), torch.arange(rows), torch.ones(rows, 3, dtype=torch.int32), main)
+
+
+@pytest.mark.parametrize(("edit", "reason"), [
+    (lambda o, p, t, m, n: (o, p, t, m, "4"), "input 3 must be a host int, got '4' (str)"),
+    (lambda o, p, t, m, n: (o[:3], p, t, m, 3),
+     "slot mapping (3,) does not match the main one (4,) and positions (4,)"),
+    (lambda o, p, t, m, n: (o, p[:3], t, m, 3),
+     "slot mapping (4,) does not match the main one (4,) and positions (3,)"),
+    (lambda o, p, t, m, n: (o, p, t[:, 0], m, n),
+     "needs an int64 slot mapping and a 2-D block table, got torch.int64"),
+    (lambda o, p, t, m, n: (o.int(), p, t, m.int(), n),
+     "needs an int64 slot mapping and a 2-D block table, got torch.int32"),
+    (lambda o, p, t, m, n: (o, p, t, m, 5),
+     "num_reqs 5 exceeds the slot mapping (4 rows) or the block table (4 rows)"),
+    (lambda o, p, t, m, n: (o, p, t[:2], m, 3),
+     "num_reqs 3 exceeds the slot mapping (4 rows) or the block table (2 rows)"),
+    (lambda o, p, t, m, n: (o, p, t, m, -1),
+     "num_reqs -1 exceeds the slot mapping (4 rows) or the block table (4 rows)"),
+    (lambda o, p, t, m, n: (o, p, t, m, 0), None),
+], ids=["num_reqs-not-an-int", "slot-mapping-shorter-than-the-main-one",
+        "positions-too-short", "1-d-block-table", "int32-slot-mapping", "num_reqs-past-the-rows",
+        "num_reqs-past-the-block-table", "negative-num_reqs", "no-request-is-fine"])
+def test_the_kpool_tail_slot_refuses_each_mismatched_input_with_its_reason(
+    edit: Any, reason: str | None,
+) -> None:
+    from draftmeta.integrations.vllm.backends.indexer import KpoolTailSlot
+
+    slot = KpoolTailSlot(64)
+    out, positions, table, main = _kpool_inputs()
+    assert slot.check(out, positions, table, main, 4) is None  # the control: all fit
+    edited_out, *inputs = edit(out, positions, table, main, 4)
+    assert slot.check(edited_out, *inputs) == reason
+
+
+def test_the_kpool_tail_slot_writes_the_tail_slot_of_each_request_and_the_main_one_past_them(
+) -> None:
+    """Rows below ``num_reqs``: ``block * kpool + pos % kpool`` (-1 where the block id is 0);
+    rows past them: the main slot mapping's values, copied into a separate output buffer."""
+    from draftmeta.integrations.vllm.backends.indexer import KpoolTailSlot
+    from draftmeta.workspace import Workspace
+
+    positions = torch.tensor([5, 70, 3, 9, 0])
+    table = torch.tensor([[2, 9], [3, 9], [0, 9], [4, 9], [5, 9]], dtype=torch.int32)
+    main = torch.tensor([11, 12, 13, 41, -1], dtype=torch.int64)
+    out = torch.full((5,), 99, dtype=torch.int64)  # stale
+    KpoolTailSlot(64).apply(out, positions, table, main, 3, workspace=Workspace())
+    assert out.tolist() == [2 * 64 + 5, 3 * 64 + 70 % 64, -1, 41, -1]
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_flashmla_fp8_tile_schedule_hook(seed: int) -> None:
     from draftmeta.testing.reference_schedules import (

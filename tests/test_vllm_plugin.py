@@ -1037,3 +1037,54 @@ def test_a_subclass_of_a_patched_builder_is_bound_no_spec(active: plugin.Install
     assert spec_of(sub) is None
     assert not isinstance(sub, SupportsDraftUpdate)
     assert sub.supports_draft_decode_metadata_update is False
+
+
+def test_the_hooks_state_cache_keeps_the_16_latest_live_metadata_objects() -> None:
+    """A builder's hook remembers the draft state of at most 16 metadata objects, the latest
+    ones, by weak reference: a metadata object that is gone frees its place."""
+    import gc
+
+    from draftmeta.integrations.vllm.hook import _StateCache
+
+    class Metadata:
+        pass
+
+    def state(i: int) -> Any:
+        return random_state(torch.Generator().manual_seed(i), batch_size=1, block_size=4,
+                            max_model_len=16, steps=1)
+
+    cache = _StateCache()
+    metadata = [Metadata() for _ in range(20)]
+    states = [state(i) for i in range(20)]
+    for m, s in zip(metadata, states):
+        cache.put(m, s)
+    assert len(cache.entries) == 16
+    assert [cache.get(m) for m in metadata[:4]] == [None] * 4
+    assert all(cache.get(m) is s for m, s in zip(metadata[4:], states[4:]))
+    gone, kept = Metadata(), Metadata()
+    small = _StateCache()
+    small.put(gone, states[0])
+    del gone
+    gc.collect()
+    small.put(kept, states[1])
+    assert len(small.entries) == 1 and small.get(kept) is states[1]
+
+
+def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> None:
+    """Only a builder whose engine says it captures no full CUDA graphs loses the hook; one
+    without a config, a compilation config or a mode (a stand-in, an older release) keeps it."""
+    from types import SimpleNamespace as NS
+
+    from draftmeta.integrations.vllm.hook import without_full_cudagraphs
+
+    def builder(mode: object) -> object:
+        return NS(vllm_config=NS(compilation_config=NS(cudagraph_mode=mode)))
+
+    assert without_full_cudagraphs(object()) is None
+    assert without_full_cudagraphs(NS(vllm_config=object())) is None
+    assert without_full_cudagraphs(builder(None)) is None
+    assert without_full_cudagraphs(builder(NS(name="FULL", has_full_cudagraphs=lambda: True))) \
+        is None
+    assert without_full_cudagraphs(builder(NS(name="NONE", has_full_cudagraphs=lambda: False))) \
+        == ("this engine captures no full CUDA graphs (cudagraph_mode NONE), where the hook "
+            "would run on the host")

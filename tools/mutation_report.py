@@ -72,6 +72,11 @@ class ModuleResult:
     killed_by: dict[str, str] = field(default_factory=dict)
     seconds: float | None = None
     run_with: int = 1
+    total: int | None = None  # mutants generated, where statuses omit those not run
+
+    @property
+    def mutants(self) -> int:
+        return len(self.statuses) if self.total is None else self.total
 
     def count(self, *names: str) -> int:
         return sum(1 for s in self.statuses.values() if s in names)
@@ -106,7 +111,7 @@ class ModuleResult:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "module": self.module, "mutants": len(self.statuses), "run": self.run,
+            "module": self.module, "mutants": self.mutants, "run": self.run,
             "killed": self.count("killed"), "timeout": self.count("timeout"),
             "survived": self.count("survived", "suspicious"), "no_tests": self.count("no tests"),
             "equivalent": len([m for m in self.equivalent if m in self.statuses]),
@@ -173,8 +178,11 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str) 
         took = "-" if r.seconds is None else f"{r.seconds / 60:.0f} min"
         if r.seconds is not None and r.run_with > 1:
             took += f" (one run of {r.run_with} modules)"
+        count = str(s["mutants"])
+        if s["run"] != s["mutants"]:
+            count += f" ({s['run']} run)"
         lines.append(
-            f"| `{r.module}` | {s['run']} | {s['killed']} | {s['timeout']} | {s['survived']} "
+            f"| `{r.module}` | {count} | {s['killed']} | {s['timeout']} | {s['survived']} "
             f"| {s['no_tests']} | {s['equivalent']} | {s['killed_by_new_tests']} | {s['open']} "
             f"| {_percent(r.score)} | {took} |")
     not_run = [r.module for r in results if not r.run]
@@ -233,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if not r.run and old.get("modules", {}).get(r.module, {}).get("statuses"):
             r.statuses = dict(old["modules"][r.module]["statuses"])
+            r.total = int(old["modules"][r.module]["mutants"])
             r.equivalent = {m: e for m, e in equivalent.items() if m in r.statuses}
             r.killed_by = {m: t for m, t in killed_by.items() if m in r.statuses}
     known = {m: d for m, d in old.get("diffs", {}).items()}
@@ -241,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.folder / "results.json").write_text(json.dumps({
         "tool": "mutmut", "command": args.command,
         "score": total_score([r for r in results if r.run]),
-        "modules": {r.module: {**r.summary(), "statuses": dict(sorted(r.statuses.items()))}
+        "modules": {r.module: {**r.summary(), "statuses": {
+            m: st for m, st in sorted(r.statuses.items()) if st != "not run"}}
                     for r in results},
         "diffs": dict(sorted(diffs.items())),
     }, indent=1) + "\n")
