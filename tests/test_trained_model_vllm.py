@@ -49,6 +49,7 @@ from draftmeta.integrations.vllm.e2e.trained import (
 )
 from draftmeta.integrations.vllm.e2e.trained.reference import (
     DraftStats,
+    ModelConfig,
     Reference,
     load_reference,
     speculative_generate,
@@ -116,7 +117,9 @@ BACKEND = "FLASH_ATTN_MLA" if _GPU else "CPU_MLA"
 
 
 def _engine(vllm: Any) -> Any:
-    gpu = {"gpu_memory_utilization": 0.3, "compilation_config": {"mode": 0}} if _GPU else {}
+    # vLLM 0.34's GPU sampler warm-up takes the top max_logprobs (default 20) of the 18 tokens
+    gpu = ({"gpu_memory_utilization": 0.3, "compilation_config": {"mode": 0},
+            "max_logprobs": ModelConfig().vocab_size} if _GPU else {})
     return vllm.LLM(
         model=str(CHECKPOINT),
         skip_tokenizer_init=True,

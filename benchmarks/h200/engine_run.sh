@@ -89,7 +89,7 @@ for stage in "$@"; do
       echo "== pluginlog rc ${PIPESTATUS[0]}";;
     trained) e2e_info trained "${TRAINED_TIMEOUT:-300}" --models trained \
                --backends FLASH_ATTN_MLA FLASHMLA --ks 3 --batch-sizes 1 8 --negative-control
-             PYTHONPATH=$PWD timeout "${CHECK_TIMEOUT:-200}" python3 -m pytest -q -rs \
+             timeout "${CHECK_TIMEOUT:-200}" python3 -m pytest -q -rs \
                -p no:cacheprovider tests/test_trained_model_vllm.py 2>&1 \
                | tee "$OUT/h200-trained-check.log"
              echo "== trained check rc ${PIPESTATUS[0]}";;

@@ -437,6 +437,14 @@ def _plugin(settings: CudaEngineSettings) -> Iterator[None]:
             os.environ[OVERRIDE_ENV] = previous
 
 
+def _vocabulary(model_dir: Path) -> int:
+    """The model's vocabulary size, from its ``config.json``."""
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    return int(config["vocab_size"])
+
+
 def _create_llm(model_dir: Path, settings: CudaEngineSettings) -> Any:
     from vllm import LLM
 
@@ -456,6 +464,9 @@ def _create_llm(model_dir: Path, settings: CudaEngineSettings) -> Any:
             compilation_config={"mode": 0, "cudagraph_mode": settings.cudagraph_mode},
             # vLLM's scheduler counts accepted drafts only when it logs stats
             disable_log_stats=False,
+            # its sampler warm-up takes the top max_logprobs of every row: no more than the
+            # vocabulary (the trained model has 18 tokens; vLLM's default is 20)
+            max_logprobs=min(20, _vocabulary(model_dir)),
         )
     except Exception as exc:
         raise E2EError(
