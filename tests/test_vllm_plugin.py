@@ -968,3 +968,12 @@ def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> Non
     assert without_full_cudagraphs(builder(NS(name="NONE", has_full_cudagraphs=lambda: False))) \
         == ("this engine captures no full CUDA graphs (cudagraph_mode NONE), where the hook "
             "would run on the host")
+
+    class Unnamed:  # a mode without .name is shown as itself
+        def has_full_cudagraphs(self) -> bool:
+            return False
+
+        def __str__(self) -> str:
+            return "PIECEWISE"
+
+    assert "(cudagraph_mode PIECEWISE)" in str(without_full_cudagraphs(builder(Unnamed())))
