@@ -838,6 +838,30 @@ def test_a_builder_instance_with_prefill_context_parallelism_keeps_vllms_behavio
             assert "CPU_MLA keeps vLLM's behaviour: prefill context parallelism" in warnings[0]
 
 
+def test_a_builder_that_does_not_say_its_dcp_world_size_gets_the_spec_without_dcp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A builder without ``dcp_world_size`` (a release or backend that has no DCP) is a
+    builder without DCP: it gets the hook with the spec declared for DCP off."""
+    cls = _class(BUILDER_CLASSES["CPU_MLA"])
+    real_init = cls.__init__
+
+    def without_dcp_attribute(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        self.__dict__.pop("dcp_world_size", None)
+
+    monkeypatch.setattr(cls, "__init__", without_dcp_attribute)
+    with _plugin_installed(monkeypatch):
+        config = harness.cached_vllm_config(max_model_len=256, block_size=16,
+                                            cudagraph_mode=CAPTURED)
+        builder = harness.make_builder("CPU_MLA", config, block_size=16)
+        assert not hasattr(builder, "dcp_world_size")
+        assert builder.supports_draft_decode_metadata_update is True
+        spec = builder.__dict__["_draftmeta_spec"]
+        assert spec is not None and spec.name.endswith(".frozen")
+        assert ".dcp." not in spec.name
+
+
 @pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL_DECODE_ONLY"])
 def test_in_an_engine_without_full_cuda_graphs_every_builder_keeps_vllms_behaviour(
     mode: str, monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
@@ -862,6 +886,13 @@ def test_in_an_engine_without_full_cuda_graphs_every_builder_keeps_vllms_behavio
                     captured or name == "TRITON_MLA")  # TRITON_MLA: vLLM's own flag
                 assert (builder.__dict__["_draftmeta_spec"] is not None) is captured
         assert _plugin_warnings(vllm_log) == []
+        said = {r.getMessage() for r in vllm_log
+                if r.name == plugin.LOGGER_NAME and r.levelno == logging.DEBUG
+                and "keeps vLLM's behaviour" in r.getMessage()}
+        assert said == (set() if mode == "FULL_DECODE_ONLY" else {
+            f"draftmeta: {name} keeps vLLM's behaviour: this engine captures no full CUDA "
+            f"graphs (cudagraph_mode {mode}), where the hook would run on the host"
+            for name in ("CPU_MLA", "TRITON_MLA")})  # said at DEBUG only, once per builder
 
 
 def test_no_builder_is_special_cased_by_name_in_the_planner_or_the_plugin() -> None:
