@@ -516,6 +516,42 @@ def test_a_spec_that_does_not_fit_its_builder_leaves_that_builder_to_vllm(
         plugin.unregister()
 
 
+def _refused_when_bound_as(name: str) -> Any:
+    """``name``'s catalogue spec, refused once bound to a live builder."""
+    def override(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+        from draftmeta import SpecError
+
+        if builder is not None:
+            raise SpecError(f"{name}.bound", "decode", "does not fit this builder (test)",
+                            "bind it to a builder it fits")
+        return RELEASE.entry(name).make_spec(host_bound=host_bound, dcp=dcp)
+
+    return override
+
+
+def test_a_spec_that_does_not_fit_is_warned_once_per_builder_not_once_for_all(
+    monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
+) -> None:
+    """Each builder whose bound spec does not fit says so in one WARNING (later instances at
+    DEBUG): a second builder's refusal is not hidden behind the first one's."""
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setenv(plugin.OVERRIDE_ENV, "1")
+    plugin.unregister()
+    names = ("CPU_MLA", "TRITON_MLA")
+    plugin.register(spec_overrides={n: _refused_when_bound_as(n) for n in names})
+    try:
+        config = harness.cached_vllm_config(max_model_len=512, block_size=16,
+                                            cudagraph_mode=CAPTURED)
+        for name in names:
+            for _ in range(2):
+                harness.make_builder(name, config, block_size=16)
+        warned = [line for line in _plugin_warnings(vllm_log)
+                  if "keeps vLLM's behaviour: its spec bound to this builder" in line]
+        assert sorted(line.split()[1] for line in warned) == sorted(names), warned
+    finally:
+        plugin.unregister()
+
+
 def _stale_cpu_mla(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
     """CPU_MLA's spec with its host ``max_seq_len`` frozen: deliberately stale."""
     from draftmeta import DraftSpec, HostConstant
