@@ -66,6 +66,8 @@ def test_the_score_leaves_out_equivalent_and_unrun_mutants_and_counts_new_tests(
     assert advance.open == ["draftmeta.advance.x_g__mutmut_2"]
     # (6 killed + 1 timed out + 1 killed by a new test) / (10 run - 1 equivalent)
     assert advance.score == pytest.approx(8 / 9)
+    assert advance.score_at_run == pytest.approx(7 / 9)  # before the new test
+    assert report.total_score(results, at_run=True) == pytest.approx(7 / 9)
     assert spec.run == 0 and spec.score is None
     assert report.total_score(results) == pytest.approx(8 / 9)
     # without the equivalence reason and the new test: 7 / 10
@@ -82,11 +84,12 @@ def test_the_page_lists_each_equivalent_with_its_reason_and_each_open_survivor_w
     page = report.render(results, {"draftmeta.advance.x_g__mutmut_2": "-a < b\n+a <= b",
                                    "draftmeta.advance.x_h__mutmut_1": "-f(x)\n+f(None)"},
                          "nox -s mutation")
-    assert "**Score over the modules run: 77.8%**" in page  # 7 / 9
-    assert ("| `draftmeta/advance.py` | 11 (10 run) | 6 | 1 | 2 | 1 | 1 | 0 | 2 | 77.8% | - |"
-            in page)
+    assert "**Score over the modules run: 77.8%** (77.8% at the run" in page  # 7 / 9
+    assert ("| `draftmeta/advance.py` | 11 (10 run) | 6 | 1 | 2 | 1 | 1 | 0 | 2 | 77.8% | 77.8% "
+            "| - |" in page)
     assert "| `draftmeta/spec.py` | - | not run |" in page
     assert "Not run yet: `draftmeta/spec.py`." in page
+    assert "Partly run (the run was stopped): `draftmeta/advance.py` (1 of 11 left)." in page
     assert "- `draftmeta.advance.x_g__mutmut_1`: the default it spells out" in page
     assert "  +a <= b" in page and "  +f(None)" in page
 

@@ -161,18 +161,25 @@ def _engines(**overrides: object) -> object:
     example's backend (its vLLM plugin's registration) and whose builder has the example's
     spec (its draftmeta registration), K = 3, batch 4, 32 tokens."""
     from draftmeta_example_oot import register_with_vllm
+    from vllm.v1.attention import selector
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     from draftmeta.integrations.vllm import plugin
     from draftmeta.integrations.vllm.e2e.compare import MatrixConfig, run_matrix
 
     plugin.unregister()  # each engine run installs the plugin as vLLM loads it
     register_with_vllm()
+    # vLLM caches the backend its platform picked (an engine earlier in this process picked
+    # vLLM's own CPU_MLA); an engine process loads its plugins before it ever picks one
+    selector._cached_get_attn_backend.cache_clear()
     register_builder(ENTRY)
     try:
         result = run_matrix(MatrixConfig(backends=("CPU_MLA",), batch_sizes=(4,), ks=(3,),
                                          max_tokens=32, warmups=0, repeats=1,
                                          **overrides))  # type: ignore[arg-type]
-    finally:
+    finally:  # later engines of this process get vLLM's own CPU_MLA again
+        AttentionBackendEnum.CPU_MLA.clear_override()
+        selector._cached_get_attn_backend.cache_clear()
         unregister_builder(ENTRY.name)
         plugin.unregister()
     (comparison,) = result.comparisons

@@ -558,6 +558,42 @@ def test_a_builder_whose_spec_was_refused_does_not_satisfy_supports_draft_update
         plugin.unregister()
 
 
+def _refused_when_bound_as(name: str) -> Any:
+    """``name``'s catalogue spec, refused once bound to a live builder."""
+    def override(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+        from draftmeta import SpecError
+
+        if builder is not None:
+            raise SpecError(f"{name}.bound", "decode", "does not fit this builder (test)",
+                            "bind it to a builder it fits")
+        return RELEASE.entry(name).make_spec(host_bound=host_bound, dcp=dcp)
+
+    return override
+
+
+def test_a_spec_that_does_not_fit_is_warned_once_per_builder_not_once_for_all(
+    monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
+) -> None:
+    """Each builder whose bound spec does not fit says so in one WARNING (later instances at
+    DEBUG): a second builder's refusal is not hidden behind the first one's."""
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setenv(plugin.OVERRIDE_ENV, "1")
+    plugin.unregister()
+    names = ("CPU_MLA", "TRITON_MLA")
+    plugin.register(spec_overrides={n: _refused_when_bound_as(n) for n in names})
+    try:
+        config = harness.cached_vllm_config(max_model_len=512, block_size=16,
+                                            cudagraph_mode=CAPTURED)
+        for name in names:
+            for _ in range(2):
+                harness.make_builder(name, config, block_size=16)
+        warned = [line for line in _plugin_warnings(vllm_log)
+                  if "keeps vLLM's behaviour: its spec bound to this builder" in line]
+        assert sorted(line.split()[1] for line in warned) == sorted(names), warned
+    finally:
+        plugin.unregister()
+
+
 def test_a_builder_of_an_engine_without_full_cuda_graphs_is_bound_no_spec(
     active: plugin.Installed,
 ) -> None:
@@ -892,6 +928,30 @@ def test_a_builder_instance_with_prefill_context_parallelism_keeps_vllms_behavio
             assert "CPU_MLA keeps vLLM's behaviour: prefill context parallelism" in warnings[0]
 
 
+def test_a_builder_that_does_not_say_its_dcp_world_size_gets_the_spec_without_dcp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A builder without ``dcp_world_size`` (a release or backend that has no DCP) is a
+    builder without DCP: it gets the hook with the spec declared for DCP off."""
+    cls = _class(BUILDER_CLASSES["CPU_MLA"])
+    real_init = cls.__init__
+
+    def without_dcp_attribute(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        self.__dict__.pop("dcp_world_size", None)
+
+    monkeypatch.setattr(cls, "__init__", without_dcp_attribute)
+    with _plugin_installed(monkeypatch):
+        config = harness.cached_vllm_config(max_model_len=256, block_size=16,
+                                            cudagraph_mode=CAPTURED)
+        builder = harness.make_builder("CPU_MLA", config, block_size=16)
+        assert not hasattr(builder, "dcp_world_size")
+        assert builder.supports_draft_decode_metadata_update is True
+        spec = builder.__dict__["_draftmeta_spec"]
+        assert spec is not None and spec.name.endswith(".frozen")
+        assert ".dcp." not in spec.name
+
+
 @pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL_DECODE_ONLY"])
 def test_in_an_engine_without_full_cuda_graphs_every_builder_keeps_vllms_behaviour(
     mode: str, monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
@@ -916,6 +976,13 @@ def test_in_an_engine_without_full_cuda_graphs_every_builder_keeps_vllms_behavio
                     captured or name == "TRITON_MLA")  # TRITON_MLA: vLLM's own flag
                 assert (builder.__dict__["_draftmeta_spec"] is not None) is captured
         assert _plugin_warnings(vllm_log) == []
+        said = {r.getMessage() for r in vllm_log
+                if r.name == plugin.LOGGER_NAME and r.levelno == logging.DEBUG
+                and "keeps vLLM's behaviour" in r.getMessage()}
+        assert said == (set() if mode == "FULL_DECODE_ONLY" else {
+            f"draftmeta: {name} keeps vLLM's behaviour: this engine captures no full CUDA "
+            f"graphs (cudagraph_mode {mode}), where the hook would run on the host"
+            for name in ("CPU_MLA", "TRITON_MLA")})  # said at DEBUG only, once per builder
 
 
 def test_no_builder_is_special_cased_by_name_in_the_planner_or_the_plugin() -> None:
@@ -1088,3 +1155,12 @@ def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> Non
     assert without_full_cudagraphs(builder(NS(name="NONE", has_full_cudagraphs=lambda: False))) \
         == ("this engine captures no full CUDA graphs (cudagraph_mode NONE), where the hook "
             "would run on the host")
+
+    class Unnamed:  # a mode without .name is shown as itself
+        def has_full_cudagraphs(self) -> bool:
+            return False
+
+        def __str__(self) -> str:
+            return "PIECEWISE"
+
+    assert "(cudagraph_mode PIECEWISE)" in str(without_full_cudagraphs(builder(Unnamed())))

@@ -109,6 +109,12 @@ class ModuleResult:
         caught = self.detected + len([m for m in self.killed_by if m in self.undetected])
         return caught / judged
 
+    @property
+    def score_at_run(self) -> float | None:
+        """Caught share of the non-equivalent mutants run, by the tests as they were then."""
+        judged = self.run - len([m for m in self.equivalent if m in self.statuses])
+        return self.detected / judged if judged > 0 else None
+
     def summary(self) -> dict[str, Any]:
         return {
             "module": self.module, "mutants": self.mutants, "run": self.run,
@@ -116,7 +122,8 @@ class ModuleResult:
             "survived": self.count("survived", "suspicious"), "no_tests": self.count("no tests"),
             "equivalent": len([m for m in self.equivalent if m in self.statuses]),
             "killed_by_new_tests": len([m for m in self.killed_by if m in self.undetected]),
-            "open": len(self.open), "score": self.score, "seconds": self.seconds,
+            "open": len(self.open), "score_at_run": self.score_at_run, "score": self.score,
+            "seconds": self.seconds,
         }
 
 
@@ -139,10 +146,11 @@ def collect(mutants: Path, equivalent: Mapping[str, str], killed_by: Mapping[str
     return results
 
 
-def total_score(results: list[ModuleResult]) -> float | None:
-    """The score over every module run, as :attr:`ModuleResult.score` over their union."""
+def total_score(results: list[ModuleResult], *, at_run: bool = False) -> float | None:
+    """The score over every module run, as :attr:`ModuleResult.score` (or
+    :attr:`ModuleResult.score_at_run`) over their union."""
     judged = sum(r.run - len(r.equivalent) for r in results)
-    caught = sum(r.detected + len([m for m in r.killed_by if m in r.undetected])
+    caught = sum(r.detected + (0 if at_run else len([m for m in r.killed_by if m in r.undetected]))
                  for r in results)
     return caught / judged if judged > 0 else None
 
@@ -164,16 +172,18 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str) 
         "non-equivalent mutants run. The selected tests (`[tool.mutmut]` in `pyproject.toml`) "
         "include no golden-text test: every kill is a behaviour test's.",
         "",
-        f"**Score over the modules run: {_percent(total_score(ran))}**",
+        f"**Score over the modules run: {_percent(total_score(ran))}** "
+        f"({_percent(total_score(ran, at_run=True))} at the run, before the tests written for "
+        "its survivors)",
         "",
         "| module | mutants | killed | timed out | survived | no tests | equivalent "
-        "| killed by new tests | open | score | run time |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| killed by new tests | open | score at the run | score | run time |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         s = r.summary()
         if not r.run:
-            lines.append(f"| `{r.module}` | {s['mutants'] or '-'} | not run | | | | | | | | |")
+            lines.append(f"| `{r.module}` | {s['mutants'] or '-'} | not run | | | | | | | | | |")
             continue
         took = "-" if r.seconds is None else f"{r.seconds / 60:.0f} min"
         if r.seconds is not None and r.run_with > 1:
@@ -184,10 +194,14 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str) 
         lines.append(
             f"| `{r.module}` | {count} | {s['killed']} | {s['timeout']} | {s['survived']} "
             f"| {s['no_tests']} | {s['equivalent']} | {s['killed_by_new_tests']} | {s['open']} "
-            f"| {_percent(r.score)} | {took} |")
+            f"| {_percent(r.score_at_run)} | {_percent(r.score)} | {took} |")
     not_run = [r.module for r in results if not r.run]
     if not_run:
         lines += ["", "Not run yet: " + ", ".join(f"`{m}`" for m in not_run) + "."]
+    partly = [r for r in ran if r.run < r.mutants]
+    if partly:
+        lines += ["", "Partly run (the run was stopped): " + ", ".join(
+            f"`{r.module}` ({r.mutants - r.run} of {r.mutants} left)" for r in partly) + "."]
     lines += ["", "## Equivalent mutants", ""]
     equivalents = [(m, reason) for r in ran for m, reason in sorted(r.equivalent.items())]
     if not equivalents:
