@@ -363,10 +363,9 @@ def _audit(args: argparse.Namespace) -> int:
         raise UsageError(f"it drives the installed vLLM's own builders and hooks, and vLLM does "
                          f"not import here ({missing}); install it first: pip install "
                          f"vllm==0.33.0")
-    if args.out is not None:  # fail before the run, not after it
-        if (problem := folder_problem("--out", args.out)) is not None:
-            raise UsageError(problem)
-        args.out.mkdir(parents=True, exist_ok=True)
+    # fail before the run, not after it (folder_problem creates and test-writes the folder)
+    if args.out is not None and (problem := folder_problem("--out", args.out)) is not None:
+        raise UsageError(problem)
     with Progress("audit", enabled=not args.quiet) as progress, \
             stdout_to_stderr() if args.json else contextlib.nullcontext():
         progress.update("importing vLLM and finding every builder with a draft hook")

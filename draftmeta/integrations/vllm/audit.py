@@ -328,6 +328,7 @@ def _registry_backend(name: str) -> Any:
 
 @contextlib.contextmanager
 def _hook_replaced(backend: str, wrap: HookWrapper) -> Iterator[None]:
+    from draftmeta.integrations.patching import Patches
     from draftmeta.integrations.vllm.backends.vllm_classes import import_class
     from draftmeta.integrations.vllm.catalogue import current_release
 
@@ -335,15 +336,9 @@ def _hook_replaced(backend: str, wrap: HookWrapper) -> Iterator[None]:
     release = current_release()
     cls = (import_class(release.entry(backend).builder) if backend in release.names
            else _registry_backend(backend).get_builder_cls())
-    original = cls.__dict__.get(name)
-    setattr(cls, name, wrap(getattr(cls, name)))
-    try:
+    with Patches() as patches:  # restored exactly, an inherited hook included
+        patches.replace(cls, name, wrap(getattr(cls, name)))
         yield
-    finally:
-        if original is None:
-            delattr(cls, name)
-        else:
-            setattr(cls, name, original)
 
 
 def _owner(builder: Any) -> Owner:
