@@ -29,6 +29,9 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
+from draftmeta.backends.amx import AmxKvSplits
+from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule
+from draftmeta.backends.indexer import KpoolTailSlot
 from draftmeta.derivations import (
     CopyFrom,
     Derivation,
@@ -39,9 +42,6 @@ from draftmeta.derivations import (
 )
 from draftmeta.fields import record_items
 from draftmeta.infer.probe import STATE_TENSORS, Observation, Trajectory
-from draftmeta.integrations.vllm.backends.amx import AmxKvSplits
-from draftmeta.integrations.vllm.backends.hooks import DeepGemmPagedMqaSchedule
-from draftmeta.integrations.vllm.backends.indexer import KpoolTailSlot
 from draftmeta.rules import (
     Alias,
     Derive,

@@ -7,7 +7,7 @@ from typing import Any
 
 from draftmeta.infer.core import Inference, infer_spec
 from draftmeta.infer.probe import default_cases
-from draftmeta.integrations.vllm.backends.amx import compute_units
+from draftmeta.integrations.vllm.specs.amx import compute_units
 from draftmeta.state import DraftState
 
 __all__ = ["infer_vllm", "resolve"]
