@@ -40,6 +40,14 @@ class StateViews:
     query_start_loc: str = "query_start_loc"
     dcp_local_seq_lens: str | None = None
 
+    def __attrs_post_init__(self) -> None:
+        paths = [self.seq_lens, self.block_table, self.slot_mapping, self.query_start_loc,
+                 self.dcp_local_seq_lens]
+        twice = sorted({p for p in paths if p is not None and paths.count(p) > 1})
+        if twice:
+            raise ValueError(f"a field views one buffer, but {twice} are named for two; name "
+                             "each buffer's own field")
+
     def buffers(self) -> dict[str, str]:
         """``{field path: the state buffer it views}``."""
         found = {self.seq_lens: "seq_lens", self.block_table: "block_table",
