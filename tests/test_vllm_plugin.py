@@ -225,7 +225,7 @@ def test_new_runner_hook_refreshes_metadata_captured_from_a_dummy_batch(
 def test_under_dcp_draftmeta_hooks_the_builder_vllm_leaves_and_it_equals_the_rebuild(
     world: int, interleave: int, active: plugin.Installed
 ) -> None:
-    from draftmeta.integrations.vllm.backends.common import dcp_max_seq_len
+    from draftmeta.backends.common import dcp_max_seq_len
 
     name = "TRITON_MLA"
     assert name in active.hook  # patched, for the builders with DCP > 1 only
@@ -439,7 +439,7 @@ def test_an_attribute_the_spec_does_not_cover_keeps_that_builder_rebuilding(
 ) -> None:
     """The negative control of the test above: AMX's attributes without their rules. Two
     builders of that backend refuse their metadata; vLLM's log gets one warning for it."""
-    from draftmeta.integrations.vllm.backends.mla import MLASpec
+    from draftmeta.integrations.vllm.specs.mla import MLASpec
 
     entry = RELEASE.entry("AMX_MLA")
     assert isinstance(entry.spec, MLASpec)
