@@ -29,6 +29,7 @@ __all__ = [
     "HarnessRecipe",
     "Install",
     "Measured",
+    "PLAIN_INSTALL",
     "Proof",
     "Release",
     "Upstream",
