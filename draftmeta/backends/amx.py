@@ -1,6 +1,6 @@
 """The extra state vLLM's CPU ``AMX_MLA`` builder attaches to MLA decode metadata.
 
-``AMXMLAMetadataBuilder.build`` (vLLM 0.32 to 0.34, ``v1/attention/backends/mla/amx_mla.py``)
+``AMXMLAMetadataBuilder.build`` (any supported vLLM, ``v1/attention/backends/mla/amx_mla.py``)
 sets four attributes on ``metadata.decode`` that are not dataclass fields: ``req_to_token``
 (the block table expanded to one row index per token), ``seq_lens_i64`` (an int64 *copy* of
 ``decode.seq_lens``), ``req_pool_indices`` (``arange(num_decodes)``) and ``num_kv_splits`` (a

@@ -1,4 +1,4 @@
-"""The hook path (vLLM 0.33 and 0.34's new model runner): ``update_draft_decode_metadata``.
+"""The hook path (vLLM's new model runner, 0.33 on): ``update_draft_decode_metadata``.
 
 For a builder vLLM leaves without the hook, the plugin installs two replacements made here:
 :func:`replacement_init` makes the ``__init__`` that runs vLLM's ``__init__`` and then binds

@@ -3,8 +3,8 @@
 Installed with draftmeta, the entry point ``draftmeta`` in group ``vllm.general_plugins`` makes
 vLLM call :func:`register` once per process (in every process of a multiprocess engine), before
 any metadata builder exists. It reads the installed release's catalogue
-(:mod:`~draftmeta.integrations.vllm.catalogue`: vLLM 0.32, 0.33 and 0.34) and installs the
-plan :func:`~draftmeta.integrations.vllm.plan.make_plan` makes, **per builder**:
+(:mod:`~draftmeta.integrations.vllm.catalogue`: one module per supported release) and installs
+the plan :func:`~draftmeta.integrations.vllm.plan.make_plan` makes, **per builder**:
 
 * **older proposer** (0.32 and 0.33: ``build_for_drafting`` at every draft index): the metadata
   built at draft index 1 is kept and, at later indices of the same draft loop, updated in place
@@ -23,7 +23,7 @@ plan :func:`~draftmeta.integrations.vllm.plan.make_plan` makes, **per builder**:
   attributes set after construction); otherwise that builder keeps rebuilding, with one log
   line naming the attribute. Anything the spec refuses at run time (a precondition, DCP > 1)
   falls back to the original build for that draft loop.
-* **hook** (0.33 and 0.34: ``supports_draft_decode_metadata_update`` /
+* **hook** (0.33 on: ``supports_draft_decode_metadata_update`` /
   ``update_draft_decode_metadata``, called inside the new runner's captured draft loop): for
   builders vLLM leaves without the hook, a generated full refresh from the buffers the metadata
   views is installed, **only where the spec is capture-safe**; after the builder's own

@@ -3,8 +3,8 @@
 A supported release is one catalogue module, ``catalogue/v0_33.py`` for vLLM 0.33: the list of
 releases is the list of those files, read here without importing them. Everything that names
 "the supported releases" (the catalogue, the recorded class lists, ``explain``'s shipped texts,
-the plugin's refusal, the noxfile's release sessions, the tests) asks this module, so adding a
-release is adding its catalogue module.
+the plugin's refusal, the noxfile's release sessions, the ``vllm`` extra's range, the site's
+release table, the tests) asks this module, so adding a release is adding its catalogue module.
 
 >>> release_of("0.34.1+cpu")
 '0.34'
@@ -34,6 +34,7 @@ __all__ = [
     "release_of",
     "supported",
     "supported_range",
+    "vllm_extra",
 ]
 
 CATALOGUE = "draftmeta.integrations.vllm.catalogue"
@@ -94,9 +95,23 @@ def supported() -> tuple[str, ...]:
 
 
 def supported_range() -> str:
-    """The supported releases as text: ``"0.32 to 0.34"`` (one release: just it)."""
+    """The supported releases as text, the oldest to the newest (``"0.9 to 0.12"``; one
+    release: just it)."""
     all_ = supported()
     return all_[0] if len(all_) == 1 else f"{all_[0]} to {all_[-1]}"
+
+
+def vllm_extra() -> str:
+    """The requirement of draftmeta's ``vllm`` extra: every supported release and no other,
+    from the oldest to just before the release after the newest (``"vllm>=0.32,<0.35"``).
+
+    The package's build writes it into the extra (``hatch_build.py`` loads this module by its
+    path), so the extra widens with the catalogue and is written nowhere else.
+    """
+    all_ = supported()
+    *major, minor = release_key(all_[-1])
+    after = ".".join(str(part) for part in (*major, minor + 1))
+    return f"vllm>={all_[0]},<{after}"
 
 
 def installed_version() -> str | None:

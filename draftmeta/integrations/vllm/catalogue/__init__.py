@@ -25,6 +25,7 @@ from draftmeta.integrations.vllm.catalogue.model import (
     BuilderEntry,
     DraftPath,
     HarnessRecipe,
+    Install,
     Measured,
     Proof,
     Release,
@@ -47,6 +48,7 @@ __all__ = [
     "BuilderEntry",
     "DraftPath",
     "HarnessRecipe",
+    "Install",
     "Measured",
     "Proof",
     "builder_spec",
@@ -193,7 +195,7 @@ def with_registered(catalogue: Release) -> Release:
         raise RuntimeError(f"out-of-tree builders registered under names that vLLM "
                            f"{catalogue.version}'s catalogue or another registration already has: "
                            f"{', '.join(taken)}; register them under names of their own")
-    return catalogue.evolve(version=catalogue.version, add=extra)
+    return catalogue.evolve(version=catalogue.version, add=extra, install=catalogue.install)
 
 
 def builder_spec(

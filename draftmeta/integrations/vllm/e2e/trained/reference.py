@@ -312,8 +312,8 @@ class MTPLayer(DecoderLayer):
         return result
 
     def head_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """``shared_head.norm``: the hidden state the logits come from and, in vLLM 0.32 to
-        0.34, the one recycled into the next draft step."""
+        """``shared_head.norm``: the hidden state the logits come from and, in every
+        supported vLLM, the one recycled into the next draft step."""
         norm: RMSNorm = self.shared_head.norm  # type: ignore[assignment]
         result: torch.Tensor = norm(x)
         return result
@@ -612,7 +612,7 @@ def speculative_generate(model: Reference, prompts: Sequence[Sequence[int]], k: 
     request verifies its drafts with the target, accepts the longest matching prefix plus the
     target's next token, runs the MTP layer's first draft step over the newly verified positions
     (the target's normed hidden states) and ``k - 1`` chained draft steps (the MTP layer's own
-    recycled hidden state: ``recycle`` says which, post-norm as in vLLM 0.32 to 0.34). A request
+    recycled hidden state: ``recycle`` says which, post-norm as in vLLM). A request
     stops once it has ``max_tokens`` tokens (extra accepted tokens are dropped, as vLLM does).
     ``bug`` simulates a stale draft-metadata update (:class:`Bug`).
     """

@@ -331,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stats = speculative_generate(stored, prompts, 3, EVAL_MAX_TOKENS, recycle=recycle)
         log(f"K=3, MTP hidden recycled {recycle}: acceptance {stats.acceptance_rate:.3f}, "
             f"mean length {stats.mean_acceptance_length:.3f}"
-            + (" (vLLM 0.32 to 0.34)" if recycle == "post_norm" else " (not any release)"))
+            + (" (as vLLM does)" if recycle == "post_norm" else " (not any release)"))
     log(f"total wall time: {time.perf_counter() - start:.1f} s")
     log("the recipes compared before this one was chosen: candidates-log.txt (recipe C, "
         "trained longer, is this one)")
