@@ -5,6 +5,7 @@ field of a write that raises (there is no marker per write in the generated code
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from draftmeta import DraftState, advance_state, explain
 from draftmeta.codegen import GeneratedUpdate, Part, generate
 from draftmeta.errors import WriteFailed
 from draftmeta.fields import record_items
-from draftmeta.fused import fusable_paths
+from draftmeta.fused import FusedStep, fusable_paths
 from draftmeta.spec import DraftSpec
 from draftmeta.testing import random_state
 from tests.toy import toy_metadata, toy_spec
@@ -275,3 +276,25 @@ def test_a_write_failing_in_the_middle_names_its_field_and_writes_nothing_after_
     for key in ("decode.lens_copy", "decode.decode_lens", "max_seq_len", "scale"):
         assert _same(before[key], after[key]), key
     assert all(_same(before[k], after[k]) for k in before if k.startswith("state."))
+
+
+# -- the fused step ---------------------------------------------------------------------------
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None
+                    or importlib.util.find_spec("vllm") is None,
+                    reason="the fused step imports its kernel through Triton; the groups are "
+                           "built by vLLM's builders")
+def test_the_fused_step_runs_the_generated_check_and_finish_it_keeps() -> None:
+    # built on the CPU: the kernel is only imported, never launched
+    from tests.golden import regenerate as golden
+
+    state, groups = golden.fused_groups()
+    fused = FusedStep(state, groups)
+    assert [c.spec for c, _ in fused.generated][1:] == [spec.name for spec, _ in groups]
+    for (check, finish), check_fn, finish_fn, (spec, _) in zip(
+            fused.generated[1:], fused.checks[1:], fused.finishes[1:], groups):
+        assert (check.part, finish.part, finish.skip) == ("check", "finish", fusable_paths(spec))
+        assert check.source == generate(spec, "check").source
+        assert finish.source == generate(spec, "finish", fusable_paths(spec)).source
+        assert check_fn.__draftmeta_generated__ is check  # type: ignore[attr-defined]
+        assert finish_fn.__draftmeta_generated__ is finish  # type: ignore[attr-defined]
