@@ -189,12 +189,14 @@ def instrument_phases(samples: dict[str, list[float]], *, lines: bool = False
     original = codegen._compile
 
     def compile_part(spec: Any, part: Any, skip: Any = frozenset()) -> Any:
-        fname, source, namespace = codegen._generate(spec, part, skip)
-        text = source.splitlines()
+        generated = codegen.generate(spec, part, skip)
+        fname, namespace = generated.function_name, dict(generated.globals)
+        text = generated.source.splitlines()
         body = next(i for i, line in enumerate(text) if line.strip() == '"""' and i > 1) + 1
         out = [*text[:body], "    _T.clear()", "    _T.append((_now(), 'call'))"]
+        moved: dict[int, int] = {}  # line of the generated source -> line of the timed one
         n = 0
-        for line in text[body:]:
+        for number, line in enumerate(text[body:], start=body + 1):
             stripped = line.lstrip()
             if lines:  # a statement of the body starts at its indent (continuations are deeper)
                 if (len(line) - len(stripped) == 4 and stripped
@@ -204,6 +206,9 @@ def instrument_phases(samples: dict[str, list[float]], *, lines: bool = False
             elif line.startswith("    # ") and line[6:7].isdigit():
                 out.append(f"    _T.append((_now(), {line[6:].split(' ')[0]!r}))")
             out.append(line)
+            moved[number] = len(out)
+        # a failing write still names its field: the line map follows the lines it moved
+        namespace["_FIELD_AT_LINE"] = {moved[k]: v for k, v in generated.fields_by_line.items()}
         stamps: list[tuple[int, str]] = []
         namespace["_now"] = time.perf_counter_ns
         namespace["_T"] = stamps

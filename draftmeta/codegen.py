@@ -16,6 +16,20 @@ The generated function runs in phases, so that a failed update leaves the metada
 4. tensor writes, in declaration order, in place;
 5. host values stored.
 
+Five functions can be generated from one spec (:data:`Part`): the update, its checks alone, the
+rest after the checks (around a fused kernel), and a seal and step for an object updated at many
+steps. They differ only in which phases they run and in a few flags, so each is one row of a
+table of data (``_VARIANTS``: its name, docstring, phases in order, flags), read side by side,
+rather than a generator subclass each or tests of a flag in every phase.
+
+:func:`generate` returns one :class:`GeneratedUpdate`: the source, the globals it reads and a
+map from each line a rule wrote to that rule's field. :func:`explain` prints it,
+:meth:`GeneratedUpdate.compile` (behind :attr:`DraftSpec.update
+<draftmeta.spec.DraftSpec.update>`, :attr:`DraftSpec.sealed <draftmeta.spec.DraftSpec.sealed>`
+and :class:`~draftmeta.fused.FusedStep`) is the one place it is compiled. A write that raises is
+reported as :class:`~draftmeta.errors.WriteFailed` naming its field through that map (the line
+the exception left the function at), so the writes themselves carry no marker.
+
 This module only drives the phases: every line that depends on a rule comes from the rule
 itself (its ``lower_*`` methods, :class:`~draftmeta.rules.Rule`), written through a
 :class:`~draftmeta.rules.Emitter` that this module implements.
@@ -23,12 +37,14 @@ itself (its ``lower_*`` methods, :class:`~draftmeta.rules.Rule`), written throug
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import linecache
 import re
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 import torch
@@ -43,8 +59,8 @@ from draftmeta.state import DraftState
 if TYPE_CHECKING:
     from draftmeta.spec import DraftSpec
 
-__all__ = ["Part", "SealFunction", "StepFunction", "UpdateFunction", "compile_sealed",
-           "compile_spec", "explain"]
+__all__ = ["GeneratedUpdate", "Part", "SealFunction", "StepFunction", "UpdateFunction",
+           "compile_sealed", "compile_spec", "explain", "generate"]
 
 M_contra = TypeVar("M_contra", contravariant=True)
 M = TypeVar("M")
@@ -82,7 +98,7 @@ def _one_line(text: object) -> str:
 
 
 _FIXED = ("_SPEC", "_PreconditionFailed", "_UpdateError", "_WriteFailed", "_bool", "_pair",
-          "_problem", "_exc", "_raised", "_int", "_path", "_Tensor")
+          "_problem", "_exc", "_raised", "_int", "_FIELD_AT_LINE", "_Tensor")
 
 
 class _Namespace:
@@ -141,6 +157,34 @@ comparison with its seal (identity of every record and tensor verified; a state 
 a new object must lie in the same memory)."""
 
 
+@dataclass(frozen=True)
+class _Variant:
+    """One kind of generated function, as data: what :class:`_Generator` writes for a
+    :data:`Part`."""
+
+    prefix: str
+    """The function's name, before the spec's name."""
+    takes_seal: bool
+    """Whether it takes a third argument, the seal (a sealed step)."""
+    summary: str
+    """The docstring's first line (``{cls}``: the metadata class)."""
+    about: tuple[str, ...]
+    """The docstring's paragraph (``{origin}``: which spec it was generated from; ``{name}``:
+    the spec's name as an identifier)."""
+    phases: tuple[Callable[[_Generator], None], ...]
+    """What it writes, in order: methods of :class:`_Generator`."""
+    checks: bool = True
+    """Whether the phases it shares with the update run their checks (a nested record's class,
+    a new host value's type); ``False`` where the checks ran in another function already."""
+    diagnoses: bool = True
+    """Whether a failed check of phases 0-2 raises the error saying what failed; ``False``:
+    it returns ``False``, writing nothing, and the caller's full update diagnoses."""
+    once_per_object: bool = False
+    """Whether it runs once per metadata object (a seal): a memo of the last call would miss."""
+    compares_seal: bool = False
+    """Whether phases 2 and 3c are replaced by a comparison with the seal (a sealed step)."""
+
+
 class _RuleEmitter:
     """The :class:`~draftmeta.rules.Emitter` a rule writes its lines through: the generator's
     output, indented at the level of the phase being lowered."""
@@ -178,37 +222,47 @@ class _RuleEmitter:
 
     @property
     def once_per_object(self) -> bool:
-        return self._gen.part == "seal"
+        return self._gen.variant.once_per_object
 
     def sealed(self, ref: str) -> bool:
-        return self._gen.part == "step" and ref in self._gen.sealed_tensors
+        return self._gen.variant.compares_seal and ref in self._gen.sealed_tensors
 
 
 class _Generator:
+    """Writes one function: the phases of its variant, in order (:meth:`generate`)."""
+
     def __init__(
         self, spec: DraftSpec[M], part: Part = "full", skip: frozenset[str] = frozenset()
     ) -> None:
-        self.part = part
+        self.variant = _VARIANTS[part]
         self.skip = skip
         self.spec: DraftSpec[object] = spec  # type: ignore[assignment]
         self.ns = _Namespace(spec.name)
         self.lines: list[str] = []
         self.locals: dict[str, str] = {}  # container path -> local name
         self.host_values: dict[str, str] = {}  # host path -> local holding its new value
-        # lines written only if a line follows them (a phase's header, a rule's preamble)
-        self.pending: list[str] = []
+        # lines written only if a line follows them (a phase's header, a rule's preamble),
+        # each with the field it is written for
+        self.pending: list[tuple[str, str | None]] = []
+        self.owner: str | None = None  # the field whose rule the lines being written are for
+        self.fields_by_line: dict[int, str] = {}  # line number (the def is 1) -> field
 
     # -- rendering ----------------------------------------------------------------------------
 
+    def _append(self, line: str, owner: str | None) -> None:
+        self.lines.append(line)
+        if owner is not None:
+            self.fields_by_line[len(self.lines)] = owner
+
     def emit(self, line: str = "", depth: int = 1) -> None:
-        if self.pending:
-            self.lines.extend(self.pending)
-            self.pending.clear()
-        self.lines.append(("    " * depth + line) if line else "")
+        for deferred, owner in self.pending:
+            self._append(deferred, owner)
+        self.pending.clear()
+        self._append(("    " * depth + line) if line else "", self.owner)
 
     def defer(self, line: str, depth: int = 1) -> None:
         """Write ``line`` only if another line is written after it (before :meth:`drop`)."""
-        self.pending.append("    " * depth + line)
+        self.pending.append(("    " * depth + line, self.owner))
 
     def drop(self, keep: int = 0) -> bool:
         """Forget deferred lines past the first ``keep``; whether none were pending (all that
@@ -216,6 +270,15 @@ class _Generator:
         written = not self.pending
         del self.pending[keep:]
         return written
+
+    @contextlib.contextmanager
+    def owning(self, path: str) -> Iterator[None]:
+        """Lines written inside are ``path``'s: the line map names it for each of them."""
+        self.owner = path
+        try:
+            yield
+        finally:
+            self.owner = None
 
     def lower(self, depth: int = 1) -> _RuleEmitter:
         """The emitter a rule writes through, at ``depth``."""
@@ -243,84 +306,45 @@ class _Generator:
         self.emit(f"raise _UpdateError(_SPEC, {path!r}, {detail})", depth)
 
     def refuse(self, path: str, detail: str, depth: int = 2) -> None:
-        """A check of phases 0-2 failed: raise (:meth:`error`), or, in a sealed step, return
-        ``False`` with nothing written (the caller's full update then says what failed)."""
-        if self.part == "step":
-            self.emit("return False", depth)
-        else:
+        """A check of phases 0-2 failed: raise (:meth:`error`), or, in a variant that does not
+        diagnose (a sealed step), return ``False`` with nothing written (the caller's full
+        update then says what failed)."""
+        if self.variant.diagnoses:
             self.error(path, detail, depth)
+        else:
+            self.emit("return False", depth)
 
-    # -- phases -------------------------------------------------------------------------------
+    # -- the function: its variant's phases, in order -----------------------------------------
 
-    def generate(self) -> tuple[str, str]:
-        spec = self.spec
-        prefix = {"full": "draft_update_", "check": "draft_check_", "finish": "draft_finish_",
-                  "seal": "draft_seal_", "step": "draft_step_"}
-        fname = prefix[self.part] + identifier(spec.name)
-        args = "metadata, state, seal" if self.part == "step" else "metadata, state"
+    def generate(self) -> str:
+        """The function's name; its source is then in :attr:`lines`."""
+        spec, variant = self.spec, self.variant
+        name = identifier(spec.name)
+        fname = variant.prefix + name
+        args = "metadata, state, seal" if variant.takes_seal else "metadata, state"
         self.emit(f"def {fname}({args}):", 0)
-        cls = _one_line(spec.cls.__qualname__)
-        what = {
-            "full": f"Update a {cls} in place for one draft step.",
-            "check": f"Check that a {cls} can be updated; write nothing.",
-            "finish": f"Finish updating a {cls} after its checks passed.",
-            "seal": f"Update a {cls} in place with every check; return its seal.",
-            "step": f"Update a sealed {cls} in place; False (nothing written) if a check fails.",
-        }[self.part]
-        self.emit(f'"""{what}')
+        self.emit(f'"""{variant.summary.format(cls=_one_line(spec.cls.__qualname__))}')
         self.emit()
         origin = f"Generated by draftmeta from spec {_one_line(repr(spec.name))}"
-        if self.part == "full":
-            self.emit(f"{origin}; every check runs before")
-            self.emit("the first write, so a failed update leaves the metadata untouched.")
-        elif self.part == "check":
-            self.emit(f"{origin}; it runs every check of")
-            self.emit("the update and writes nothing.")
-        elif self.part == "seal":
-            self.emit(f"{origin}: the full update (every")
-            self.emit("check before the first write), returning what the structure checks")
-            self.emit("verified, for draft_step_" + identifier(spec.name) + " at the later steps.")
-        elif self.part == "step":
-            self.emit(f"{origin}. ``seal`` is what")
-            self.emit(f"draft_seal_{identifier(spec.name)} returned for this object; every check")
-            self.emit("that can change between steps runs here, before the first write. Where")
-            self.emit("one of phases 0-2 fails it returns False: the full update says what failed.")
-        else:
-            self.emit(f"{origin}. It checks nothing: call it")
-            self.emit(f"only after {'draft_check_' + identifier(spec.name)} passed for this step.")
+        for line in variant.about:
+            self.emit(line.format(origin=origin, name=name))
         self.emit('"""')
         if not spec.supported:
             reasons = "; ".join(f"{p}: {r}" for p, r in spec.unsupported_reasons)
             self.emit(f"raise _PreconditionFailed(_SPEC, 'unsupported', {reasons!r})")
-            return fname, self.finish()
-        part = self.part
-        if part != "finish":
-            self.object_check()
-            self.preconditions()
-        self.containers()
-        if part in ("full", "check", "seal"):
-            self.checks()
-        if part == "step":
-            self.sealed()
-        if part != "finish":
-            self.host_operands()
-        self.host_phase()
-        if part != "finish":
-            self.formula_checks()
-        if part in ("full", "check", "seal"):
-            self.layout()
-        if part != "check":
-            self.tensor_phase()
-            self.store_phase()
-        if part in ("full", "seal", "step"):
-            self.untouched()
-        if part == "seal":
-            self.seal()
-        if part == "step":
-            self.emit("return True")
-        elif self.skip:
+            return fname
+        for phase in variant.phases:
+            phase(self)
+        return fname
+
+    def returns_true(self) -> None:
+        """A sealed step's end: every check passed and everything was written."""
+        self.emit("return True")
+
+    def fused_elsewhere(self) -> None:
+        """A note of the writes left to a fused kernel, if any."""
+        if self.skip:
             self.comment(f"fused elsewhere: {', '.join(sorted(self.skip))}")
-        return fname, self.finish()
 
     # -- the seal: structure checked once per object ----------------------------------------
 
@@ -399,7 +423,7 @@ class _Generator:
                       f"{moved}(state.{name}, seal[{k + j}]):")
             self.emit("return False", 2)
 
-    def finish(self) -> str:
+    def source(self) -> str:
         return "\n".join(self.lines) + "\n"
 
     def object_check(self) -> None:
@@ -454,7 +478,7 @@ class _Generator:
             expr = cond.expression(self.raw, self.ns.bind)
             guards = self._guards(cond.reads())
             exprs.append(" and ".join([f"{self.raw(g)} is not None" for g in guards] + [expr]))
-        if self.part == "step":  # no diagnosis: the full update says which one failed
+        if not self.variant.diagnoses:  # the full update says which one failed
             self.emit("# 1. preconditions" if len(exprs) > 1 else "# 1. precondition")
             self.all_of(exprs)
             self.emit("return False", 2)
@@ -507,7 +531,7 @@ class _Generator:
                 name = self.ns.fresh(path.replace(".", "__"))
                 self.emit(f"{name} = {self.ref(path)}")
                 self.locals[path] = name
-            if self.part == "finish":
+            if not self.variant.checks:
                 continue
             cls = self.spec.record_class(path)
             if self.spec.optional(path):
@@ -527,7 +551,8 @@ class _Generator:
             self.defer("# 2. structure: aliases and derivation inputs")
         em = self.lower()
         for path, rule in self._active():
-            rule.lower_structure(em, path)
+            with self.owning(path):
+                rule.lower_structure(em, path)
         self.drop()
 
     def host_operands(self) -> None:
@@ -554,7 +579,8 @@ class _Generator:
                    "(new host values)")
         em = self.lower()
         for path, rule in self._active():
-            rule.lower_formula_check(em, path)
+            with self.owning(path):
+                rule.lower_formula_check(em, path)
         self.drop()
 
     def layout(self) -> None:
@@ -591,31 +617,35 @@ class _Generator:
             if first:
                 self.emit("# 3. new host values, computed before any write")
                 first = False
-            value = rule.lower_host(em, path)
-            local = self.ns.fresh("new_" + path.replace(".", "__"))
-            self.comment(f"{path}: {rule.describe()}")
-            self.emit(f"{local} = {value}")
-            self.host_values[path] = local
-            if self.part != "finish":
-                rule.lower_host_check(em, path, local)
+            with self.owning(path):
+                value = rule.lower_host(em, path)
+                local = self.ns.fresh("new_" + path.replace(".", "__"))
+                self.comment(f"{path}: {rule.describe()}")
+                self.emit(f"{local} = {value}")
+                self.host_values[path] = local
+                if self.variant.checks:
+                    rule.lower_host_check(em, path, local)
 
     def tensor_phase(self) -> None:
+        """Phase 4. A write that raises is reported with its field, found in the line map at
+        the line the exception left this function at (the first entry of its traceback is
+        this function's frame): no marker per write."""
         self.defer("# 4. tensor writes, in place, in declaration order (an exception here is a "
                    "bug in a formula or hook: WriteFailed)")
-        self.defer("_path = None")
         self.defer("try:")
         em = self.lower(2)
         for path, rule in self.spec.rules.items():
             if path in self.skip:
                 continue
             keep = len(self.pending)  # the phase's header, while nothing is written yet
-            self.defer(f"# {_one_line(f'{path}: {rule.describe()}')}", 2)
-            self.defer(f"_path = {path!r}", 2)
-            rule.lower_write(em, path)
+            with self.owning(path):
+                self.defer(f"# {_one_line(f'{path}: {rule.describe()}')}", 2)
+                rule.lower_write(em, path)
             self.drop(keep)
         if self.drop():
             self.emit("except Exception as _exc:")
-            self.emit("raise _WriteFailed(_SPEC, _path, _raised(_exc)) from _exc", 2)
+            self.emit("raise _WriteFailed(_SPEC, _FIELD_AT_LINE[_exc.__traceback__.tb_lineno], "
+                      "_raised(_exc)) from _exc", 2)
 
     def store_phase(self) -> None:
         if not self.host_values:
@@ -627,7 +657,8 @@ class _Generator:
                 target = f"{self.locals[parent]}.{leaf}"
             else:
                 target = f"metadata.{path}"
-            self.emit(f"{target} = {local}")
+            with self.owning(path):
+                self.emit(f"{target} = {local}")
 
     def untouched(self) -> None:
         rest = [(p, r) for p, r in self.spec.rules.items()
@@ -642,6 +673,52 @@ class _Generator:
         self.emit("# fields this update does not write:")
         for path, rule in rest:
             self.comment(f"  {path}: {rule.describe()}")
+
+
+_G = _Generator
+_CHECKED = (_G.object_check, _G.preconditions, _G.containers, _G.checks, _G.host_operands,
+            _G.host_phase, _G.formula_checks, _G.layout)
+"""Phases 0-3 with every check: what the update, its check function and its seal share."""
+_WRITES = (_G.tensor_phase, _G.store_phase)
+
+_VARIANTS: dict[Part, _Variant] = {
+    "full": _Variant(
+        prefix="draft_update_", takes_seal=False,
+        summary="Update a {cls} in place for one draft step.",
+        about=("{origin}; every check runs before",
+               "the first write, so a failed update leaves the metadata untouched."),
+        phases=(*_CHECKED, *_WRITES, _G.untouched, _G.fused_elsewhere)),
+    "check": _Variant(
+        prefix="draft_check_", takes_seal=False,
+        summary="Check that a {cls} can be updated; write nothing.",
+        about=("{origin}; it runs every check of", "the update and writes nothing."),
+        phases=(*_CHECKED, _G.fused_elsewhere)),
+    "finish": _Variant(
+        prefix="draft_finish_", takes_seal=False,
+        summary="Finish updating a {cls} after its checks passed.",
+        about=("{origin}. It checks nothing: call it",
+               "only after draft_check_{name} passed for this step."),
+        phases=(_G.containers, _G.host_phase, *_WRITES, _G.fused_elsewhere), checks=False),
+    "seal": _Variant(
+        prefix="draft_seal_", takes_seal=False,
+        summary="Update a {cls} in place with every check; return its seal.",
+        about=("{origin}: the full update (every",
+               "check before the first write), returning what the structure checks",
+               "verified, for draft_step_{name} at the later steps."),
+        phases=(*_CHECKED, *_WRITES, _G.untouched, _G.seal, _G.fused_elsewhere),
+        once_per_object=True),
+    "step": _Variant(
+        prefix="draft_step_", takes_seal=True,
+        summary="Update a sealed {cls} in place; False (nothing written) if a check fails.",
+        about=("{origin}. ``seal`` is what",
+               "draft_seal_{name} returned for this object; every check",
+               "that can change between steps runs here, before the first write. Where",
+               "one of phases 0-2 fails it returns False: the full update says what failed."),
+        phases=(_G.object_check, _G.preconditions, _G.containers, _G.sealed, _G.host_operands,
+                _G.host_phase, _G.formula_checks, *_WRITES, _G.untouched, _G.returns_true),
+        diagnoses=False, compares_seal=True),
+}
+"""The five variants side by side: which phases each writes, in order, and how they differ."""
 
 
 def _text(value: str) -> str:
@@ -696,12 +773,90 @@ def _allowed_attributes(spec: DraftSpec[Any], path: str) -> frozenset[str]:
                      if p.startswith(prefix) and "." not in p[len(prefix):])
 
 
-def _generate(
+@dataclass(frozen=True)
+class GeneratedUpdate:
+    """One generated function, before it is compiled: what :func:`explain` prints,
+    :meth:`compile` compiles and :class:`~draftmeta.fused.FusedStep` runs around its kernel.
+
+    The same spec, part and ``skip`` always give an equal source, line map and global names.
+    """
+
+    spec: str
+    """The name of the spec it was generated from."""
+    part: Part
+    """Which function of the spec it is (:data:`Part`)."""
+    skip: frozenset[str]
+    """The paths whose tensor writes it leaves to a fused kernel."""
+    function_name: str
+    """The name of the function its source defines (``draft_update_<spec>``, ...)."""
+    source: str
+    """The function's source: the ``def`` is line 1."""
+    globals: Mapping[str, object]
+    """What the generated module's globals start as: each name the source reads that is not a
+    builtin. The memos among them are filled by the function's calls, so compile a result once
+    (:func:`generate` makes new ones)."""
+    bound: tuple[str, ...]
+    """The names among :attr:`globals` bound from the spec (its classes, formulas, memos), in
+    the order they were bound; the rest are draftmeta's own (:func:`explain` lists both)."""
+    fields_by_line: Mapping[int, str]
+    """Which field each line written for a rule belongs to (line numbers of :attr:`source`):
+    its structure and formula checks, its new host value and its check and store, its tensor
+    write. A write that raises is reported as :class:`~draftmeta.errors.WriteFailed` naming
+    the field at the line the exception left the function at (the global ``_FIELD_AT_LINE``
+    is this map)."""
+
+    @property
+    def filename(self) -> str:
+        """The file name tracebacks and :mod:`linecache` show for the compiled function: the
+        part (``update`` for the full update), the spec and a digest of the source."""
+        digest = hashlib.sha1(self.source.encode()).hexdigest()[:10]
+        part = "update" if self.part == "full" else self.part
+        return f"<draftmeta generated {part} {self.spec} {digest}>"
+
+    def explain(self) -> str:
+        """The source after a header of comments saying what every global it reads holds, so
+        the text stands alone."""
+        header = ["# globals of the generated function's module:"]
+        for name, fixed in _FIXED_TEXT.items():
+            if re.search(rf"\b{name}\b", self.source):
+                value = repr(self.spec) if name == "_SPEC" else fixed
+                header.append(f"#   {name} = {_one_line(value)}")
+        for name in self.bound:
+            header.append(f"#   {name} = {_one_line(describe_bound(self.globals[name]))}")
+        return "\n".join(header) + "\n" + self.source
+
+    def compile(self) -> types.FunctionType:
+        """Compile the source into a function whose globals are :attr:`globals`, and register
+        the source with :mod:`linecache` under :attr:`filename` so tracebacks and debuggers
+        show its lines. The function's ``__draftmeta_generated__`` is this result and its
+        ``__draftmeta_source__`` the source."""
+        namespace = dict(self.globals)
+        exec(compile(self.source, self.filename, "exec"), namespace)
+        linecache.cache[self.filename] = (len(self.source), None,
+                                          self.source.splitlines(True), self.filename)
+        fn = namespace[self.function_name]
+        assert isinstance(fn, types.FunctionType)
+        fn.__module__ = "draftmeta.generated"
+        fn.__draftmeta_generated__ = self  # type: ignore[attr-defined]
+        fn.__draftmeta_source__ = self.source  # type: ignore[attr-defined]
+        return fn
+
+
+def generate(
     spec: DraftSpec[M], part: Part = "full", skip: frozenset[str] = frozenset()
-) -> tuple[str, str, dict[str, object]]:
+) -> GeneratedUpdate:
+    """Generate one function of ``spec`` (the whole update by default; see :data:`Part`),
+    leaving the tensor writes of the paths in ``skip`` to a fused kernel; nothing is compiled.
+    """
     gen = _Generator(spec, part, skip)
-    fname, source = gen.generate()
-    return fname, source, gen.ns.values
+    fname = gen.generate()
+    fields_by_line = types.MappingProxyType(dict(gen.fields_by_line))
+    gen.ns.values["_FIELD_AT_LINE"] = fields_by_line
+    return GeneratedUpdate(
+        spec=spec.name, part=part, skip=skip, function_name=fname, source=gen.source(),
+        globals=types.MappingProxyType(dict(gen.ns.values)), bound=tuple(gen.ns.bound),
+        fields_by_line=fields_by_line,
+    )
 
 
 _FIXED_TEXT = {
@@ -710,6 +865,8 @@ _FIXED_TEXT = {
     "_UpdateError": "draftmeta.errors.UpdateError",
     "_WriteFailed": "draftmeta.errors.WriteFailed",
     "_raised": "(exc) -> 'ExcType: message', for an error raised inside a formula",
+    "_FIELD_AT_LINE": "{line of this function: the field whose rule wrote it}, naming the "
+                      "field of a write that raised",
     "_int": "int",
     "_bool": "torch.bool",
     "_Tensor": "torch.Tensor",
@@ -755,17 +912,8 @@ def describe_bound(obj: object) -> str:
 def explain(spec: DraftSpec[M]) -> str:
     """The source of the update function generated for ``spec`` (the same spec, the same text),
     after a header of comments saying what every global it uses holds, so the text stands
-    alone."""
-    gen = _Generator(spec)
-    _, source = gen.generate()
-    header = ["# globals of the generated function's module:"]
-    for name, fixed in _FIXED_TEXT.items():
-        if re.search(rf"\b{name}\b", source):
-            value = repr(spec.name) if name == "_SPEC" else fixed
-            header.append(f"#   {name} = {_one_line(value)}")
-    for name in gen.ns.bound:
-        header.append(f"#   {name} = {_one_line(describe_bound(gen.ns.values[name]))}")
-    return "\n".join(header) + "\n" + source
+    alone (:meth:`GeneratedUpdate.explain` of :func:`generate`)."""
+    return generate(spec).explain()
 
 
 def compile_spec(
@@ -790,17 +938,6 @@ def compile_sealed(spec: DraftSpec[M]) -> tuple[SealFunction[M], StepFunction[M]
 
 def _compile(spec: DraftSpec[M], part: Part, skip: frozenset[str] = frozenset()
              ) -> types.FunctionType:
-    fname, source, namespace = _generate(spec, part, skip)
-    digest = hashlib.sha1(source.encode()).hexdigest()[:10]
-    filename = f"<draftmeta generated {part} {spec.name} {digest}>".replace(" full ", " update ")
-    code = compile(source, filename, "exec")
-    exec(code, namespace)
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    fn = namespace[fname]
-    assert isinstance(fn, types.FunctionType)
-    fn.__module__ = "draftmeta.generated"
-    fn.__draftmeta_source__ = source  # type: ignore[attr-defined]
-    return fn
-
-
-
+    """The one compile path of every generated function (``benchmarks/e2e_floor.py
+    --phases`` replaces it to time the phases)."""
+    return generate(spec, part, skip).compile()

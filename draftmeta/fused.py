@@ -7,10 +7,13 @@ hooks. Values a row computes (an advanced sequence length) stay in registers for
 read them later in the same row; copies of a tensor onto itself (a field that aliases its
 source) are dropped. Everything else a spec declares (preconditions, structure checks, host
 values, recompute hooks, non-elementwise derivations) still runs through the group's
-generated check and finish functions, in the same order as the unfused update.
+generated check and finish functions, in the same order as the unfused update: they come from
+:func:`~draftmeta.codegen.generate`, as the update does, and :attr:`FusedStep.generated` keeps
+them (source, globals, line map).
 
 Like the update functions, the kernel source is generated text (:attr:`FusedStep.source`); it
-is written to a cache file so Triton can read it, and imported from there.
+is written to a cache file so Triton can read it, and imported from there (Triton reads a
+kernel's source from its file).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import torch
 
 from draftmeta.advance import HostBound, OverflowPolicy, advance_spec
-from draftmeta.codegen import UpdateFunction, compile_spec
+from draftmeta.codegen import GeneratedUpdate, UpdateFunction, generate
 from draftmeta.refs import is_state_ref
 from draftmeta.rules import Rule
 from draftmeta.spec import DraftSpec
@@ -278,11 +281,15 @@ class FusedStep:
     ) -> None:
         self.state = state
         self._parts = _parts(state, groups, policy, host_bound)
-        self.checks: list[UpdateFunction[Any]] = []
-        self.finishes: list[UpdateFunction[Any]] = []
-        for spec, _ in self._parts:
-            self.checks.append(compile_spec(spec, "check"))
-            self.finishes.append(compile_spec(spec, "finish", fusable_paths(spec)))
+        self.generated: list[tuple[GeneratedUpdate, GeneratedUpdate]] = [
+            (generate(spec, "check"), generate(spec, "finish", fusable_paths(spec)))
+            for spec, _ in self._parts
+        ]
+        """The generated check and finish functions of every part (the source advance first),
+        before they were compiled: what runs around the kernel, as :func:`explain
+        <draftmeta.codegen.explain>` shows the update."""
+        self.checks: list[UpdateFunction[Any]] = [c.compile() for c, _ in self.generated]
+        self.finishes: list[UpdateFunction[Any]] = [f.compile() for _, f in self.generated]
         kernel = _build_kernel(state, self._parts)
         self.name = _kernel_name(kernel)
         self.source: str = kernel.source(self.name)

@@ -227,10 +227,11 @@ def test_bound_names_stay_the_same_when_rules_are_reordered() -> None:
 def test_explain_header_says_what_every_global_of_the_source_holds() -> None:
     import re
 
-    from draftmeta.codegen import _generate
+    from draftmeta.codegen import generate
 
     spec = toy_spec()
-    _, source, namespace = _generate(spec)
+    generated = generate(spec)
+    source, namespace = generated.source, generated.globals
     text = explain(spec)
     header = _header(text)
     used = {n for n in namespace if n != "__builtins__" and re.search(rf"\b{n}\b", source)}

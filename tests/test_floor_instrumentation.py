@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from draftmeta import advance_state
-from draftmeta.codegen import _generate
+from draftmeta.codegen import generate
 from draftmeta.testing import compare_metadata, random_state
 from tests.toy import Scheduler, toy_metadata, toy_spec
 
@@ -36,8 +36,7 @@ def _three_steps(spec: Any) -> None:
 
 def _statements(part: str) -> int:
     """Top-level statements of the generated function's body, docstring left out."""
-    _, source, _ = _generate(toy_spec(), part)  # type: ignore[arg-type]
-    function = ast.parse(source).body[0]
+    function = ast.parse(generate(toy_spec(), part).source).body[0]  # type: ignore[arg-type]
     assert isinstance(function, ast.FunctionDef)
     return len(function.body) - 1
 
@@ -63,7 +62,7 @@ def test_phases_time_each_phase_comment(e2e_floor: ModuleType) -> None:
         _three_steps(toy_spec())
     finally:
         undo()
-    _, source, _ = _generate(toy_spec(), "step")  # type: ignore[arg-type]
+    source = generate(toy_spec(), "step").source
     phases = {line.split()[1] for line in source.splitlines()
               if line.startswith("    # ") and line[6:7].isdigit()}
     assert phases and {k.split()[1] for k in samples if k.startswith("step ")} == {
