@@ -47,8 +47,8 @@ from draftmeta.loop_capture import CapturedLoop, CaptureError, capture_loop
 from draftmeta.protocol import spec_of
 from draftmeta.shadow import Sentinel, sentinel_for
 from draftmeta.state import DraftState
-from draftmeta.step_policy import StepPolicy
 from draftmeta.state_validation import validate_state
+from draftmeta.step_policy import StepPolicy
 
 __all__ = [
     "AttentionGroup",
@@ -195,16 +195,16 @@ class DraftLoop:
         """Each group's update-or-rebuild policy, by name (decided here, once)."""
         for group in self.groups:
             record = self.stats.groups[group.name] = GroupStats()
-            policy = StepPolicy(group.name, group.builder, record, group.rebuild,
-                                report=_log_fallback)
-            self.policies[group.name] = policy
+            step_policy = StepPolicy(group.name, group.builder, record, group.rebuild,
+                                     report=_log_fallback)
+            self.policies[group.name] = step_policy
             first_mismatch = self.sentinels[group.name].first_mismatch
             if first_mismatch is not None:  # shadow mode found it stale earlier
-                policy.stale(first_mismatch)
+                step_policy.stale(first_mismatch)
             spec = spec_of(group.builder)
-            if policy.in_place and spec is not None:
-                policy.check_object(spec, group.metadata)
-            if policy.in_place:
+            if step_policy.in_place and spec is not None:
+                step_policy.check_object(spec, group.metadata)
+            if step_policy.in_place:
                 logger.info("draft group %s: metadata updated in place", group.name)
 
     def metadata(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from draftmeta.codegen import SealFunction, StepFunction
 from draftmeta.compare import Mismatch
 from draftmeta.errors import DraftMetaError, PreconditionFailed, UpdateError, WriteFailed
 from draftmeta.protocol import SupportsDraftUpdate, spec_of, why_not_in_place
@@ -132,8 +133,18 @@ class StepPolicy:
         record: the group's record.
     """
 
-    __slots__ = ("_for_good", "_report", "_seal", "_step", "_update", "name", "rebuild",
-                 "reason", "record", "seal")
+    __slots__ = (
+        "_for_good",
+        "_report",
+        "_seal",
+        "_step",
+        "_update",
+        "name",
+        "reason",
+        "rebuild",
+        "record",
+        "seal",
+    )
 
     def __init__(self, name: str, builder: object, record: StepRecord, rebuild: Rebuild, *,
                  report: Report = _no_report, sealed: bool = False) -> None:
@@ -143,10 +154,10 @@ class StepPolicy:
         self._report = report
         self.reason: str | None = None
         self._for_good = False
-        self.seal: object = None  # the sealed pair's seal of the current object, if any
+        self.seal: tuple[object, ...] | None = None  # the sealed pair's seal of the object
         self._update: Callable[[Any, DraftState], object] | None = None
-        self._seal: Callable[[Any, DraftState], object] | None = None
-        self._step: Callable[[Any, DraftState, object], bool] | None = None
+        self._seal: SealFunction[Any] | None = None
+        self._step: StepFunction[Any] | None = None
         problem = why_not_capable(builder)
         if problem is None:
             spec = spec_of(builder)
