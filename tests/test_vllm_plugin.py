@@ -1164,3 +1164,87 @@ def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> Non
             return "PIECEWISE"
 
     assert "(cudagraph_mode PIECEWISE)" in str(without_full_cudagraphs(builder(Unnamed())))
+
+
+def _amx_without_attribute_rules(*, host_bound: Any, dcp: bool = False,
+                                 builder: Any = None) -> Any:
+    """AMX_MLA's spec without the rules of the attributes its builder adds to the metadata."""
+    from draftmeta.integrations.vllm.backends.mla import MLASpec
+
+    entry = RELEASE.entry("AMX_MLA")
+    assert isinstance(entry.spec, MLASpec)
+    bare = MLASpec("dense", entry.spec.metadata, entry.spec.decode)
+    return bare(name="AMX_MLA", host_bound=host_bound, dcp=dcp, builder=builder)
+
+
+def _both_loops(monkeypatch: pytest.MonkeyPatch, name: str, override: Any, steps: int = 4
+                ) -> dict[str, tuple[str | None, int, int]]:
+    """The same spec over the same draft state, through ``DraftLoop`` (over vLLM's own build)
+    and through the plugin's older-proposer path: per loop, the reason recorded, the steps
+    updated in place and the steps rebuilt."""
+    from draftmeta.loop import AttentionGroup, DraftLoop
+    from draftmeta.protocol import SpecBuilder
+
+    config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
+                                        cudagraph_mode=CAPTURED)
+    base = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                        max_model_len=1024, steps=steps)
+    make = override or RELEASE.entry(name).make_spec
+    plugin.unregister()
+    builder = harness.make_builder(name, config, block_size=16)
+    build = type(builder).build_for_drafting
+    state = base.clone()
+    group = AttentionGroup(name, SpecBuilder(make(host_bound="advance", builder=builder)),
+                           build(builder, _cad(state), 1),
+                           lambda s, index: build(builder, _cad(s), index))
+    stats = DraftLoop([group], state, policy="wrap", fused=False).run(lambda i, m: None, steps)
+    ran = {"DraftLoop": (stats.groups[name].reason, stats.groups[name].updates,
+                         stats.groups[name].rebuilds)}
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.register(spec_overrides={name: override} if override else None)
+    try:
+        _v1_loop(harness.make_builder(name, config, block_size=16), base.clone(), steps, "wrap")
+        counts = plugin.stats()[name]
+        ran["older proposer"] = (plugin.fallback_reasons().get(name), counts["in_place"],
+                                 counts["rebuilt"])
+    finally:
+        plugin.unregister()
+    return ran
+
+
+@needs_older_proposer
+@pytest.mark.parametrize("spec", ["refusing", "shipped"])
+def test_a_step_the_spec_refuses_is_rebuilt_with_the_same_reason_on_both_loops(
+    spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One policy: a precondition no draft step meets is recorded in the same words, and every
+    step rebuilt, by ``DraftLoop`` and by the older proposer. The shipped spec (the control)
+    updates every step in place on both, with no reason."""
+    ran = _both_loops(monkeypatch, "CPU_MLA", _refusing_cpu_mla if spec == "refusing" else None)
+    if spec == "shipped":
+        assert ran == {"DraftLoop": (None, 3, 0), "older proposer": (None, 3, 0)}
+        return
+    assert ran["DraftLoop"] == ran["older proposer"], ran
+    reason, updates, rebuilds = ran["DraftLoop"]
+    assert (updates, rebuilds) == (0, 3)
+    assert str(reason).startswith("precondition 'never_met' failed: "), reason
+
+
+@needs_older_proposer
+@pytest.mark.parametrize("spec", ["without attribute rules", "shipped"])
+def test_metadata_the_spec_does_not_cover_is_rebuilt_with_the_same_reason_on_both_loops(
+    spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One policy: AMX_MLA's metadata carries attributes a spec without their rules cannot
+    update, so both loops rebuild every step, for the same recorded reason, decided once
+    before the first update. The shipped spec (the control) updates in place on both."""
+    ran = _both_loops(monkeypatch, "AMX_MLA",
+                      _amx_without_attribute_rules if spec != "shipped" else None)
+    if spec == "shipped":
+        assert ran == {"DraftLoop": (None, 3, 0), "older proposer": (None, 3, 0)}
+        return
+    assert ran["DraftLoop"] == ran["older proposer"], ran
+    reason, updates, rebuilds = ran["DraftLoop"]
+    assert (updates, rebuilds) == (0, 3)
+    assert str(reason).startswith("its built metadata carries decode."), reason
+    assert str(reason).endswith("which spec AMX_MLA.advance has no rule for"), reason

@@ -246,9 +246,17 @@ def replacement_build_for_drafting(
             kept: _OlderBuilder | None = (
                 loop[2] if len(loop) == 3 else first_step(self, common_attn_metadata, loop[1]))
             if kept is not None:
+                # rebind(kept.state, cad), written out: the policy's call below takes the place
+                # of that call, so the step runs as many Python calls as before the policy
+                cad, state = common_attn_metadata, kept.state
+                state.seq_lens, state.slot_mapping = cad.seq_lens, cad.slot_mapping
+                state.block_table = cad.block_table_tensor
+                state.query_start_loc = cad.query_start_loc
+                state.max_seq_len, state.num_reqs = cad.max_seq_len, cad.num_reqs
+                if cad.positions is not None:
+                    state.positions = cad.positions
                 # the policy: the sealed update in place, or vLLM's build and the reason
-                metadata = kept.policy.step(loop[1], rebind(kept.state, common_attn_metadata),
-                                            common_attn_metadata, draft_index)
+                metadata = kept.policy.step(loop[1], state, cad, draft_index)
                 if kept.shadowed and metadata is loop[1]:
                     metadata = _shadow_step(self, original, kept, common_attn_metadata,
                                             metadata, draft_index)
