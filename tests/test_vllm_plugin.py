@@ -1248,3 +1248,45 @@ def test_metadata_the_spec_does_not_cover_is_rebuilt_with_the_same_reason_on_bot
     assert (updates, rebuilds) == (0, 3)
     assert str(reason).startswith("its built metadata carries decode."), reason
     assert str(reason).endswith("which spec AMX_MLA.advance has no rule for"), reason
+
+
+_REBOUND = ("seq_lens", "slot_mapping", "block_table", "query_start_loc", "positions",
+            "max_seq_len", "num_reqs")
+"""The draft-state fields :func:`~draftmeta.integrations.vllm.common_metadata.rebind` reads
+from a step's common metadata."""
+
+
+@needs_older_proposer
+def test_the_in_place_step_reads_every_field_of_the_steps_common_metadata_as_rebind_does(
+    active: plugin.Installed,
+) -> None:
+    """The hot path writes ``rebind`` out: after an in-place step whose common metadata holds
+    new objects in every field rebind reads, the builder's draft state holds exactly those
+    objects and values, as rebind gives them (and ``_REBOUND`` is what rebind reads)."""
+    from draftmeta.integrations.vllm.common_metadata import draft_state_of, rebind
+
+    config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
+                                        cudagraph_mode=CAPTURED)
+    builder = harness.make_builder("CPU_MLA", config, block_size=16)
+    state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                         max_model_len=1024, steps=4)
+    cad = _cad(state)
+    builder.build_for_drafting(cad, 1)
+    for index in (2, 3):
+        advance_state(state, "wrap")
+        for name in ("seq_lens", "slot_mapping", "block_table_tensor", "query_start_loc",
+                     "positions"):  # new views of the same buffers, as vLLM makes them
+            setattr(cad, name, getattr(cad, name)[:])
+        cad.max_seq_len = state.max_seq_len
+        builder.build_for_drafting(cad, index)
+        bound = builder._draftmeta_older_builder.state
+        want = rebind(draft_state_of(cad, builder), cad)
+        for name in _REBOUND:
+            got, expected = getattr(bound, name), getattr(want, name)
+            assert got is expected or (type(got) is int and got == expected), (index, name)
+    assert plugin.stats()["CPU_MLA"]["in_place"] == 2
+    stale, fresh = draft_state_of(cad, builder), _cad(state)
+    fresh.max_seq_len, fresh.num_reqs = cad.max_seq_len + 1, cad.num_reqs - 1
+    before = {f.name: getattr(stale, f.name) for f in attrs.fields(type(stale))}
+    rebind(stale, fresh)
+    assert {n for n, v in before.items() if getattr(stale, n) is not v} == set(_REBOUND)
