@@ -79,7 +79,8 @@ class AttentionGroup:
         name: the group's name in statistics and logs.
         builder: the metadata builder; capable when it satisfies ``SupportsDraftUpdate``.
         metadata: the metadata the step function reads; updated in place or replaced.
-        rebuild: builds the metadata from scratch for a state and draft index.
+        rebuild: builds the metadata from scratch for a state and draft index (read once, when
+            the loop is made: the group's policy keeps it).
     """
 
     name: str

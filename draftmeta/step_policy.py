@@ -43,7 +43,6 @@ from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
 __all__ = [
-    "Rebuild",
     "Report",
     "StepPolicy",
     "StepRecord",
@@ -52,10 +51,6 @@ __all__ = [
     "why_stale",
     "why_uncovered",
 ]
-
-Rebuild = Callable[[Any, int], Any]
-"""``rebuild(source, draft_index) -> metadata``: the group's metadata built from scratch for
-the step ``source`` describes (the loop's draft state; vLLM's common metadata)."""
 
 Report = Callable[[str, str, bool], None]
 """``report(group, reason, for_good)``: a group starts rebuilding, for good or for the rest of
@@ -120,7 +115,8 @@ class StepPolicy:
         name: the group's name, handed to ``report``.
         builder: the group's builder; decided on once, here (:func:`why_not_capable`).
         record: where the reason and the counts go.
-        rebuild: builds the group's metadata from scratch (``rebuild(source, draft_index)``).
+        rebuild: builds the group's metadata from scratch, ``rebuild(source, draft_index)``,
+            for the step ``source`` describes (the loop's draft state; vLLM's common metadata).
         report: told once whenever the group starts rebuilding.
         sealed: update with the spec's sealed pair (:attr:`~draftmeta.spec.DraftSpec.sealed`:
             every check and a seal at a loop's first in-place step, the cheaper sealed step at
@@ -146,7 +142,8 @@ class StepPolicy:
         "seal",
     )
 
-    def __init__(self, name: str, builder: object, record: StepRecord, rebuild: Rebuild, *,
+    def __init__(self, name: str, builder: object, record: StepRecord,
+                 rebuild: Callable[[Any, int], Any], *,
                  report: Report = _no_report, sealed: bool = False) -> None:
         self.name = name
         self.record = record
