@@ -18,7 +18,8 @@ The policy, in the order it applies:
 2. **Before the first update of a built object** (:meth:`StepPolicy.check_object`): an object
    carrying an attribute its spec has no rule for would be left partly stale
    (:func:`why_uncovered`): the group rebuilds for good.
-3. **At each step** (:meth:`StepPolicy.step`): the update in place; where it raises (a
+3. **At each step** (:meth:`StepPolicy.step`, or :meth:`StepPolicy.sealed_step` with the spec's
+   sealed update): the update in place; where it raises (a
    precondition or a structure check: nothing was written; a write: partly written), the
    reason (:func:`why_refused`) is recorded and the metadata rebuilt, for the rest of the draft
    loop (:meth:`StepPolicy.new_loop` lets the next loop try again).
@@ -118,10 +119,9 @@ class StepPolicy:
         rebuild: builds the group's metadata from scratch, ``rebuild(source, draft_index)``,
             for the step ``source`` describes (the loop's draft state; vLLM's common metadata).
         report: told once whenever the group starts rebuilding.
-        sealed: update with the spec's sealed pair (:attr:`~draftmeta.spec.DraftSpec.sealed`:
-            every check and a seal at a loop's first in-place step, the cheaper sealed step at
-            the later ones) instead of the builder's ``update_draft_metadata``; for a builder
-            whose update is its spec's (one that carries no spec is refused, with the reason).
+        sealed: also make :meth:`sealed_step` ready, the spec's sealed pair
+            (:attr:`~draftmeta.spec.DraftSpec.sealed`), for a builder whose update is its
+            spec's; a builder that carries no spec is then ruled out, with the reason.
 
     Attributes:
         name: the group's name.
@@ -158,12 +158,11 @@ class StepPolicy:
         problem = why_not_capable(builder)
         if problem is None:
             spec = spec_of(builder)
-            if not sealed:
-                self._update = builder.update_draft_metadata  # type: ignore[attr-defined]
-            elif spec is None:
+            self._update = builder.update_draft_metadata  # type: ignore[attr-defined]
+            if sealed and spec is None:
                 problem = (f"{type(builder).__qualname__} declares no spec, so it has no "
                            "sealed update")
-            else:
+            elif sealed and spec is not None:
                 self._seal, self._step = spec.sealed
         if problem is not None:
             self.rule_out(problem)
@@ -201,15 +200,29 @@ class StepPolicy:
         return self.reason is None
 
     def step(self, metadata: Any, state: DraftState, source: Any, draft_index: int) -> Any:
-        """One draft step of the group: ``metadata`` updated in place for ``state`` and
-        returned, or, where the group rebuilds or the update raises (the reason recorded
-        then), ``rebuild(source, draft_index)``."""
+        """One draft step of the group: ``metadata`` updated in place for ``state`` by the
+        builder's ``update_draft_metadata`` and returned, or, where the group rebuilds or the
+        update raises (the reason recorded then), ``rebuild(source, draft_index)``."""
         if self.reason is None:
             try:
-                update = self._update
-                if update is not None:
-                    update(metadata, state)
-                elif self.seal is None or not self._step(metadata, state, self.seal):  # type: ignore[misc]
+                self._update(metadata, state)  # type: ignore[misc]
+            except DraftMetaError as exc:
+                self._fall_back(why_refused(exc), False)
+            else:
+                self.record.updates += 1
+                return metadata
+        self.record.rebuilds += 1
+        return self.rebuild(source, draft_index)
+
+    def sealed_step(self, metadata: Any, state: DraftState, source: Any, draft_index: int
+                    ) -> Any:
+        """:meth:`step` with the spec's sealed update (a policy made with ``sealed=True``):
+        at the first step of an object every check, the update and a seal; at the later ones
+        the sealed step, sealing anew where the object no longer holds what was sealed."""
+        if self.reason is None:
+            try:
+                seal = self.seal
+                if seal is None or not self._step(metadata, state, seal):  # type: ignore[misc]
                     self.seal = self._seal(metadata, state)  # type: ignore[misc]
             except DraftMetaError as exc:
                 self._fall_back(why_refused(exc), False)

@@ -112,7 +112,7 @@ def test_the_sealed_update_equals_the_full_update_and_seals_once_per_loop() -> N
     assert sealed.seal is None
     for index in (1, 2, 3, 4):
         advance_state(state, "clamp")
-        assert sealed.step(sealed_meta, state, state, index) is sealed_meta
+        assert sealed.sealed_step(sealed_meta, state, state, index) is sealed_meta
         assert full.step(full_meta, state, state, index) is full_meta
         assert compare_metadata(sealed_meta, full_meta, opaque=_opaque) == []
         if index == 1:
@@ -135,7 +135,8 @@ def test_a_capable_builder_without_a_spec_has_no_sealed_update() -> None:
     builder = HandWritten()
     policy, reports = _policy(builder, sealed=True)
     assert reports == [("HandWritten declares no spec, so it has no sealed update", True)]
-    assert policy.step("meta", _state(), "source", 2) == ("rebuilt", 2) and builder.calls == 0
+    assert policy.sealed_step("meta", _state(), "source", 2) == ("rebuilt", 2)
+    assert builder.calls == 0
 
 
 def test_a_write_that_fails_after_the_checks_rebuilds_the_partly_written_object() -> None:

@@ -97,6 +97,8 @@ class _OlderBuilder:
     # update in place or rebuild, and why: the policy DraftLoop runs, with the spec's sealed
     # update and vLLM's build bound to this builder; it writes the class's BuilderStats
     policy: StepPolicy
+    # its sealed_step, looked up once: an attribute read per step costs in the engine
+    step: Callable[[Any, DraftState, Any, int], Any]
     carry: Callable[[object], str | None] | None = None  # unchanged-field check, if it carries
     checked: bool = False  # the first built object was checked for uncovered attributes
     shadowed: bool = False  # the current loop also rebuilds and compares (DRAFTMETA_SHADOW)
@@ -172,15 +174,15 @@ def replacement_build_for_drafting(
         policy = StepPolicy(entry.name, SpecBuilder(spec), counters,
                             types.MethodType(original, builder), report=_report, sealed=True)
         kept = _OlderBuilder(spec, draft_state_of(cad, builder), sentinel_for(entry.name), last,
-                             policy, carry=carry,
+                             policy, policy.sealed_step, carry=carry,
                              builds_first=2 <= last < _NO_LAST_INDEX and declared is None)
         builder._draftmeta_older_builder = kept
         return kept
 
-    def bound(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
+    def bound(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder:
         """At a draft loop's first in-place update: the builder's record, its first built
         object checked once for uncovered attributes, its policy told a loop starts, whether
-        the loop is shadowed; ``None`` if this builder rebuilds for good."""
+        the loop is shadowed (never where the builder rebuilds for good)."""
         kept: _OlderBuilder | None = builder.__dict__.get("_draftmeta_older_builder")
         if kept is None:
             kept = new_record(builder, cad)
@@ -192,9 +194,8 @@ def replacement_build_for_drafting(
         sentinel = kept.sentinel
         if sentinel.first_mismatch is not None:  # found stale (on another builder, maybe)
             policy.stale(sentinel.first_mismatch)
-        if not policy.new_loop():
-            return None
-        kept.shadowed = sentinel.interval != 0 and sentinel.should_check()
+        kept.shadowed = (policy.new_loop() and sentinel.interval != 0
+                         and sentinel.should_check())
         return kept
 
     def carried_over(builder: Any, cad: Any) -> Any:
@@ -204,7 +205,8 @@ def replacement_build_for_drafting(
         if carried is None or carried.snapshot.mismatch(cad) is not None:
             return None
         kept = bound(builder, cad, carried.metadata)
-        if kept is None or kept.carry is None or kept.carry(carried.metadata) is not None:
+        if (not kept.policy.in_place or kept.carry is None
+                or kept.carry(carried.metadata) is not None):
             return None
         state = rebind(kept.state, cad)
         try:
@@ -219,13 +221,11 @@ def replacement_build_for_drafting(
         counters.carried_over += 1
         return carried.metadata
 
-    def first_step(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder | None:
+    def first_step(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder:
         """A loop's first in-place step (draft index 2): the loop kept with the builder's
-        record, whose policy checks everything, updates and seals; ``None`` where the builder
-        rebuilds for good."""
+        record, whose policy then checks everything, updates and seals (or rebuilds)."""
         kept = bound(builder, cad, metadata)
-        if kept is not None:
-            builder._draftmeta_loop = (cad, metadata, kept)
+        builder._draftmeta_loop = (cad, metadata, kept)
         return kept
 
     def build_for_drafting(self: Any, common_attn_metadata: Any, draft_index: int) -> Any:
@@ -243,27 +243,27 @@ def replacement_build_for_drafting(
                 return metadata
         loop: tuple[Any, ...] | None = self.__dict__.get("_draftmeta_loop")
         if draft_index > 1 and loop is not None and loop[0] is common_attn_metadata:
-            kept: _OlderBuilder | None = (
+            kept: _OlderBuilder = (
                 loop[2] if len(loop) == 3 else first_step(self, common_attn_metadata, loop[1]))
-            if kept is not None:
-                # rebind(kept.state, cad), written out: the policy's call below takes the place
-                # of that call, so the step runs as many Python calls as before the policy
-                cad, state = common_attn_metadata, kept.state
-                state.seq_lens, state.slot_mapping = cad.seq_lens, cad.slot_mapping
-                state.block_table = cad.block_table_tensor
-                state.query_start_loc = cad.query_start_loc
-                state.max_seq_len, state.num_reqs = cad.max_seq_len, cad.num_reqs
-                if cad.positions is not None:
-                    state.positions = cad.positions
-                # the policy: the sealed update in place, or vLLM's build and the reason
-                metadata = kept.policy.step(loop[1], state, cad, draft_index)
-                if kept.shadowed and metadata is loop[1]:
-                    metadata = _shadow_step(self, original, kept, common_attn_metadata,
-                                            metadata, draft_index)
-                if draft_index >= kept.last_index:  # the loop ends: let go of it
-                    self._draftmeta_loop = None
-                return metadata
-            self._draftmeta_loop = None
+            # rebind(kept.state, common_attn_metadata), written out: the policy's call below
+            # takes the place of that call, so the step runs as many Python calls as before
+            state = kept.state
+            state.seq_lens = common_attn_metadata.seq_lens
+            state.slot_mapping = common_attn_metadata.slot_mapping
+            state.block_table = common_attn_metadata.block_table_tensor
+            state.query_start_loc = common_attn_metadata.query_start_loc
+            state.max_seq_len = common_attn_metadata.max_seq_len
+            state.num_reqs = common_attn_metadata.num_reqs
+            if common_attn_metadata.positions is not None:
+                state.positions = common_attn_metadata.positions
+            # the policy: the sealed update in place, or vLLM's build and the reason
+            metadata = kept.step(loop[1], state, common_attn_metadata, draft_index)
+            if kept.shadowed and metadata is loop[1]:
+                metadata = _shadow_step(self, original, kept, common_attn_metadata, metadata,
+                                        draft_index)
+            if draft_index >= kept.last_index:  # the loop ends: let go of it
+                self._draftmeta_loop = None
+            return metadata
         # index 1 starts a draft loop (DCP > 1: the older proposer keeps DCP-local lengths in
         # the builder, so those loops rebuild)
         starts = draft_index == 1 and getattr(self, "dcp_world_size", 1) == 1
@@ -277,13 +277,13 @@ def replacement_build_for_drafting(
         # the checks wait for the loop's first in-place step (none where K = 2)
         self._draftmeta_loop = None
         if starts:
-            kept = self.__dict__.get("_draftmeta_older_builder")
-            if kept is None:
+            record: _OlderBuilder | None = self.__dict__.get("_draftmeta_older_builder")
+            if record is None:
                 if declared is None and _last_draft_index(self) < 2:
                     _keep_vllms_build(self, original, entry.name)
                     return metadata
-                kept = new_record(self, common_attn_metadata)
-            if kept.last_index >= 2:
+                record = new_record(self, common_attn_metadata)
+            if record.last_index >= 2:
                 self._draftmeta_loop = (common_attn_metadata, metadata)
         if starts and declared is not None:
             self._draftmeta_carried = _Carried(declared.snapshot(common_attn_metadata),
