@@ -203,32 +203,36 @@ class StepPolicy:
         """One draft step of the group: ``metadata`` updated in place for ``state`` by the
         builder's ``update_draft_metadata`` and returned, or, where the group rebuilds or the
         update raises (the reason recorded then), ``rebuild(source, draft_index)``."""
-        if self.reason is None:
-            try:
-                self._update(metadata, state)  # type: ignore[misc]
-            except DraftMetaError as exc:
-                self._fall_back(why_refused(exc), False)
-            else:
-                self.record.updates += 1
-                return metadata
-        self.record.rebuilds += 1
-        return self.rebuild(source, draft_index)
+        if self.reason is not None:
+            self.record.rebuilds += 1
+            return self.rebuild(source, draft_index)
+        try:
+            self._update(metadata, state)  # type: ignore[misc]
+        except DraftMetaError as exc:
+            return self._refused(exc, source, draft_index)
+        self.record.updates += 1
+        return metadata
 
     def sealed_step(self, metadata: Any, state: DraftState, source: Any, draft_index: int
                     ) -> Any:
         """:meth:`step` with the spec's sealed update (a policy made with ``sealed=True``):
         at the first step of an object every check, the update and a seal; at the later ones
         the sealed step, sealing anew where the object no longer holds what was sealed."""
-        if self.reason is None:
-            try:
-                seal = self.seal
-                if seal is None or not self._step(metadata, state, seal):  # type: ignore[misc]
-                    self.seal = self._seal(metadata, state)  # type: ignore[misc]
-            except DraftMetaError as exc:
-                self._fall_back(why_refused(exc), False)
-            else:
-                self.record.updates += 1
-                return metadata
+        if self.reason is not None:
+            self.record.rebuilds += 1
+            return self.rebuild(source, draft_index)
+        try:
+            seal = self.seal
+            if seal is None or not self._step(metadata, state, seal):  # type: ignore[misc]
+                self.seal = self._seal(metadata, state)  # type: ignore[misc]
+        except DraftMetaError as exc:
+            return self._refused(exc, source, draft_index)
+        self.record.updates += 1
+        return metadata
+
+    def _refused(self, exc: DraftMetaError, source: Any, draft_index: int) -> Any:
+        """The step's update raised ``exc``: record why, rebuild for the rest of the loop."""
+        self._fall_back(why_refused(exc), False)
         self.record.rebuilds += 1
         return self.rebuild(source, draft_index)
 
