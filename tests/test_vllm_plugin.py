@@ -1169,7 +1169,7 @@ def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> Non
 def _amx_without_attribute_rules(*, host_bound: Any, dcp: bool = False,
                                  builder: Any = None) -> Any:
     """AMX_MLA's spec without the rules of the attributes its builder adds to the metadata."""
-    from draftmeta.integrations.vllm.backends.mla import MLASpec
+    from draftmeta.integrations.vllm.specs.mla import MLASpec
 
     entry = RELEASE.entry("AMX_MLA")
     assert isinstance(entry.spec, MLASpec)
