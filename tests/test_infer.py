@@ -166,6 +166,26 @@ def test_a_wrong_rule_in_an_inferred_vllm_spec_fails_verification() -> None:
     assert any("max_seq_len" in problem for _, problem in result.failures)
 
 
+def test_the_emitted_indexer_source_keeps_the_deepgemm_kernel_its_inferred_spec_has() -> None:
+    """A kernel handed into a hook (hidden from its repr) is written into the emitted source,
+    so the pasted spec refills the DeepGEMM schedule on CUDA as the inferred one does."""
+    pytest.importorskip("vllm")
+    from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule
+    from draftmeta.integrations.vllm.infer import infer_vllm
+    from draftmeta.integrations.vllm.specs.indexer import deep_gemm_kernel
+    from draftmeta.rules import Recompute
+
+    inference = infer_vllm("INDEXER")
+    text = inference.source()
+    assert "kernel=deep_gemm_kernel" in text
+    namespace: dict[str, Any] = {}
+    exec(compile(text, "<emitted>", "exec"), namespace)
+    rule = namespace["spec"]().rules["decode.schedule_metadata"]
+    assert isinstance(rule, Recompute) and isinstance(rule.hook, DeepGemmPagedMqaSchedule)
+    assert rule.hook.kernel is deep_gemm_kernel
+    assert rule.hook == inference.rules["decode.schedule_metadata"].hook
+
+
 def test_a_builder_class_resolves_to_its_catalogue_name() -> None:
     pytest.importorskip("vllm")
     from draftmeta.integrations.vllm.infer import resolve

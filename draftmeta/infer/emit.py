@@ -6,6 +6,8 @@ import sys
 import types
 from collections.abc import Mapping, Sequence
 
+import attrs
+
 from draftmeta.infer.classify import TodoHook, Verdict
 from draftmeta.refs import identifier
 from draftmeta.rules import (
@@ -31,6 +33,28 @@ def _import(obj: object, imports: set[tuple[str, str]]) -> str:
         module = "draftmeta.rules"
     imports.add((module, name.split(".")[0]))
     return name
+
+
+def _hook_expression(hook: object, imports: set[tuple[str, str]]) -> str:
+    """The hook's constructor call: its ``repr``, plus the fields its ``repr`` hides (a kernel
+    handed in) where they are set, as the module-level functions they are, imported; a hidden
+    value that is no importable function is refused rather than dropped."""
+    text = repr(hook)
+    if not attrs.has(type(hook)):
+        return text
+    hidden = []
+    for field in attrs.fields(type(hook)):
+        value = getattr(hook, field.name)
+        if field.repr or value is field.default:
+            continue
+        module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
+        if not module or "<" in name or "." in name:
+            raise ValueError(
+                f"cannot write {type(hook).__name__}.{field.name} = {value!r} as source: it is "
+                "not a module-level function; hand the spec a named function")
+        imports.add((module, name))
+        hidden.append(f"{field.name}={name}")
+    return text if not hidden else f"{text[:-1]}, {', '.join(hidden)})"
 
 
 def _stub_name(path: str) -> str:
@@ -83,7 +107,7 @@ def render_rule(rule: Rule, imports: set[tuple[str, str]], stubs: list[str]) -> 
     if isinstance(rule, Recompute):
         _import(rule, imports)
         _import(rule.hook, imports)
-        return f"Recompute({rule.hook!r}, {rule.inputs!r})"
+        return f"Recompute({_hook_expression(rule.hook, imports)}, {rule.inputs!r})"
     if isinstance(rule, Derive):
         _import(rule, imports)
         _import(rule.derivation, imports)
