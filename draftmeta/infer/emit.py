@@ -40,10 +40,11 @@ def _hook_expression(hook: object, imports: set[tuple[str, str]]) -> str:
     handed in) where they are set, as the module-level functions they are, imported; a hidden
     value that is no importable function is refused rather than dropped."""
     text = repr(hook)
-    if not attrs.has(type(hook)):
+    cls = type(hook)
+    if not attrs.has(cls):
         return text
     hidden = []
-    for field in attrs.fields(type(hook)):
+    for field in attrs.fields(cls):
         value = getattr(hook, field.name)
         if field.repr or value is field.default:
             continue
