@@ -184,9 +184,10 @@ MUTATION_MODULES = {
     "draftmeta/layout.py": "draftmeta.layout.*",
     "draftmeta/advance.py": "draftmeta.advance.*",
     "draftmeta/state.py": "draftmeta.state.*",
-    "draftmeta/integrations/vllm/backends/mla.py": "draftmeta.integrations.vllm.backends.mla.*",
-    "draftmeta/integrations/vllm/backends/indexer.py":
-        "draftmeta.integrations.vllm.backends.indexer.*",
+    "draftmeta/backends/mla.py": "draftmeta.backends.mla.*",
+    "draftmeta/backends/indexer.py": "draftmeta.backends.indexer.*",
+    "draftmeta/integrations/vllm/specs/mla.py": "draftmeta.integrations.vllm.specs.mla.*",
+    "draftmeta/integrations/vllm/specs/indexer.py": "draftmeta.integrations.vllm.specs.indexer.*",
     "draftmeta/integrations/vllm/plan.py": "draftmeta.integrations.vllm.plan.*",
     "draftmeta/integrations/vllm/hook.py": "draftmeta.integrations.vllm.hook.*",
     "draftmeta/integrations/vllm/older_proposer.py": "draftmeta.integrations.vllm.older_proposer.*",

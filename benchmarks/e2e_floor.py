@@ -71,7 +71,8 @@ def amx_floor_extras() -> Callable[[Any, int], None]:
     """What ``AMX_MLA``'s floor adds to the common one: the decode part's int64 copy of the
     lengths refreshed and its split count recomputed (vLLM's ``_compute_num_kv_splits``, with
     the compute units read once here)."""
-    from draftmeta.integrations.vllm.backends.amx import AmxKvSplits, compute_units
+    from draftmeta.backends.amx import AmxKvSplits
+    from draftmeta.integrations.vllm.specs.amx import compute_units
 
     splits = AmxKvSplits(compute_units())
 
@@ -340,12 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"e2e_floor.py: draftmeta from {Path(draftmeta.__file__).parent}", file=sys.stderr)
     prepare_environment()
     from draftmeta.bench.report import load_average
-    from draftmeta.integrations.vllm.backends.amx import compute_units
     from draftmeta.integrations.vllm.e2e.capture import Recorder
     from draftmeta.integrations.vllm.e2e.compare import make_prompts
     from draftmeta.integrations.vllm.e2e.engine import EngineSettings, open_engine
     from draftmeta.integrations.vllm.e2e.model import reinitialized_weights, write_model
     from draftmeta.integrations.vllm.e2e.progress import RunProgress
+    from draftmeta.integrations.vllm.specs.amx import compute_units
 
     load_before = load_average()
     timings: dict[str, list[float]] = {}  # per phase, or per statement with --lines

@@ -19,8 +19,8 @@ from draftmeta.advance import HostBound, OverflowPolicy, advance_spec
 from draftmeta.spec import DraftSpec
 
 __all__ = [
+    "NamedSpecFactory",
     "SPECS",
-    "SpecFactory",
     "clear_spec_caches",
     "closest_names",
     "get_spec",
@@ -28,15 +28,17 @@ __all__ = [
 ]
 
 
-class SpecFactory(Protocol):
-    """Declares one named spec: with the name's own host bound, or with ``host_bound``."""
+class NamedSpecFactory(Protocol):
+    """Declares the spec a name of :data:`SPECS` stands for: with the name's own host bound, or
+    with ``host_bound``. (A catalogued builder's factory, which also takes the live builder, is
+    :class:`~draftmeta.integrations.vllm.catalogue.model.BuilderSpecFactory`.)"""
 
     def __call__(self, host_bound: HostBound | None = None) -> DraftSpec[Any]:
         """The spec (``host_bound``: ``"advance"`` or ``"frozen"``; default: the name's)."""
         ...
 
 
-def _advance(overflow: OverflowPolicy, dcp: bool = False) -> SpecFactory:
+def _advance(overflow: OverflowPolicy, dcp: bool = False) -> NamedSpecFactory:
     def make(host_bound: HostBound | None = None) -> DraftSpec[Any]:
         return advance_spec(overflow, host_bound or "advance", dcp)
 
@@ -50,7 +52,7 @@ def _clamp_frozen(host_bound: HostBound | None = None) -> DraftSpec[Any]:
     return advance_spec("clamp", "frozen")
 
 
-def _builder(entry: Any, dcp: bool = False) -> SpecFactory:
+def _builder(entry: Any, dcp: bool = False) -> NamedSpecFactory:
     def make(host_bound: HostBound | None = None) -> DraftSpec[Any]:
         spec: DraftSpec[Any] = entry.make_spec(host_bound=host_bound or "advance", dcp=dcp)
         return spec
@@ -59,22 +61,22 @@ def _builder(entry: Any, dcp: bool = False) -> SpecFactory:
 
 
 def _flashmla_fp8(host_bound: HostBound | None = None) -> DraftSpec[Any]:
-    from draftmeta.integrations.vllm.backends.mla import MLASpec, mla_spec
     from draftmeta.integrations.vllm.catalogue import current_release
+    from draftmeta.integrations.vllm.specs.mla import MLASpec, installed_mla_spec
 
     factory = current_release().entry("FLASHMLA").spec
     assert isinstance(factory, MLASpec)
-    return mla_spec(factory, name="FLASHMLA", fp8_kv_cache=True, num_q_tokens_per_head_k=128,
-                    host_bound=host_bound or "advance")
+    return installed_mla_spec(factory, name="FLASHMLA", fp8_kv_cache=True,
+                              num_q_tokens_per_head_k=128, host_bound=host_bound or "advance")
 
 
-def _specs() -> dict[str, SpecFactory]:
+def _specs() -> dict[str, NamedSpecFactory]:
     """The grammar of spec names, in one place: ``state.wrap``, ``state.clamp``,
     ``state.clamp.frozen`` and ``state.dcp`` (the source advance); ``NAME`` and ``NAME.dcp``
     for every builder of the release in use; ``FLASHMLA.fp8``."""
     from draftmeta.integrations.vllm.catalogue import current_release
 
-    specs: dict[str, SpecFactory] = {
+    specs: dict[str, NamedSpecFactory] = {
         "state.wrap": _advance("wrap"),
         "state.clamp": _advance("clamp"),
         "state.clamp.frozen": _clamp_frozen,
@@ -87,7 +89,7 @@ def _specs() -> dict[str, SpecFactory]:
     return dict(sorted(specs.items()))
 
 
-SPECS: dict[str, SpecFactory] = _specs()
+SPECS: dict[str, NamedSpecFactory] = _specs()
 """Spec factories by name: the source advance (``state.*``) and every catalogued builder."""
 
 

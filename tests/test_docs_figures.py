@@ -67,43 +67,83 @@ def _rows(markdown: str) -> list[str]:
     return [line for line in markdown.splitlines() if line.startswith("| ") and "---" not in line]
 
 
-def check_readme_h200_table(readme: str) -> int:
-    """Every cell of README's H200 table: off / on tok/s and the speed-up, per model, backend, K
-    and batch; returns how many cells were checked."""
+DEPTH_TABLE_SOURCES = {
+    ("2 layers (random)", "H200"): "e2e-cuda-tiny-k3-pairs-h200.json",
+    ("trained MTP model", "H100"): "e2e-cuda-trained-h100.json",
+    ("27 layers, v2-lite MoE (random)", "H100"): "e2e-cuda-v2lite-h100.json",
+    ("61 layers, DeepSeek-V3 rank (random)", "H200", "FLASH_ATTN_MLA"): "e2e-cuda-v3rank-h200.json",
+    ("61 layers, DeepSeek-V3 rank (random)", "H200", "FLASHMLA"):
+        "e2e-cuda-v3rank-flashmla-pairs-h200.json",
+}
+"""The committed run each row of README's "Does it pay on your model?" table quotes."""
+
+
+def _depth_source(model: str, gpu: str, backend: str) -> str:
+    return DEPTH_TABLE_SOURCES.get((model, gpu, backend)) or DEPTH_TABLE_SOURCES[(model, gpu)]
+
+
+def check_readme_depth_table(readme: str) -> int:
+    """Every cell of README's table of models by depth, against the run it names: the step time
+    and the share vLLM's rebuilds take of it (ranges over the batch sizes), and per batch size the
+    median pair ratio with the pairs' range, or ``(1 pair)``; a blank cell where the run has no
+    such batch size. Returns how many ratio cells were checked."""
+    from draftmeta.integrations.vllm.e2e.cuda_report import host_us_per_loop
+
     section = _section(readme, "## Results\n")
-    table = section[section.index("| model |"):]
+    table = section[section.index("| model (weights) |"):]
     table = table[:table.index("\n\n")]
     checked = 0
     for row in _rows(table)[1:]:
-        model, backend, k, *cells = [c.strip() for c in row.strip("|").split("|")]
-        kv = "fp8" if "FP8" in backend else "auto"
-        override = "vLLM's own" in backend
-        name = backend.split(" ")[0]
-        for batch, cell in zip((1, 8), cells, strict=True):
-            (entry,) = [e for e in _cuda() if (
-                e["model"], e["backend"], e["k"], e["kv_cache_dtype"], e["override_upstream"],
-                e["batch_size"]) == (model, name, int(k), kv, override, batch)]
-            match = re.fullmatch(r"(\d+) / (\d+) \(\*\*([\d.]+)x\*\*\)", cell)
-            assert match, f"README H200 table: {cell!r} is not 'off / on (**ratio**)'"
-            off, on, ratio = match.groups()
-            assert int(off) == round(entry["tokens_per_s"]["off"]["median"]), row
-            assert int(on) == round(entry["tokens_per_s"]["on"]["median"]), row
+        model, gpu, backend, step, share, *cells = [c.strip() for c in row.strip("|").split("|")]
+        data = _json(_depth_source(model, gpu, backend))
+        assert gpu in data["device"], row
+        entries = {e["batch_size"]: e for e in data["configurations"]
+                   if e["backend"] == backend and not e["negative_control"]
+                   and not e.get("limit")}
+        assert entries, row
+        steps = [e["step_ms"]["off"] for e in entries.values()]
+        assert step == _span(steps, 1), (row, steps)
+        shares = [100 * host_us_per_loop(e, "off") / (e["step_ms"]["off"] * 1e3)
+                  for e in entries.values()]
+        assert share == _span(shares, 0) + "%", (row, shares)
+        for batch, cell in zip((1, 8, 32), cells, strict=True):
+            if batch not in entries:
+                assert cell == "", row
+                continue
+            entry = entries[batch]
+            match = re.fullmatch(r"(?:\*\*)?(\d\.\d\d)x(?:\*\*)? \((?:(\d\.\d\d)-(\d\.\d\d)"
+                                 r"|1 pair)\)", cell)
+            assert match, f"README depth table: {cell!r} is not 'ratio (lo-hi)' or 'ratio (1 pair)'"
+            ratio, lo, hi = match.groups()
+            pairs = entry["pair_speedups"]
             assert ratio == f"{entry['speedup']:.2f}", row
+            if lo is None:
+                assert len(pairs) == 1, (row, pairs)
+            else:
+                assert len(pairs) > 1 and (lo, hi) == (f"{min(pairs):.2f}", f"{max(pairs):.2f}"), (
+                    row, pairs)
             checked += 1
     return checked
 
 
-def test_the_readmes_h200_table_is_the_committed_json() -> None:
-    assert check_readme_h200_table(_text("README.md")) == 12
+def test_the_readmes_table_of_models_by_depth_is_the_committed_runs() -> None:
+    assert check_readme_depth_table(_text("README.md")) == 17
 
 
-def test_a_wrong_figure_in_the_readmes_h200_table_is_caught() -> None:
+@pytest.mark.parametrize(("right", "wrong"), [
+    ("**1.28x** (1.27-1.29)", "**1.28x** (1.25-1.29)"),  # a pair's range
+    ("0.99x (1 pair)", "0.98x (1 pair)"),                # a ratio
+    ("| 13.7-28.6 |", "| 13.7-26.6 |"),                  # a step time
+    ("| 2-5% |", "| 1-5% |"),                            # the rebuilds' share
+    ("1.01x (1 pair) | 1.00x (1 pair) | 1.00x (1 pair)",
+     "1.01x (0.99-1.02) | 1.00x (1 pair) | 1.00x (1 pair)"),  # pairs that were not run
+])
+def test_a_wrong_figure_in_the_readmes_table_of_models_by_depth_is_caught(right: str,
+                                                                         wrong: str) -> None:
     readme = _text("README.md")
-    assert "295 / 420 (**1.42x**)" in readme
+    assert right in readme
     with pytest.raises(AssertionError):
-        check_readme_h200_table(readme.replace("295 / 420 (**1.42x**)", "295 / 420 (**1.52x**)"))
-    with pytest.raises(AssertionError):
-        check_readme_h200_table(readme.replace("295 / 420 (**1.42x**)", "290 / 420 (**1.42x**)"))
+        check_readme_depth_table(readme.replace(right, wrong, 1))
 
 
 def _logged_speedups() -> set[str]:
@@ -120,13 +160,13 @@ def _k_spans() -> dict[int, str]:
 
 
 def check_h200_ratios(text: str, where: str) -> None:
-    """Every ``N.NNx`` in ``text`` is a speed-up of the committed run (or of a committed log),
+    """Every ``N.NNx`` in ``text`` is a speed-up of a committed CUDA run (or of a committed log),
     every range ``A-Bx`` is a K's range, and the number of timed configurations is the JSON's."""
-    speedups = {f"{e['speedup']:.2f}" for e in _cuda()} | _logged_speedups()
+    speedups = _committed_gpu_ratios()
     quoted = re.findall(r"(?<![\d.])(\d\.\d\d)x", text)
     assert quoted, f"{where}: no speed-up quoted"
     assert [q for q in quoted if q not in speedups] == [], (
-        f"{where} quotes speed-ups that are not in e2e-cuda.json")
+        f"{where} quotes speed-ups that no committed e2e-cuda*.json holds")
     spans = set(_k_spans().values())
     ranges = re.findall(r"(\d\.\d\d-\d\.\d\d)x", text)
     assert [r for r in ranges if r not in spans] == [], (where, ranges, spans)
@@ -136,13 +176,35 @@ def check_h200_ratios(text: str, where: str) -> None:
 
 
 def _h200_engine_results(readme: str) -> str:
-    """README's results on the H200 engine: its table and the bullet under it."""
+    """README's results on the GPU engines: its table and the bullets under it."""
     section = _section(readme, "## Results\n")
     return section[:section.index("- Host time per draft step on CPU")]
 
 
+def _committed_gpu_ratios() -> set[str]:
+    """Every on/off ratio of every committed CUDA engine run (medians and single pairs), and of
+    the committed logs' tables."""
+    ratios = _logged_speedups()
+    for path in RESULTS.glob("e2e-cuda*.json"):
+        for e in json.loads(path.read_text())["configurations"]:
+            if e.get("speedup") is not None:
+                ratios.add(f"{e['speedup']:.2f}")
+            ratios |= {f"{r:.2f}" for r in e.get("pair_speedups") or []}
+    return ratios
+
+
+def check_gpu_ratios(text: str, where: str) -> None:
+    """Every ``N.NNx`` and both ends of every ``A-Bx`` in ``text`` are ratios of a committed
+    CUDA engine run."""
+    quoted = re.findall(r"(?<![\d.-])(\d\.\d\d)x", text)
+    ends = [end for r in re.findall(r"(\d\.\d\d-\d\.\d\d)x", text) for end in r.split("-")]
+    assert quoted or ends, f"{where}: no speed-up quoted"
+    ratios = _committed_gpu_ratios()
+    assert [q for q in quoted + ends if q not in ratios] == [], (
+        f"{where} quotes speed-ups that no committed e2e-cuda*.json holds")
+
+
 @pytest.mark.parametrize(("name", "heading"), [
-    ("docs/index.md", "**Inside a real vLLM 0.34 engine"),
     ("docs/e2e-cuda.md", "| case | batch |"),
 ])
 def test_the_h200_speed_ups_quoted_are_the_committed_json(name: str, heading: str) -> None:
@@ -150,21 +212,30 @@ def test_the_h200_speed_ups_quoted_are_the_committed_json(name: str, heading: st
     check_h200_ratios(_section(text, heading, end="\n## "), name)
 
 
-def test_the_readmes_h200_speed_ups_are_the_committed_json() -> None:
-    results = _h200_engine_results(_text("README.md"))
-    check_h200_ratios(results, "README")
-    flat = _flat(results)
-    for k, span in _k_spans().items():
-        assert f"K = {k}" in flat and f"{span}x" in flat, (k, span)
+@pytest.mark.parametrize(("name", "heading"), [
+    ("README.md", "## Results\n"),
+    ("docs/index.md", "**Inside a real vLLM 0.34 engine"),
+    ("docs/e2e-cuda.md", "## Production depth"),
+])
+def test_the_gpu_speed_ups_quoted_are_committed_runs(name: str, heading: str) -> None:
+    text = _text(name)
+    section = (_h200_engine_results(text) if name == "README.md"
+               else _section(text, heading, end="\n## "))
+    check_gpu_ratios(section, name)
 
 
 def test_a_speed_up_not_in_the_json_is_caught() -> None:
-    section = _h200_engine_results(_text("README.md"))
-    assert "K = 4: 1.21-1.30x" in section
+    section = _section(_text("docs/e2e-cuda.md"), "| case | batch |", end="\n## ")
+    assert "K = 4 gives 1.21-1.30x" in section
     with pytest.raises(AssertionError):
-        check_h200_ratios(section.replace("K = 4: 1.21-1.30x", "K = 4: 1.21-1.35x"), "README")
+        check_h200_ratios(section.replace("K = 4 gives 1.21-1.30x", "K = 4 gives 1.21-1.35x"),
+                          "e2e-cuda.md")
+    index = _section(_text("docs/index.md"), "**Inside a real vLLM 0.34 engine", end="\n## ")
+    assert "1.21-1.28x" in index and "0.98-1.04x" in index
     with pytest.raises(AssertionError):
-        check_h200_ratios(section.replace("all 36 timed", "all 38 timed"), "README")
+        check_gpu_ratios(index.replace("1.21-1.28x", "1.21-1.98x"), "index")
+    with pytest.raises(AssertionError):
+        check_gpu_ratios(index.replace("0.98-1.04x", "0.96-1.04x"), "index")
 
 
 # -- CPU host time per draft step: benchmarks/results/bench-cpu*.json -------------------------

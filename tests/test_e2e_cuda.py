@@ -18,6 +18,7 @@ from draftmeta.integrations.vllm.e2e.cuda_cli import cases_from
 from draftmeta.integrations.vllm.e2e.cuda_engine import GroupInfo, LoopCounts
 from draftmeta.integrations.vllm.e2e.cuda_matrix import CudaCase, CudaComparison, CudaFailure
 from draftmeta.integrations.vllm.e2e.cuda_report import (
+    control_missed,
     cuda_markdown,
     cuda_summary,
     write_cuda_results,
@@ -103,6 +104,27 @@ def test_the_summary_pools_identity_over_timed_cases_and_reports_the_control_apa
     assert cuda_summary([good, barely])["negative_control_caught"] is False
     broken = _comparison(CudaCase("tiny", "FLASHMLA", 3), drafts_same=False, off=1, on=1)
     assert cuda_summary([broken])["draft_tokens_identical"] is False
+
+
+def test_a_missed_control_is_named_with_its_drafts_and_the_margin_in_table_and_verdict(
+        ) -> None:
+    good = _comparison(CudaCase("tiny", "FLASHMLA", 3), drafts_same=True, off=100, on=130)
+    barely = _comparison(CudaCase("tiny", "FLASHMLA", 3, negative_control=True),
+                         drafts_same=False, off=0, on=0, differing=2)
+    data = cuda_summary([good, barely])
+    compared = data["configurations"][1]["draft_tokens_compared"]
+    verdict = control_missed(data)
+    assert verdict is not None
+    assert f"tiny FLASHMLA K=3 wrong spec batch 1 (2 of {compared} drafts differ)" in verdict
+    assert "10% of the drafts" in verdict and "25% lower" in verdict
+    assert (f"| tiny FLASHMLA K=3 wrong spec | 1 | DIFFER (2 of {compared} drafts), missed: "
+            "under the margin |") in cuda_markdown(data)
+    caught = _comparison(CudaCase("tiny", "FLASHMLA", 3, negative_control=True),
+                         drafts_same=False, off=0, on=0, differing=100)
+    data = cuda_summary([good, caught])
+    assert control_missed(data) is None
+    assert f"DIFFER (100 of {compared} drafts), caught |" in cuda_markdown(data)
+    assert control_missed(cuda_summary([good])) is None  # no control ran
 
 
 def test_a_failed_case_is_listed_with_its_error_in_json_and_table(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 
-from draftmeta.integrations.vllm.backends import amx
+from draftmeta.integrations.vllm.specs import amx
 
 
 def test_the_amx_floor_copies_the_lengths_and_recomputes_the_split_count(

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from draftmeta import Alias, CopyFrom, Derive, DraftSpec, Recompute, WrittenBy, advance_state
-from draftmeta.errors import UpdateError, WriteFailed
-from draftmeta.integrations.vllm.backends.hooks import (
+from draftmeta.backends.hooks import (
     DeepGemmPagedMqaSchedule,
     FlashAttnSchedule,
     FlashMLAFp8TileSchedule,
 )
+from draftmeta.errors import UpdateError, WriteFailed
 from draftmeta.testing import random_state
 from draftmeta.testing.reference_schedules import (
     flashmla_tile_schedule_reference,

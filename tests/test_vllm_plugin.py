@@ -225,7 +225,7 @@ def test_new_runner_hook_refreshes_metadata_captured_from_a_dummy_batch(
 def test_under_dcp_draftmeta_hooks_the_builder_vllm_leaves_and_it_equals_the_rebuild(
     world: int, interleave: int, active: plugin.Installed
 ) -> None:
-    from draftmeta.integrations.vllm.backends.common import dcp_max_seq_len
+    from draftmeta.backends.common import dcp_max_seq_len
 
     name = "TRITON_MLA"
     assert name in active.hook  # patched, for the builders with DCP > 1 only
@@ -439,7 +439,7 @@ def test_an_attribute_the_spec_does_not_cover_keeps_that_builder_rebuilding(
 ) -> None:
     """The negative control of the test above: AMX's attributes without their rules. Two
     builders of that backend refuse their metadata; vLLM's log gets one warning for it."""
-    from draftmeta.integrations.vllm.backends.mla import MLASpec
+    from draftmeta.integrations.vllm.specs.mla import MLASpec
 
     entry = RELEASE.entry("AMX_MLA")
     assert isinstance(entry.spec, MLASpec)
@@ -1169,7 +1169,7 @@ def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> Non
 def _amx_without_attribute_rules(*, host_bound: Any, dcp: bool = False,
                                  builder: Any = None) -> Any:
     """AMX_MLA's spec without the rules of the attributes its builder adds to the metadata."""
-    from draftmeta.integrations.vllm.backends.mla import MLASpec
+    from draftmeta.integrations.vllm.specs.mla import MLASpec
 
     entry = RELEASE.entry("AMX_MLA")
     assert isinstance(entry.spec, MLASpec)

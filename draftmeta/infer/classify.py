@@ -29,6 +29,9 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
+from draftmeta.backends.amx import AmxKvSplits
+from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule, PagedMqaKernel
+from draftmeta.backends.indexer import KpoolTailSlot
 from draftmeta.derivations import (
     CopyFrom,
     Derivation,
@@ -39,9 +42,6 @@ from draftmeta.derivations import (
 )
 from draftmeta.fields import record_items
 from draftmeta.infer.probe import STATE_TENSORS, Observation, Trajectory
-from draftmeta.integrations.vllm.backends.amx import AmxKvSplits
-from draftmeta.integrations.vllm.backends.hooks import DeepGemmPagedMqaSchedule
-from draftmeta.integrations.vllm.backends.indexer import KpoolTailSlot
 from draftmeta.rules import (
     Alias,
     Derive,
@@ -173,12 +173,15 @@ def _host_candidates(units: int | None) -> list[tuple[str, Rule, Callable[[Draft
     return found
 
 
-def _known_hook(path: str, block_size: int) -> tuple[Rule, str] | None:
-    """A library recompute hook for a buffer this device leaves unfilled, by field name."""
+def _known_hook(
+    path: str, block_size: int, kernel: PagedMqaKernel | None
+) -> tuple[Rule, str] | None:
+    """A library recompute hook for a buffer this device leaves unfilled, by field name (with
+    the engine's kernel handed in, where the caller has one)."""
     parent, _, name = path.rpartition(".")
     if name == "schedule_metadata":
         lengths = f"{parent}.seq_lens" if parent else "seq_lens"
-        return (Recompute(DeepGemmPagedMqaSchedule(block_size), (lengths,)),
+        return (Recompute(DeepGemmPagedMqaSchedule(block_size, kernel=kernel), (lengths,)),
                 "the library's DeepGEMM paged-MQA schedule hook, chosen by the field's name")
     return None
 
@@ -214,6 +217,7 @@ def _classify_path(
     trajectories: Sequence[Trajectory],
     block_size: int,
     units: int | None,
+    kernel: PagedMqaKernel | None,
 ) -> Verdict | None:
     per_traj = []
     seen: list[tuple[Observation, Any]] = []
@@ -245,7 +249,8 @@ def _classify_path(
         return verdict(Unsupported(f"{path} is a record in some builds and not in others"),
                        "a record in some builds only", settled=False)
     if all(isinstance(v, torch.Tensor) for v in values):
-        return _classify_tensor(path, trajectories, per_traj, seen, block_size, verdict)
+        return _classify_tensor(path, trajectories, per_traj, seen, block_size, verdict,
+                                kernel)
     if any(isinstance(v, torch.Tensor) for v in values):
         return verdict(Unsupported(f"{path} is a tensor in some builds only"),
                        "a tensor in some builds and None or a host value in others",
@@ -284,6 +289,7 @@ def _classify_tensor(
     seen: Sequence[tuple[Observation, Any]],
     block_size: int,
     verdict: Callable[..., Verdict],
+    kernel: PagedMqaKernel | None,
 ) -> Verdict:
     n = len(seen)
     leaves = [obs.leaves[path] for obs, _ in seen]
@@ -295,7 +301,7 @@ def _classify_tensor(
         source = name if name in shared else sorted(shared)[0]
         return verdict(Alias(source),
                        f"shares storage with state.{source} in all {n} builds")
-    known = _known_hook(path, block_size)
+    known = _known_hook(path, block_size, kernel)
     if known is not None:
         unfilled = not all(leaf.deterministic for leaf in leaves)
         seen_as = ("values differ between two builds of the same state (a buffer this device "
@@ -347,7 +353,8 @@ def _prefer_metadata_inputs(verdicts: list[Verdict], seen: Sequence[Observation]
 
 
 def classify(
-    trajectories: Sequence[Trajectory], *, block_size: int, compute_units: int | None = None
+    trajectories: Sequence[Trajectory], *, block_size: int, compute_units: int | None = None,
+    paged_mqa_kernel: PagedMqaKernel | None = None,
 ) -> tuple[list[Verdict], dict[str, type]]:
     """A verdict for every leaf seen, in walk order, and the record class at every nested path.
 
@@ -355,6 +362,8 @@ def classify(
         trajectories: what :func:`~draftmeta.infer.probe.probe` observed.
         block_size: the builder's KV block size (a K-pool tail's pool size).
         compute_units: the CPU's compute units, for AMX's split count (``None``: not tried).
+        paged_mqa_kernel: the engine's paged-MQA schedule kernel, handed to the DeepGEMM hook
+            a ``schedule_metadata`` buffer gets (``None``: that hook leaves the buffer alone).
     """
     first = trajectories[0].steps[0]
     paths = list(first.leaves)
@@ -368,7 +377,8 @@ def classify(
                 types.setdefault(p, t)
     verdicts = []
     for path in paths:
-        found = _classify_path(path, trajectories, block_size, compute_units)
+        found = _classify_path(path, trajectories, block_size, compute_units,
+                               paged_mqa_kernel)
         if found is not None:
             verdicts.append(found)
     # a record that is None somewhere is covered by its own verdict; drop its children

@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from draftmeta.backends.hooks import PagedMqaKernel
 from draftmeta.infer.classify import Verdict, classify
 from draftmeta.infer.emit import source
 from draftmeta.infer.probe import ProbeCase, probe
@@ -68,6 +69,7 @@ def infer_spec(
     name: str | None = None,
     cases: Sequence[ProbeCase] | None = None,
     compute_units: int | None = None,
+    paged_mqa_kernel: PagedMqaKernel | None = None,
 ) -> Inference:
     """Infer the spec of metadata class ``cls`` from a builder.
 
@@ -79,6 +81,8 @@ def infer_spec(
         name: the spec's name (default ``"<class>.inferred"``).
         cases: probe trajectories (default :func:`~draftmeta.infer.probe.default_cases`).
         compute_units: the CPU's compute units, to recognise AMX's split count.
+        paged_mqa_kernel: the engine's paged-MQA schedule kernel, for the DeepGEMM hook a
+            ``schedule_metadata`` buffer gets.
 
     Raises:
         TypeError: ``build`` returned something other than a ``cls``.
@@ -87,7 +91,8 @@ def infer_spec(
     built = seen[0].steps[0].types[""]
     if built is not cls:
         raise TypeError(f"build returned a {built.__qualname__}, not a {cls.__qualname__}")
-    verdicts, types = classify(seen, block_size=block_size, compute_units=compute_units)
+    verdicts, types = classify(seen, block_size=block_size, compute_units=compute_units,
+                               paged_mqa_kernel=paged_mqa_kernel)
     covered = {v.path for v in verdicts}
     nested = {p: t for p, t in types.items() if p and p not in covered}
     return Inference(name or f"{cls.__qualname__}.inferred", cls, tuple(verdicts), nested)

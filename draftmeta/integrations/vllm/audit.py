@@ -329,8 +329,8 @@ def _registry_backend(name: str) -> Any:
 @contextlib.contextmanager
 def _hook_replaced(backend: str, wrap: HookWrapper) -> Iterator[None]:
     from draftmeta.integrations.patching import Patches
-    from draftmeta.integrations.vllm.backends.vllm_classes import import_class
     from draftmeta.integrations.vllm.catalogue import current_release
+    from draftmeta.integrations.vllm.classes import import_class
 
     name = "update_draft_decode_metadata"
     release = current_release()

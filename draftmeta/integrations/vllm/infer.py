@@ -7,7 +7,8 @@ from typing import Any
 
 from draftmeta.infer.core import Inference, infer_spec
 from draftmeta.infer.probe import default_cases
-from draftmeta.integrations.vllm.backends.amx import compute_units
+from draftmeta.integrations.vllm.specs.amx import compute_units
+from draftmeta.integrations.vllm.specs.indexer import deep_gemm_kernel
 from draftmeta.state import DraftState
 
 __all__ = ["infer_vllm", "resolve"]
@@ -79,7 +80,8 @@ def infer_vllm(target: str) -> Inference:
     first = build_first_type(build, block_size, lengths[0])
     units = _compute_units() if name == "AMX_MLA" else None
     return infer_spec(first, build, block_size=block_size, name=f"{name}.inferred",
-                      cases=default_cases(lengths), compute_units=units)
+                      cases=default_cases(lengths), compute_units=units,
+                      paged_mqa_kernel=deep_gemm_kernel)
 
 
 def build_first_type(build: Any, block_size: int, max_model_len: int) -> type:

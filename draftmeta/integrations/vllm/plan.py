@@ -16,7 +16,6 @@ import attrs
 
 from draftmeta.advance import HostBound
 from draftmeta.errors import SpecError
-from draftmeta.integrations.vllm.backends.vllm_classes import import_class
 from draftmeta.integrations.vllm.carry_over import enabled as carry_over_enabled
 from draftmeta.integrations.vllm.catalogue import (
     BuilderEntry,
@@ -26,6 +25,7 @@ from draftmeta.integrations.vllm.catalogue import (
     supported_range,
     with_registered,
 )
+from draftmeta.integrations.vllm.classes import import_class
 from draftmeta.spec import DraftSpec
 
 __all__ = [

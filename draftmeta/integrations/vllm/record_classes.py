@@ -1,10 +1,10 @@
 """Record the field lists of the installed vLLM's metadata classes (one JSON file per release).
 
 ``python -m draftmeta.integrations.vllm.record_classes`` writes
-``draftmeta/integrations/vllm/backends/recorded/vllm-<release>.json`` for every class the
+``draftmeta/integrations/vllm/recorded/vllm-<release>.json`` for every class the
 installed release's catalogue names, and every record class nested in their fields (MLA's
 prefill metadata and its chunked-context record): the stand-ins
-:func:`~draftmeta.integrations.vllm.backends.vllm_classes.load_metadata_class` builds where vLLM
+:func:`~draftmeta.integrations.vllm.classes.load_metadata_class` builds where vLLM
 is not installed (the GPU benchmark machine), and the lists ``explain`` declares specs from
 without importing vLLM, so that its texts are the same with and without vLLM. Run it once per
 supported release, in an environment that has it.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from draftmeta.integrations.vllm.backends.vllm_classes import (
+from draftmeta.integrations.vllm.classes import (
     ClassRef,
     annotation_text,
     field_list,

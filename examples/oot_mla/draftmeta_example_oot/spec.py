@@ -14,8 +14,8 @@ Importing this module does not import vLLM (class paths only).
 from __future__ import annotations
 
 from draftmeta.derivations import CopyFrom
-from draftmeta.integrations.vllm.backends.mla import MLASpec
 from draftmeta.integrations.vllm.catalogue import BuilderEntry, HarnessRecipe, class_ref
+from draftmeta.integrations.vllm.specs.mla import MLASpec
 from draftmeta.rules import Derive
 
 PACKAGE = "draftmeta_example_oot.backend"

@@ -10,14 +10,14 @@ checks, ``verify`` and ``bench`` all read entries, never class paths of their ow
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import attrs
 
 from draftmeta.advance import HostBound
-from draftmeta.integrations.vllm.backends.common import SpecFactory
-from draftmeta.integrations.vllm.backends.vllm_classes import ClassRef
+from draftmeta.backends.views import views_of
 from draftmeta.integrations.vllm.carry_over import CarryOver
+from draftmeta.integrations.vllm.classes import ClassRef
 from draftmeta.integrations.vllm.release import release_of
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
@@ -25,6 +25,7 @@ from draftmeta.state import DraftState
 __all__ = [
     "DRAFT_PATHS",
     "BuilderEntry",
+    "BuilderSpecFactory",
     "DraftPath",
     "HarnessRecipe",
     "Measured",
@@ -49,6 +50,24 @@ Upstream = Literal["none", "no-op", "refresh"]
 """What vLLM's own ``update_draft_decode_metadata`` does for a builder: nothing (``none``: the
 builder lacks the hook), ``no-op`` (the metadata only views the source buffers) or
 ``refresh``."""
+
+
+class BuilderSpecFactory(Protocol):
+    """How a catalogue declares one builder's spec: called with the builder's name, the
+    host bound, whether DCP > 1, and the live builder where there is one (to bind what
+    depends on it: a pool size, a scheduler, an FP8 flag). The factories of vLLM's builders
+    are in :mod:`draftmeta.integrations.vllm.specs`."""
+
+    def __call__(
+        self,
+        *,
+        name: str,
+        host_bound: HostBound = "advance",
+        dcp: bool = False,
+        builder: Any = None,
+    ) -> DraftSpec[Any]:
+        """Declare the spec."""
+        ...
 
 
 def class_ref(path: str) -> ClassRef:
@@ -107,24 +126,18 @@ def instance_refusal(builder: Any) -> str | None:
 
 def hook_state(builder: Any, metadata: Any) -> DraftState:
     """A draft state over the buffers a built ``metadata`` object views (the sources of the
-    generated hook's full refresh): the dense MLA layout (``metadata.decode`` holds the lengths
-    and block table; under DCP the global lengths are ``decode.dcp_tot_seq_lens``) or a flat
-    one (sparse MLA, the indexer)."""
+    generated hook's full refresh), read by the record's layout
+    (:func:`draftmeta.backends.views.views_of`: the dense MLA one, or the flat one of sparse
+    MLA), with the host values from the builder."""
     dcp: int = getattr(builder, "dcp_world_size", 1)
-    decode: Any = getattr(metadata, "decode", None)
-    local = None
-    if decode is not None:  # dense MLA
-        seq_lens = decode.dcp_tot_seq_lens if dcp > 1 else decode.seq_lens
-        block_table = decode.block_table
-        local = decode.seq_lens if dcp > 1 else None
-    else:
-        seq_lens, block_table = metadata.seq_lens, metadata.block_table
-    query_start_loc: Any = getattr(metadata, "query_start_loc", None)
+    viewed = views_of(metadata, dcp > 1).read(metadata)
+    seq_lens: Any = viewed["seq_lens"]
+    query_start_loc: Any = viewed["query_start_loc"]
     return DraftState(
         positions=seq_lens.new_empty(0),
         seq_lens=seq_lens,
-        slot_mapping=metadata.slot_mapping,
-        block_table=block_table,
+        slot_mapping=viewed["slot_mapping"],
+        block_table=viewed["block_table"],
         query_start_loc=seq_lens.new_empty(0) if query_start_loc is None else query_start_loc,
         num_reqs=getattr(metadata, "num_reqs", None) or metadata.num_decodes,
         max_seq_len=metadata.max_seq_len,
@@ -133,7 +146,7 @@ def hook_state(builder: Any, metadata: Any) -> DraftState:
         dcp_world_size=dcp,
         dcp_rank=getattr(builder, "dcp_rank", 0),
         dcp_interleave=getattr(builder, "cp_kv_cache_interleave_size", 1),
-        dcp_local_seq_lens=local,
+        dcp_local_seq_lens=viewed["dcp_local_seq_lens"],
     )
 
 
@@ -146,7 +159,7 @@ class BuilderEntry:
             draftmeta: spec names, coverage rows, harness and verify all use it.
         builder: the builder class.
         spec: declares the spec of the metadata it builds (see
-            :class:`~draftmeta.integrations.vllm.backends.common.SpecFactory`).
+            :class:`BuilderSpecFactory`).
         hook: what vLLM's own ``update_draft_decode_metadata`` does for it.
         harness: how tests build it on a CPU, or ``None`` where it needs a GPU.
         classes: the metadata classes its spec declares (recorded for machines without vLLM).
@@ -176,7 +189,7 @@ class BuilderEntry:
 
     name: str
     builder: ClassRef
-    spec: SpecFactory
+    spec: BuilderSpecFactory
     hook: Upstream = "none"
     harness: HarnessRecipe | None = None
     classes: tuple[ClassRef, ...] = ()

@@ -8,17 +8,8 @@ hook bodies read from the released wheel.
 
 from __future__ import annotations
 
-from draftmeta.integrations.vllm.backends.amx import AMX_DECODE_ATTRIBUTES, amx_decode_rules
-from draftmeta.integrations.vllm.backends.indexer import (
-    INDEXER_BUILDER,
-    INDEXER_DECODE,
-    INDEXER_METADATA,
-    KPOOL_TAIL_BUILDER,
-    IndexerSpec,
-    KpoolTailSpec,
-)
-from draftmeta.integrations.vllm.backends.mla import FLASHMLA_SCHED_META, MLAFamily, MLASpec
-from draftmeta.integrations.vllm.backends.vllm_classes import ClassRef
+from draftmeta.backends.amx import AMX_DECODE_ATTRIBUTES
+from draftmeta.backends.mla import MLAFamily
 from draftmeta.integrations.vllm.carry_over import CarryOver
 from draftmeta.integrations.vllm.catalogue.model import (
     BuilderEntry,
@@ -27,6 +18,17 @@ from draftmeta.integrations.vllm.catalogue.model import (
     Upstream,
     class_ref,
 )
+from draftmeta.integrations.vllm.classes import ClassRef
+from draftmeta.integrations.vllm.specs.amx import amx_bound_rules
+from draftmeta.integrations.vllm.specs.indexer import (
+    INDEXER_BUILDER,
+    INDEXER_DECODE,
+    INDEXER_METADATA,
+    KPOOL_TAIL_BUILDER,
+    IndexerSpec,
+    KpoolTailSpec,
+)
+from draftmeta.integrations.vllm.specs.mla import FLASHMLA_SCHED_META, MLASpec
 
 __all__ = ["RELEASE"]
 
@@ -91,7 +93,7 @@ RELEASE = Release(
              carry_over=MLA_DECODE_READS),
         _mla("AMX_MLA", f"{BACKENDS}.amx_mla.AMXMLAMetadataBuilder", "dense",
              spec=MLASpec("dense", COMMON, COMMON_DECODE, attributes=AMX_DECODE_ATTRIBUTES,
-                          bound_rules=amx_decode_rules),
+                          bound_rules=amx_bound_rules),
              harness=HarnessRecipe("mla", class_ref(f"{BACKENDS}.amx_mla.AMXMLABackend"),
                                    block_size=32)),
         _mla("TRITON_MLA", f"{BACKENDS}.triton_mla.TritonMLAMetadataBuilder", "dense",

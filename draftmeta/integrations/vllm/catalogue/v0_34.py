@@ -12,9 +12,9 @@ from __future__ import annotations
 import attrs
 
 from draftmeta.conditions import Equals, IsNone
-from draftmeta.integrations.vllm.backends.mla import MLASpec
 from draftmeta.integrations.vllm.catalogue import v0_33
 from draftmeta.integrations.vllm.catalogue.model import BuilderEntry, Measured, Release
+from draftmeta.integrations.vllm.specs.mla import MLASpec
 from draftmeta.rules import HostConstant, Unchanged
 
 __all__ = ["RELEASE"]

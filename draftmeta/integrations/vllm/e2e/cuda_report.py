@@ -22,7 +22,7 @@ import attrs
 from draftmeta.arguments import Extent
 from draftmeta.integrations.vllm.e2e.acceptance import total_acceptance
 from draftmeta.integrations.vllm.e2e.best_k import best_k, step_times
-from draftmeta.integrations.vllm.e2e.controls import caught
+from draftmeta.integrations.vllm.e2e.controls import CAUGHT_DRAFT_SHARE, CAUGHT_LENGTH_DROP, caught
 from draftmeta.integrations.vllm.e2e.cuda_engine import LoopCounts
 from draftmeta.integrations.vllm.e2e.cuda_matrix import (
     CudaCase,
@@ -31,8 +31,8 @@ from draftmeta.integrations.vllm.e2e.cuda_matrix import (
     CudaMatrixConfig,
 )
 
-__all__ = ["CUDA_RESULT_NAME", "cuda_extent", "cuda_markdown", "cuda_plot", "cuda_summary",
-           "host_us_per_loop", "planned_cuda_extent", "write_cuda_results"]
+__all__ = ["CUDA_RESULT_NAME", "control_missed", "cuda_extent", "cuda_markdown", "cuda_plot",
+           "cuda_summary", "host_us_per_loop", "planned_cuda_extent", "write_cuda_results"]
 
 CUDA_RESULT_NAME = "e2e-cuda"
 """The stem of the CUDA run's files in its results folder."""
@@ -131,6 +131,20 @@ def _entry(c: CudaComparison) -> JSONObject:
     }
 
 
+def control_missed(data: JSONObject) -> str | None:
+    """What to say when a negative control of :func:`cuda_summary`'s object was not caught: each
+    missed case with how many drafts differed, and the margin it fell under; ``None`` when every
+    control was caught or none ran."""
+    missed = [f"{_case(e).label} batch {e['batch_size']} ({e['differing_draft_tokens']} of "
+              f"{e['draft_tokens_compared']} drafts differ)"
+              for e in data["configurations"] if e.get("caught") is False]
+    if not missed:
+        return None
+    return ("the negative control's wrong spec was not caught: it differs from plugin off by "
+            f"less than the margin ({CAUGHT_DRAFT_SHARE:.0%} of the drafts, or an acceptance "
+            f"length {CAUGHT_LENGTH_DROP:.0%} lower) in {'; '.join(missed)}")
+
+
 def _strict(c: CudaComparison) -> bool:
     """Off and on agree in everything compared, and something was compared."""
     return (c.output_tokens_identical and c.draft_tokens_identical
@@ -227,7 +241,11 @@ def cuda_markdown(data: JSONObject) -> str:
     for e in data["configurations"]:
         case = _case(e).label
         same = ("same" if e["output_tokens_identical"] and e["draft_tokens_identical"]
-                else f"DIFFER ({e['differing_draft_tokens']} drafts)")
+                else f"DIFFER ({e['differing_draft_tokens']}"
+                     + (f" of {e['draft_tokens_compared']}" if "draft_tokens_compared" in e
+                        else "") + " drafts)")
+        if e.get("caught") is not None:  # a negative control: judged by the margin, not identity
+            same += ", caught" if e["caught"] else ", missed: under the margin"
         ratio = "-" if e["speedup"] is None else f"{e['speedup']:.2f}x"
         pairs = e.get("pair_speedups") or []
         if len(pairs) > 1:

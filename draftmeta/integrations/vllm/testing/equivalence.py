@@ -23,19 +23,21 @@ from draftmeta.integrations.vllm.testing import harness
 from draftmeta.spec import DraftSpec
 from draftmeta.testing import Mismatch, compare_metadata, random_state
 
-__all__ = ["BUILDERS", "BatchResult", "CaseConfig", "check_batch", "compare_on_cpu",
-           "random_case"]
+__all__ = ["BUILDERS", "BatchResult", "CaseConfig", "HarnessSpecFactory", "check_batch",
+           "compare_on_cpu", "random_case"]
 
-SpecFactory = Callable[..., DraftSpec[Any]]
-"""``(host_bound, builder=None, dcp=False) -> spec``: the spec of a builder's metadata under a
-host bound (and decode context parallelism), bound to the live builder where one is given;
-``dcp`` is passed only for a case with DCP, so a factory without it serves the others."""
+HarnessSpecFactory = Callable[..., DraftSpec[Any]]
+"""``(host_bound, builder=None, dcp=False) -> spec``: the spec of a harness-built builder's
+metadata under a host bound (and decode context parallelism), bound to the live builder where
+one is given; ``dcp`` is passed only for a case with DCP, so a factory without it serves the
+others. (Its catalogue entry's
+:meth:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.make_spec` with the name bound.)"""
 
 
-def _builders() -> dict[str, SpecFactory]:
+def _builders() -> dict[str, HarnessSpecFactory]:
     from draftmeta.integrations.vllm.catalogue import current_release
 
-    factories: dict[str, SpecFactory] = {}
+    factories: dict[str, HarnessSpecFactory] = {}
     for entry in current_release().builders:
         if entry.harness is not None:
             def factory(host_bound: HostBound, builder: Any = None, dcp: bool = False,
@@ -46,7 +48,7 @@ def _builders() -> dict[str, SpecFactory]:
     return factories
 
 
-BUILDERS: dict[str, SpecFactory] = _builders()
+BUILDERS: dict[str, HarnessSpecFactory] = _builders()
 """The installed release's builders that construct on a CPU (from its catalogue), and the
 spec of the metadata each builds."""
 

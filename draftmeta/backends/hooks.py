@@ -1,4 +1,4 @@
-"""Recompute hooks that refill vLLM's scheduler buffers in place between draft steps.
+"""Recompute hooks that refill a backend's scheduler buffers in place between draft steps.
 
 Each hook calls a *compute* function that returns the kernel's result for the current sequence
 lengths and copies it into the persistent buffer the metadata references, zeroing any tail (so
@@ -6,10 +6,12 @@ stale entries from a larger batch are never read). The DeepGEMM and FlashMLA hoo
 refuses, before the update writes anything, every buffer ``apply`` could not fill: a wrong
 dtype or rank, a buffer on another device than the lengths, a ``num_splits`` shorter than the
 batch; their ``apply`` checks all of a kernel's results against their buffers before writing
-any. By default the
-compute function is the backend's own kernel, imported lazily (DeepGEMM, FlashMLA, FlashAttention
-3); tests and machines without those kernels pass a reference implementation instead
-(:mod:`draftmeta.testing.reference_schedules`).
+any.
+
+The kernels are handed in: this module imports no engine. The vLLM binding
+(:mod:`draftmeta.integrations.vllm.specs`) hands in vLLM's own (DeepGEMM, FlashMLA,
+FlashAttention 3); tests and machines without those kernels hand in a reference implementation
+instead (:mod:`draftmeta.testing.reference_schedules`).
 """
 
 from __future__ import annotations
@@ -23,10 +25,23 @@ import torch
 from draftmeta.derivations import RecomputeHook
 from draftmeta.workspace import Workspace
 
-__all__ = ["DeepGemmPagedMqaSchedule", "FlashAttnSchedule", "FlashMLAFp8TileSchedule"]
+__all__ = [
+    "DeepGemmPagedMqaSchedule",
+    "FlashAttnCompute",
+    "FlashAttnSchedule",
+    "FlashMLAFp8TileSchedule",
+    "PagedMqaCompute",
+    "PagedMqaKernel",
+    "TileCompute",
+]
 
 PagedMqaCompute = Callable[[torch.Tensor, int, int], torch.Tensor]
 """``compute(context_lens (B, next_n) int32, block_kv, num_sms) -> int32 [num_sms + 1, 2]``."""
+
+PagedMqaKernel = Callable[[torch.Tensor], PagedMqaCompute | None]
+"""``kernel(buffer) -> compute or None``: the schedule function for a buffer on its device, or
+``None`` where this machine has none (the buffer is then left as it is). Asked at each refill,
+so that declaring a spec loads no kernel."""
 
 TileCompute = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 """``compute(seq_lens int32 [B], num_q_tokens_per_head_k) -> (tile metadata, num_splits)``."""
@@ -68,14 +83,6 @@ def _lengths_problem(seq_lens: object, out: torch.Tensor, what: str) -> str | No
     return None
 
 
-def _deep_gemm_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
-    from vllm.utils.deep_gemm import get_paged_mqa_logits_metadata
-
-    result = get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)
-    assert isinstance(result, torch.Tensor)
-    return result
-
-
 @attrs.frozen
 class DeepGemmPagedMqaSchedule(RecomputeHook):
     """The DeepSeek-V3.2 indexer's DeepGEMM paged-MQA schedule, int32 ``[slots + 1, 2]``.
@@ -83,19 +90,23 @@ class DeepGemmPagedMqaSchedule(RecomputeHook):
     Inputs: the decode ``seq_lens`` ``(B, 1)``. The number of SM slots is read off the
     persistent buffer's shape (``slots + 1`` rows), so the captured shape is kept.
 
-    With ``compute=None`` the hook uses DeepGEMM when the buffer is on CUDA and DeepGEMM is
-    installed, and otherwise leaves the buffer as it is, exactly as vLLM's builder does
-    (``is_cuda() and has_deep_gemm()``).
+    With neither ``compute`` nor ``kernel`` the buffer is left as it is, as vLLM's builder does
+    on a machine without DeepGEMM. The vLLM binding hands in a ``kernel`` that picks DeepGEMM
+    for a buffer on CUDA where it is installed, and nothing elsewhere (vLLM's
+    ``is_cuda() and has_deep_gemm()``).
 
     Attributes:
         block_kv: the indexer cache's block size (64 for DeepSeek-V3.2).
-        compute: the schedule function; ``None`` for DeepGEMM's kernel.
+        compute: the schedule function, used for every buffer.
+        kernel: where ``compute`` is ``None``: picks the schedule function for the buffer at
+            each refill (:data:`PagedMqaKernel`).
     """
 
     name: ClassVar[str] = "deep_gemm_paged_mqa_schedule"
     formula: ClassVar[str] = "get_paged_mqa_logits_metadata(seq_lens, block_kv, slots)"
     block_kv: int = 64
     compute: PagedMqaCompute | None = None
+    kernel: PagedMqaKernel | None = attrs.field(default=None, repr=False)
 
     def check(
         self, out: torch.Tensor, *inputs: object, also: tuple[torch.Tensor, ...] = ()
@@ -121,14 +132,8 @@ class DeepGemmPagedMqaSchedule(RecomputeHook):
     def _compute(self, out: torch.Tensor) -> PagedMqaCompute | None:
         if self.compute is not None:
             return self.compute
-        if out.is_cuda:
-            try:
-                from vllm.utils.deep_gemm import has_deep_gemm
-
-                if has_deep_gemm():
-                    return _deep_gemm_schedule
-            except ImportError:
-                pass
+        if self.kernel is not None:
+            return self.kernel(out)
         return None
 
     def apply(
@@ -147,15 +152,6 @@ class DeepGemmPagedMqaSchedule(RecomputeHook):
         _copy_rows(out, compute(lens, self.block_kv, out.shape[0] - 1), self.name)
 
 
-def _flashmla_fp8(seq_lens: torch.Tensor, num_q_tokens_per_head_k: int) -> tuple[
-    torch.Tensor, torch.Tensor
-]:
-    from vllm.v1.attention.ops.flashmla import get_mla_metadata_dense_fp8
-
-    tiles, splits = get_mla_metadata_dense_fp8(seq_lens, num_q_tokens_per_head_k, 1)
-    return tiles, splits
-
-
 @attrs.frozen
 class FlashMLAFp8TileSchedule(RecomputeHook):
     """FlashMLA's dense FP8 tile-scheduler metadata ``[parts, 8]`` and ``num_splits [B + 1]``.
@@ -166,7 +162,9 @@ class FlashMLAFp8TileSchedule(RecomputeHook):
 
     Attributes:
         num_q_tokens_per_head_k: query tokens per KV head (``max_query_len * num_q_heads``).
-        compute: the schedule function; ``None`` for FlashMLA's kernel.
+        compute: the schedule function (the vLLM binding hands in FlashMLA's kernel); ``None``
+            until one is handed in: every update then refuses in its check, before anything is
+            written.
     """
 
     name: ClassVar[str] = "flashmla_fp8_tile_schedule"
@@ -177,6 +175,9 @@ class FlashMLAFp8TileSchedule(RecomputeHook):
     def check(
         self, out: torch.Tensor, *inputs: object, also: tuple[torch.Tensor, ...] = ()
     ) -> str | None:
+        if self.compute is None:
+            return ("no FlashMLA tile-schedule kernel is handed in: declare the hook with "
+                    "compute= (the vLLM binding hands in FlashMLA's get_mla_metadata_dense_fp8)")
         if len(also) != 1 or not isinstance(also[0], torch.Tensor):
             return "the FP8 path needs both tile_scheduler_metadata and num_splits buffers"
         if out.dim() != 2 or out.shape[1] != 8 or out.dtype != torch.int32:
@@ -209,7 +210,9 @@ class FlashMLAFp8TileSchedule(RecomputeHook):
     ) -> None:
         seq_lens = inputs[0]
         assert isinstance(seq_lens, torch.Tensor)
-        tiles, splits = (self.compute or _flashmla_fp8)(seq_lens, self.num_q_tokens_per_head_k)
+        if self.compute is None:  # check() refused it before any write
+            raise RuntimeError("no FlashMLA tile-schedule kernel is handed in")
+        tiles, splits = self.compute(seq_lens, self.num_q_tokens_per_head_k)
         # both results are checked against their buffers before either is written, so a kernel
         # whose output does not fit leaves both buffers as they were
         out_splits, splits = also[0].view(-1, 1), splits.view(-1, 1)
@@ -227,7 +230,8 @@ class FlashAttnSchedule(RecomputeHook):
 
     The scheduler's arguments include the builder's head configuration (query heads, head
     dimensions, page size), so the spec is declared without it and bound to each live builder
-    (:func:`~draftmeta.integrations.vllm.backends.mla.flash_attn_compute_of`; the vLLM plugin
+    (the vLLM binding's
+    :func:`~draftmeta.integrations.vllm.specs.mla.flash_attn_compute_of`; the vLLM plugin
     binds every builder's at its ``__init__``). An unbound schedule refuses every update in its
     check, before anything is written.
 

@@ -1,6 +1,8 @@
-"""Spec for vLLM 0.33's DeepSeek-V3.2 sparse-attention indexer metadata while drafting.
+"""The specs of the DeepSeek-V3.2 sparse-attention indexer metadata and the K-pool tail while
+drafting, declared against the classes handed in (the vLLM binding resolves them:
+:mod:`draftmeta.integrations.vllm.specs.indexer`).
 
-``DeepseekV32IndexerMetadata`` (built by ``DeepseekV32IndexerMetadataBuilder``) in the
+vLLM's ``DeepseekV32IndexerMetadata`` (built by ``DeepseekV32IndexerMetadataBuilder``) in the
 chain-drafting decode phase: one query token per request, so every decode path of the builder
 (native, flattened, SM100 varlen) yields per-token lengths equal to the sequence lengths, one
 block-table row per request and decode lengths of 1.
@@ -21,36 +23,16 @@ import attrs
 import torch
 
 from draftmeta.advance import HostBound
+from draftmeta.backends.common import decode_only, max_seq_len_rule
+from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule, PagedMqaCompute, PagedMqaKernel
+from draftmeta.backends.views import FLAT
 from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameValue
 from draftmeta.derivations import Argument, CopyFrom, Derivation, Fill, argument_problem
-from draftmeta.integrations.vllm.backends.common import decode_only, max_seq_len_rule
-from draftmeta.integrations.vllm.backends.hooks import DeepGemmPagedMqaSchedule, PagedMqaCompute
-from draftmeta.integrations.vllm.backends.vllm_classes import ClassRef, load_metadata_class
 from draftmeta.rules import Alias, Derive, HostConstant, Recompute, Rule, Unchanged
 from draftmeta.spec import DraftSpec
-from draftmeta.spec_cache import spec_cache
 from draftmeta.workspace import Workspace
 
-__all__ = [
-    "INDEXER_BUILDER",
-    "IndexerSpec",
-    "KpoolTailSpec",
-    "INDEXER_METADATA",
-    "KPOOL_TAIL_BUILDER",
-    "KpoolTailSlot",
-    "indexer_spec",
-    "kpool_tail_spec",
-]
-
-_MODULE = "vllm.v1.attention.backends.mla.indexer"
-INDEXER_BUILDER = ClassRef(_MODULE, "DeepseekV32IndexerMetadataBuilder")
-"""vLLM's indexer metadata builder."""
-INDEXER_METADATA = ClassRef(_MODULE, "DeepseekV32IndexerMetadata")
-"""The indexer metadata class."""
-INDEXER_DECODE = ClassRef(_MODULE, "DeepSeekV32IndexerDecodeMetadata")
-"""Its decode part."""
-KPOOL_TAIL_BUILDER = ClassRef(_MODULE, "KpoolTailMetadataBuilder")
-"""vLLM's builder of the storage-only K-pool tail cache's metadata (GLM-5.3-Flash)."""
+__all__ = ["KpoolTailSlot", "indexer_spec", "kpool_tail_spec"]
 
 
 @attrs.frozen
@@ -110,47 +92,52 @@ class KpoolTailSlot(Derivation):
         head.add_(block, alpha=self.kpool).add_(1).mul_(valid).sub_(1)
 
 
-@spec_cache
 def indexer_spec(
+    metadata: type,
+    decode: type,
     *,
     host_bound: HostBound = "advance",
     dcp: bool = False,
     block_kv: int = 64,
     schedule_compute: PagedMqaCompute | None = None,
+    schedule_kernel: PagedMqaKernel | None = None,
     name: str = "INDEXER",
 ) -> DraftSpec[Any]:
     """The spec of the DeepSeek-V3.2 indexer metadata in the chain-drafting decode phase.
 
     Args:
+        metadata: the indexer metadata class (vLLM's ``DeepseekV32IndexerMetadata``).
+        decode: its decode-part class.
         name: the builder's catalogue name, first part of the spec's name.
         host_bound: how the host ``max_seq_len`` moves (``"advance"`` or ``"frozen"``).
         dcp: decode context parallelism > 1: the decode lengths are the DCP-local lengths
             (``state.dcp_local_seq_lens``), recomputed every step from the global ones.
-        block_kv: the indexer cache's block size, for the DeepGEMM schedule.
-        schedule_compute: the paged-MQA schedule function (default: DeepGEMM on CUDA where
-            installed; elsewhere the buffer is left alone, as vLLM does).
+        block_kv: the indexer cache's block size, for the paged-MQA schedule.
+        schedule_compute: the paged-MQA schedule function, for every buffer.
+        schedule_kernel: where ``schedule_compute`` is ``None``: picks the schedule function
+            for the buffer at each refill (the vLLM binding's: DeepGEMM on CUDA where
+            installed). With neither the buffer is left alone, as vLLM does without DeepGEMM.
     """
-    metadata_cls, _ = load_metadata_class(INDEXER_METADATA.module, INDEXER_METADATA.qualname)
-    decode_cls, _ = load_metadata_class(INDEXER_DECODE.module, INDEXER_DECODE.qualname)
     lengths = "state.dcp_local_seq_lens" if dcp else "seq_lens"
     rules: dict[str, Rule] = {
-        "seq_lens": Alias("seq_lens"),
+        "seq_lens": FLAT.rule("seq_lens"),
         "max_seq_len": max_seq_len_rule(host_bound, False),
-        "slot_mapping": Alias("slot_mapping"),
+        "slot_mapping": FLAT.rule("slot_mapping"),
         "num_decodes": HostConstant(),
         "num_decode_tokens": HostConstant(),
         "num_prefills": HostConstant(),
         "num_prefill_tokens": HostConstant(),
         "prefill": Unchanged(),
         "positions": Unchanged(),
-        "block_table": Alias("block_table"),
+        "block_table": FLAT.rule("block_table"),
         "decode.block_table": Derive(CopyFrom(), ("block_table",)),
         "decode.seq_lens": Derive(CopyFrom(flat=True), (lengths,)),
         "decode.decode_lens": Derive(Fill(1), ()),
         "decode.per_req_decode_lens": Derive(Fill(1), ()),
         "decode.requires_padding": HostConstant(),
         "decode.schedule_metadata": Recompute(
-            DeepGemmPagedMqaSchedule(block_kv, schedule_compute), ("decode.seq_lens",)
+            DeepGemmPagedMqaSchedule(block_kv, schedule_compute, schedule_kernel),
+            ("decode.seq_lens",),
         ),
         "decode.global_seq_lens": Alias("seq_lens") if dcp else Unchanged(),
         "decode.decode_is_uniform": HostConstant(),
@@ -165,33 +152,33 @@ def indexer_spec(
     if not dcp:
         preconditions.append(IsNone("decode.global_seq_lens", name="no_global_seq_lens"))
     return DraftSpec(
-        metadata_cls,
+        metadata,
         rules,
         name=f"{name}{'.dcp' if dcp else ''}.{host_bound}",
         preconditions=preconditions,
-        nested={"decode": decode_cls},
+        nested={"decode": decode},
     )
 
 
-@spec_cache
 def kpool_tail_spec(
-    *, kpool: int = 64, host_bound: HostBound = "advance", name: str = "KPOOL_TAIL"
+    metadata: type, *, kpool: int = 64, host_bound: HostBound = "advance",
+    name: str = "KPOOL_TAIL",
 ) -> DraftSpec[Any]:
-    """The spec of the K-pool tail metadata (``KpoolTailMetadataBuilder``) while drafting.
+    """The spec of the K-pool tail metadata (vLLM's ``KpoolTailMetadataBuilder``) while drafting.
 
-    The builder reuses ``DeepseekV32IndexerMetadata`` without a decode part; only its slot
+    The builder reuses the indexer's metadata class without a decode part; only its slot
     mapping (a builder buffer) changes per step, derived from the positions (see
     :class:`KpoolTailSlot`).
 
     Args:
+        metadata: the indexer metadata class.
         kpool: the tail cache's block size (the builder's ``kv_cache_spec.block_size``; the
             catalogue's factory takes it from the live builder).
         host_bound: how the host ``max_seq_len`` moves.
         name: the builder's catalogue name, first part of the spec's name.
     """
-    metadata_cls, _ = load_metadata_class(INDEXER_METADATA.module, INDEXER_METADATA.qualname)
     rules: dict[str, Rule] = {
-        "seq_lens": Alias("seq_lens"),
+        "seq_lens": FLAT.rule("seq_lens"),
         "max_seq_len": max_seq_len_rule(host_bound, False),
         "slot_mapping": Derive(
             KpoolTailSlot(kpool),
@@ -213,37 +200,6 @@ def kpool_tail_spec(
         SameValue("num_decodes", "num_decode_tokens", name="one_token_per_request"),
         IsNotNone("positions", name="has_positions"),
     ]
-    return DraftSpec(metadata_cls, rules, name=f"{name}.{host_bound}",
+    return DraftSpec(metadata, rules, name=f"{name}.{host_bound}",
                      preconditions=preconditions)
 
-
-@attrs.frozen
-class IndexerSpec:
-    """The catalogue's spec factory for the DeepSeek-V3.2 indexer builder."""
-
-    def __call__(
-        self, *, name: str, host_bound: HostBound = "advance", dcp: bool = False,
-        builder: Any = None,
-    ) -> DraftSpec[Any]:
-        """Declare :func:`indexer_spec` (the indexer cache's block size from ``builder``)."""
-        block_kv = builder.kv_cache_spec.block_size if builder is not None else 64
-        return indexer_spec(host_bound=host_bound, dcp=dcp, block_kv=block_kv, name=name)
-
-
-@attrs.frozen
-class KpoolTailSpec:
-    """The catalogue's spec factory for the K-pool tail builder: the pool size is the builder's.
-
-    Without a builder (``draftmeta explain``) the pool size is 64; with one it is always the
-    builder's ``kv_cache_spec.block_size``, so a spec can never disagree with the builder it
-    updates.
-    """
-
-    def __call__(
-        self, *, name: str, host_bound: HostBound = "advance", dcp: bool = False,
-        builder: Any = None,
-    ) -> DraftSpec[Any]:
-        """Declare :func:`kpool_tail_spec` for ``builder``'s pool size (its ``no_dcp``
-        precondition refuses DCP > 1 at run time)."""
-        kpool = builder.kv_cache_spec.block_size if builder is not None else 64
-        return kpool_tail_spec(kpool=kpool, host_bound=host_bound, name=name)

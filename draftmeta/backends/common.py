@@ -1,20 +1,18 @@
-"""Rules and preconditions shared by the vLLM backend specs."""
+"""Rules and preconditions shared by the backend specs (MLA, the indexer): the host
+``max_seq_len`` under a host bound and DCP, and the preconditions of chain drafting."""
 
 from __future__ import annotations
-
-from typing import Any, Protocol
 
 from draftmeta.advance import HostBound
 from draftmeta.conditions import Equals, IsNone, IsNotNone, Precondition, SameValue, Satisfies
 from draftmeta.rules import HostDerive, HostUpperBound, Rule, copy_of
-from draftmeta.spec import DraftSpec
 
 __all__ = [
-    "SpecFactory",
     "dcp_max_seq_len",
     "decode_only",
     "max_seq_len_rule",
 ]
+
 
 def dcp_max_seq_len(max_seq_len: int, world: int, interleave: int) -> int:
     """The per-rank bound vLLM's MLA builder uses under DCP: ``ceil(L / (N*I)) * I``."""
@@ -66,20 +64,3 @@ def decode_only(
 
 def _has(ref: str) -> Precondition:
     return IsNotNone(ref, name=f"has_{ref}")
-
-
-class SpecFactory(Protocol):
-    """How a catalogue declares one builder's spec: called with the builder's name, the
-    host bound, whether DCP > 1, and the live builder where there is one (to bind what
-    depends on it: a pool size, a scheduler, an FP8 flag)."""
-
-    def __call__(
-        self,
-        *,
-        name: str,
-        host_bound: HostBound = "advance",
-        dcp: bool = False,
-        builder: Any = None,
-    ) -> DraftSpec[Any]:
-        """Declare the spec."""
-        ...

@@ -7,11 +7,14 @@ sets four attributes on ``metadata.decode`` that are not dataclass fields: ``req
 host int from ``max_seq_len`` and the CPU's compute units). The first and third depend only on
 the block table and the batch, which drafting keeps; the copy and the split count must follow
 every step, or the AMX kernel reads stale lengths.
+
+The CPU's compute units are handed in (the vLLM binding reads them from vLLM's platform:
+:mod:`draftmeta.integrations.vllm.specs.amx`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -19,7 +22,7 @@ import torch
 from draftmeta.derivations import CopyFrom
 from draftmeta.rules import Derive, HostDerive, Rule, Unchanged
 
-__all__ = ["AMX_DECODE_ATTRIBUTES", "AmxKvSplits", "amx_decode_rules", "compute_units"]
+__all__ = ["AMX_DECODE_ATTRIBUTES", "AmxKvSplits", "amx_decode_rules"]
 
 AMX_DECODE_ATTRIBUTES: tuple[tuple[str, object], ...] = (
     ("decode.req_to_token", torch.Tensor),
@@ -36,32 +39,24 @@ class AmxKvSplits:
     ``>= max(1, max_seq_len // 512)``, at most twice the CPU's compute units.
 
     Attributes:
-        units: the compute units (``current_platform.num_compute_units()``), read from vLLM
-            once when ``None``.
+        units: the compute units, or a function reading them at each call (a spec declared
+            without a live builder reads them only where it runs).
     """
 
-    units: int | None = None
+    units: int | Callable[[], int]
 
     def __call__(self, max_seq_len: int) -> int:
         """The split count for ``max_seq_len``."""
-        units = self.units if self.units is not None else compute_units()
+        units = self.units if isinstance(self.units, int) else self.units()
         ideal = 1
         while ideal < max(1, max_seq_len // 512):
             ideal *= 2
         return min(ideal, units * 2)
 
 
-def compute_units() -> int:
-    """The compute units vLLM's AMX split count is bounded by on this machine
-    (``current_platform.num_compute_units()``: on vLLM's CPU platform, torch's thread count)."""
-    from vllm.platforms import current_platform
-
-    return int(current_platform.num_compute_units())
-
-
-def amx_decode_rules(builder: Any) -> tuple[tuple[str, Rule], ...]:
-    """The rules of :data:`AMX_DECODE_ATTRIBUTES` (the split count bound to this machine)."""
-    units = compute_units() if builder is not None else None
+def amx_decode_rules(units: int | Callable[[], int]) -> tuple[tuple[str, Rule], ...]:
+    """The rules of :data:`AMX_DECODE_ATTRIBUTES`, the split count bounded by ``units`` (see
+    :class:`AmxKvSplits`)."""
     return (
         ("decode.req_to_token", Unchanged()),
         ("decode.seq_lens_i64", Derive(CopyFrom(), ("decode.seq_lens",))),

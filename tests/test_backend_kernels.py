@@ -1,0 +1,80 @@
+"""The backend hooks call the kernels they are handed (``draftmeta.backends`` imports none), and
+the vLLM binding hands in vLLM's own: DeepGEMM's paged-MQA schedule, FlashMLA's FP8 tile
+schedule and its scheduler object."""
+
+from __future__ import annotations
+
+import torch
+
+from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule, FlashMLAFp8TileSchedule
+from draftmeta.integrations.vllm.catalogue import current_release
+from draftmeta.integrations.vllm.specs.indexer import deep_gemm_kernel, installed_indexer_spec
+from draftmeta.integrations.vllm.specs.mla import MLASpec, installed_mla_spec
+from draftmeta.registry import recorded_classes
+from draftmeta.rules import Recompute, Reset
+from draftmeta.testing.reference_schedules import (
+    flashmla_tile_schedule_reference,
+    paged_mqa_schedule_reference,
+)
+from draftmeta.workspace import Workspace
+
+
+def _lens(n: int = 3) -> torch.Tensor:
+    return torch.arange(10, 10 + n, dtype=torch.int32)
+
+
+def test_a_flashmla_tile_schedule_without_a_kernel_refuses_in_its_check() -> None:
+    hook = FlashMLAFp8TileSchedule(16)
+    tiles, splits = torch.zeros(4, 8, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    assert hook.check(tiles, _lens(), also=(splits,)) == (
+        "no FlashMLA tile-schedule kernel is handed in: declare the hook with compute= (the "
+        "vLLM binding hands in FlashMLA's get_mla_metadata_dense_fp8)")
+    with_kernel = FlashMLAFp8TileSchedule(
+        16, lambda s, q: flashmla_tile_schedule_reference(s, q, 1, 4))
+    assert with_kernel.check(tiles, _lens(), also=(splits,)) is None
+
+
+def test_the_paged_mqa_schedule_asks_its_kernel_for_each_buffer_and_leaves_it_without_one(
+) -> None:
+    asked: list[torch.Tensor] = []
+
+    def kernel(buffer: torch.Tensor) -> object:
+        asked.append(buffer)
+        return paged_mqa_schedule_reference if len(asked) == 1 else None
+
+    hook = DeepGemmPagedMqaSchedule(64, kernel=kernel)  # type: ignore[arg-type]
+    out = torch.full((5, 2), -7, dtype=torch.int32)
+    assert hook.check(out, _lens()) is None
+    hook.apply(out, _lens(), workspace=Workspace())
+    filled = out.clone()
+    assert asked == [out] and not torch.equal(filled, torch.full_like(out, -7))
+    out.fill_(-7)
+    hook.apply(out, _lens(), workspace=Workspace())  # the kernel has none now: left alone
+    assert len(asked) == 2 and torch.equal(out, torch.full_like(out, -7))
+    fixed = DeepGemmPagedMqaSchedule(64, paged_mqa_schedule_reference, kernel)
+    fixed.apply(out, _lens(), workspace=Workspace())  # a compute handed in wins: not asked
+    assert len(asked) == 2 and torch.equal(out, filled)
+
+
+def test_vllms_deepgemm_kernel_serves_no_buffer_off_cuda() -> None:
+    assert deep_gemm_kernel(torch.zeros(5, 2, dtype=torch.int32)) is None
+
+
+def test_the_vllm_binding_hands_its_kernels_to_the_indexer_and_flashmla_specs() -> None:
+    with recorded_classes():
+        indexer = installed_indexer_spec()
+        factory = current_release().entry("FLASHMLA").spec
+        assert isinstance(factory, MLASpec)
+        flashmla = factory(name="FLASHMLA")
+        fp8 = installed_mla_spec(factory, name="FLASHMLA", fp8_kv_cache=True,
+                                 num_q_tokens_per_head_k=16)
+    schedule = indexer.rules["decode.schedule_metadata"]
+    assert isinstance(schedule, Recompute) and isinstance(schedule.hook, DeepGemmPagedMqaSchedule)
+    assert schedule.hook.kernel is deep_gemm_kernel and schedule.hook.compute is None
+    reset = flashmla.rules["decode.scheduler_metadata"]
+    assert isinstance(reset, Reset)
+    assert reset.factory.__module__ == "draftmeta.integrations.vllm.specs.mla"
+    tiles = fp8.rules["decode.scheduler_metadata.tile_scheduler_metadata"]
+    assert isinstance(tiles, Recompute) and isinstance(tiles.hook, FlashMLAFp8TileSchedule)
+    assert tiles.hook.compute is not None
+    assert tiles.hook.compute.__module__ == "draftmeta.integrations.vllm.specs.mla"
