@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import types
 
 import pytest
 import torch
 
 from draftmeta.derivations import CopyFrom
-from draftmeta.layout import LayoutGuard, Written
+from draftmeta.layout import LayoutGuard, Written, has_internal_overlap, overlaps
 
 
 def _state(n: int = 4) -> types.SimpleNamespace:
@@ -140,3 +141,38 @@ def test_a_written_field_that_is_not_a_tensor_is_still_refused() -> None:
     guard = LayoutGuard([Written("seq_lens_copy")])
     problem = guard.check(_state(), 5)
     assert problem == ("seq_lens_copy", "is a int, expected a tensor")
+
+
+def _view(shape: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
+    return torch.zeros(64).as_strided(shape, stride)
+
+
+@pytest.mark.parametrize(("shape", "stride", "overlapping"), [
+    ((3, 4), (4, 1), False),  # contiguous
+    ((4, 3), (1, 4), False),  # a transposed contiguous tensor
+    ((2, 5), (6, 1), False),  # padded rows: the larger dimension has the smaller stride
+    ((1, 3), (0, 1), False),  # a dimension of size 1 never repeats an element
+    ((4, 3), (0, 1), True),   # an expanded row
+    ((2, 2), (1, 1), True),   # element (0, 1) is element (1, 0)
+    ((3, 3), (2, 1), True),   # rows two apart, three long
+    ((2, 2, 2), (3, 2, 1), True),  # only the reach of the two inner dimensions together
+    ((2, 2, 2), (4, 2, 1), False),  # contiguous, three dimensions
+], ids=["contiguous", "transposed", "padded-rows", "size-1-stride-0", "expanded",
+        "unit-strides", "rows-overlapping", "three-dims-overlapping", "three-dims-contiguous"])
+def test_internal_overlap_is_found_exactly_where_two_elements_share_an_address(
+    shape: tuple[int, ...], stride: tuple[int, ...], overlapping: bool,
+) -> None:
+    """``has_internal_overlap`` against the ground truth: whether two index tuples give one
+    element offset."""
+    offsets = [sum(i * s for i, s in zip(index, stride))
+               for index in itertools.product(*(range(n) for n in shape))]
+    assert (len(set(offsets)) < len(offsets)) is overlapping  # the case says what it claims
+    assert has_internal_overlap(_view(shape, stride)) is overlapping
+
+
+def test_an_empty_view_shares_no_memory_and_a_one_byte_view_does() -> None:
+    """An empty view inside a buffer has no element to share; a one-byte view has one."""
+    buffer = torch.zeros(8, dtype=torch.uint8)
+    assert not overlaps(buffer[3:3], buffer)
+    assert overlaps(buffer[3:4], buffer)
+    assert not overlaps(buffer[3:4], buffer[4:5])
