@@ -143,6 +143,20 @@ def test_a_written_field_that_is_not_a_tensor_is_still_refused() -> None:
     assert problem == ("seq_lens_copy", "is a int, expected a tensor")
 
 
+def test_an_absent_written_field_and_a_non_tensor_unchanged_one_are_passed_over() -> None:
+    """A written field that is None this step (an optional field) writes nothing, and a field
+    declared unchanged that is no tensor cannot alias a buffer: neither is refused, while the
+    tensor beside them is still verified."""
+    guard = LayoutGuard([Written("dcp_tot_seq_lens"), Written("max_seq_len", unchanged=True),
+                         Written("seq_lens_copy")])
+    state = _state()
+    assert guard.check(state, None, 7, torch.zeros(4, dtype=torch.int32)) is None
+    assert guard.check(state, None, 7, state.seq_lens) == (
+        "seq_lens_copy", "shares memory with state.seq_lens, so writing it would corrupt the "
+        "draft state; declare it Alias('seq_lens') if it is a view of that buffer, or give it "
+        "its own buffer")
+
+
 def _view(shape: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
     return torch.zeros(64).as_strided(shape, stride)
 
@@ -176,3 +190,37 @@ def test_an_empty_view_shares_no_memory_and_a_one_byte_view_does() -> None:
     assert not overlaps(buffer[3:3], buffer)
     assert overlaps(buffer[3:4], buffer)
     assert not overlaps(buffer[3:4], buffer[4:5])
+
+
+_CORRUPTS_SEQ_LENS = (
+    "seq_lens_copy", "shares memory with state.seq_lens, so writing it would corrupt the draft "
+    "state; declare it Alias('seq_lens') if it is a view of that buffer, or give it its own "
+    "buffer")
+
+
+def test_the_fields_after_an_unchanged_one_are_still_verified() -> None:
+    guard = LayoutGuard([Written("max_seq_len", unchanged=True), Written("seq_lens_copy")])
+    state = _state()
+    assert guard.check(state, torch.zeros(1), state.seq_lens) == _CORRUPTS_SEQ_LENS
+
+
+def test_the_fields_after_a_copy_onto_itself_are_still_verified() -> None:
+    guard = LayoutGuard([Written("a", inputs=1, fn=CopyFrom()), Written("seq_lens_copy")])
+    state, src = _state(), torch.zeros(4, dtype=torch.int32)
+    assert guard.check(state, src, src, state.seq_lens) == _CORRUPTS_SEQ_LENS
+
+
+def test_a_self_overlapping_written_view_is_refused_with_its_strides_and_the_fix() -> None:
+    guard = LayoutGuard([Written("seq_lens_copy")])
+    expanded = torch.zeros(1, dtype=torch.int32).expand(4)
+    assert guard.check(_state(), expanded) == (
+        "seq_lens_copy", "has elements sharing memory (strides (0,) for shape (4,), an expanded "
+        "view?); an in-place write would be undefined: make it a real buffer")
+
+
+def test_a_destination_sharing_its_inputs_memory_is_refused_with_the_input_and_the_fix() -> None:
+    guard = LayoutGuard([Written("seq_lens_copy", inputs=2)])  # a formula of two inputs
+    src = torch.zeros(8, dtype=torch.int32)
+    assert guard.check(_state(), src[:4], torch.zeros(4), src[2:6]) == (
+        "seq_lens_copy", "overlaps the memory of its input 1 (a destination may not share "
+        "memory with its source): write into a separate buffer")
