@@ -103,9 +103,9 @@ def test_two_written_fields_in_one_buffer_are_refused_even_when_each_layout_alon
     assert guard.check(_state(), torch.zeros(4, dtype=torch.int32),
                        torch.zeros(4, dtype=torch.int32)) is None
     shared = torch.zeros(6, dtype=torch.int32)
-    problem = guard.check(_state(), shared[:4], shared[2:6])
-    assert problem is not None and problem[0] == "b"
-    assert "shares memory with 'a'" in problem[1]
+    assert guard.check(_state(), shared[:4], shared[2:6]) == (
+        "b", "shares memory with 'a', which this update also writes: give each written field "
+        "its own buffer")
 
 
 def test_a_different_offset_in_one_storage_is_a_different_layout() -> None:
@@ -224,3 +224,15 @@ def test_a_destination_sharing_its_inputs_memory_is_refused_with_the_input_and_t
     assert guard.check(_state(), src[:4], torch.zeros(4), src[2:6]) == (
         "seq_lens_copy", "overlaps the memory of its input 1 (a destination may not share "
         "memory with its source): write into a separate buffer")
+
+
+def test_a_field_declared_unchanged_over_an_advanced_buffer_is_refused_even_with_nothing_written(
+) -> None:
+    """The loop advances ``seq_lens`` every step, so a field declared unchanged that views it
+    would change under the update's feet; with no written field beside it, still refused."""
+    guard = LayoutGuard([Written("seq_lens_view", unchanged=True)])
+    state = _state()
+    assert guard.check(state, state.seq_lens[:2]) == (
+        "seq_lens_view", "is declared unchanged but shares memory with state.seq_lens, which "
+        "the loop advances every step; declare it Alias('seq_lens')")
+    assert guard.check(state, state.block_table[0]) is None  # not advanced: may be unchanged
