@@ -236,3 +236,13 @@ def test_a_field_declared_unchanged_over_an_advanced_buffer_is_refused_even_with
         "seq_lens_view", "is declared unchanged but shares memory with state.seq_lens, which "
         "the loop advances every step; declare it Alias('seq_lens')")
     assert guard.check(state, state.block_table[0]) is None  # not advanced: may be unchanged
+
+
+def test_a_strided_view_reaches_exactly_to_its_last_element() -> None:
+    """Every other element of a buffer, ending at element 4: it meets a view starting there, not
+    one starting at element 5."""
+    buffer = torch.zeros(8, dtype=torch.int32)
+    strided = buffer[0:5:2]
+    assert not strided.is_contiguous()
+    assert overlaps(strided, buffer[4:])
+    assert not overlaps(strided, buffer[5:])
