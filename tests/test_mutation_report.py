@@ -91,7 +91,8 @@ def test_the_page_lists_each_equivalent_with_its_reason_and_each_open_survivor_w
             "| - |" in page)
     assert "| `draftmeta/spec.py` | - | not run |" in page
     assert "Not run yet: `draftmeta/spec.py`." in page
-    assert "Partly run (the run was stopped): `draftmeta/advance.py` (1 of 11 left)." in page
+    assert ("Partly run (a run was stopped, or functions changed since their run): "
+            "`draftmeta/advance.py` (1 of 11 left).") in page
     assert "- `draftmeta.advance.x_g__mutmut_1`: the default it spells out" in page
     assert "  +a <= b" in page and "  +f(None)" in page
 
@@ -152,7 +153,7 @@ def test_a_sampled_module_shows_its_sample_and_its_score_with_the_95_percent_int
     # the same mutants, not declared a sample: no interval, and the page says the run stopped
     whole, = report.collect(_fake(tmp_path), {}, {}, {}, ("draftmeta/advance.py",))
     assert whole.interval is None
-    assert "Partly run (the run was stopped)" in report.render([whole], {}, "nox -s mutation")
+    assert "Partly run (a run was stopped" in report.render([whole], {}, "nox -s mutation")
 
 
 def test_a_committed_status_stands_only_while_its_function_is_unchanged(

@@ -315,8 +315,9 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str,
                       for r in sampled) + "."]
     partly = [r for r in ran if r.run < r.mutants and not r.sample]
     if partly:
-        lines += ["", "Partly run (the run was stopped): " + ", ".join(
-            f"`{r.module}` ({r.mutants - r.run} of {r.mutants} left)" for r in partly) + "."]
+        lines += ["", "Partly run (a run was stopped, or functions changed since their run): "
+                  + ", ".join(f"`{r.module}` ({r.mutants - r.run} of {r.mutants} left)"
+                              for r in partly) + "."]
     if runs and runs.get("runs"):
         lines += ["", "## Runs", "", *_runs_lines(runs)]
     lines += ["", "## Equivalent mutants", ""]

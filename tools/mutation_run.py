@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt  # mutmut stops its workers and keeps what was decided
 
     signal.signal(signal.SIGTERM, stop)
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     start = time.monotonic()
     try:
         mm._run(tuple(dotted(m) + ".*" for m in modules), args.max_children)
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             "modules": modules, "mutants": len(done), "seconds": round(time.monotonic() - start),
             "max_children": args.max_children, "sample": args.sample,
             "seed": args.seed if args.sample is not None else None,
-            "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "started": started,
         })
         runs_path.parent.mkdir(exist_ok=True)
         runs_path.write_text(json.dumps(runs, indent=1) + "\n")
