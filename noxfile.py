@@ -182,8 +182,9 @@ def mutation(session: nox.Session) -> None:
     (here or in the committed results) is not run again.
 
     It runs in the environment nox runs from (README's, with vLLM 0.33 and the ``dev`` extra's
-    mutmut). Not a default session: about 12 seconds a mutant on a shared 2-core machine, so
-    the whole core (about 6,000 mutants) takes a day; run it module by module, or sampled.
+    mutmut). Not a default session: on a shared 2-core machine a killed mutant takes about 2
+    seconds and a survivor about a minute, so the whole core (about 6,000 mutants) takes about
+    half a day; run it module by module, or sampled (docs/contributing.md).
     """
     session.run(sys.executable, "tools/mutation_run.py", *session.posargs, external=True)
     session.run(sys.executable, "tools/mutation_report.py", external=True)
