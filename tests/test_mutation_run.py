@@ -84,3 +84,4 @@ def test_a_sample_is_the_same_for_the_same_seed_whatever_the_order_of_the_names(
     assert run.sample(reversed(names), 20, 38) == first
     assert run.sample(names, 20, 39) != first
     assert run.sample(names, None, 38) == sorted(names) == run.sample(names, 500, 38)
+    assert set(first) <= set(run.sample(names, 50, 38))  # grown, it keeps the mutants run

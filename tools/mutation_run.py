@@ -16,8 +16,8 @@ four changes that make a run fit a shared 2-core machine:
   (the same source hash, or a result committed without hashes). mutmut itself reruns every
   mutant a name pattern matches.
 - **A sample**: ``--sample N --seed S`` runs a fixed random sample of N of each module's
-  mutants (``random.Random(S).sample`` of the sorted names: the same sample on every machine
-  and every resumed run); ``mutation/runs.json`` keeps it, and the report gives its score with
+  mutants (the first N of the sorted names shuffled by ``random.Random(S)``: the same sample
+  on every machine and every resumed run, and a larger N keeps the smaller sample's mutants); ``mutation/runs.json`` keeps it, and the report gives its score with
   a 95% Wilson interval.
 - **Fastest test first**: mutmut's fork server runs a mutant's tests in set order, not by
   their recorded duration as its plain fork runner does, so a mutant a quick test kills often
@@ -142,11 +142,14 @@ def fastest_first(tests: Iterable[str], durations: Mapping[str, float]) -> list[
 
 def sample(names: Iterable[str], size: int | None, seed: int) -> list[str]:
     """A fixed random sample of ``size`` of ``names`` (all of them if ``size`` is None or not
-    smaller): the same for the same names, size and seed, whatever order they come in."""
+    smaller): the first ``size`` of the names shuffled by ``seed``, so the same for the same
+    names and seed whatever order they come in, and a larger sample contains a smaller one
+    (a sample grown later keeps the mutants already run)."""
     ordered = sorted(names)
     if size is None or size >= len(ordered):
         return ordered
-    return sorted(random.Random(seed).sample(ordered, size))
+    random.Random(seed).shuffle(ordered)
+    return sorted(ordered[:size])
 
 
 def committed_decisions(results: Mapping[str, Any], hashes: Mapping[str, str]) -> dict[str, str]:
