@@ -4,12 +4,22 @@ sampled mutation run (issue 38) found no test for."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import pytest
 import torch
 
-from draftmeta import Derive, HostSet, Invalidate, Reset, SpecError
-from draftmeta.derivations import CopyFrom, TokenToRequest
+from draftmeta import (
+    Derive,
+    HostAdvance,
+    HostSet,
+    Invalidate,
+    Recompute,
+    Reset,
+    SpecError,
+    WrittenBy,
+)
+from draftmeta.derivations import CopyFrom, RecomputeHook, TokenToRequest
 from draftmeta.rules.base import _bound_name
 from draftmeta.rules.tensor import Clamp
 from draftmeta.testing import random_state
@@ -96,3 +106,43 @@ def test_a_host_constant_that_is_no_literal_is_refused_with_the_rules_that_take_
     assert str(caught.value).startswith("value must be None, a bool, an int, a finite float or "
                                         "a str (written into the generated source as a literal)")
     assert str(caught.value).endswith("; use HostDerive or Reset for other values")
+
+
+class _Refill(RecomputeHook):
+    """Fills its field with 1 and each ``also`` field with 2, 3, ..."""
+
+    name = "refill"
+    formula = "out = 1, also[i] = i + 2"
+
+    def check(self, out: torch.Tensor, *inputs: object, also: tuple[torch.Tensor, ...] = ()
+              ) -> str | None:
+        return None
+
+    def apply(self, out: torch.Tensor, *inputs: object, workspace: Any,
+              also: tuple[torch.Tensor, ...] = ()) -> None:
+        out.fill_(1)
+        for i, t in enumerate(also):
+            t.fill_(i + 2)
+
+
+def test_a_recompute_hook_refills_every_field_it_lists_in_also() -> None:
+    rules = {**toy_rules(),
+             "decode.lens_copy": Recompute(_Refill(), ("decode.seq_lens",),
+                                           also=("decode.decode_lens", "weights")),
+             "decode.decode_lens": WrittenBy("decode.lens_copy"),
+             "weights": WrittenBy("decode.lens_copy")}
+    spec = toy_spec(rules=rules)
+    state = random_state(torch.Generator().manual_seed(0), batch_size=4, block_size=4,
+                         max_model_len=32, steps=3)
+    meta = toy_metadata(state)
+    spec.update(meta, state)
+    assert meta.decode is not None
+    assert set(meta.decode.lens_copy.tolist()) == {1}
+    assert set(meta.decode.decode_lens.tolist()) == {2}
+    assert set(meta.weights.tolist()) == {3}
+
+
+def test_a_host_advance_without_a_clamp_says_only_its_step() -> None:
+    assert HostAdvance().describe() == "host advance: += 1"
+    assert HostAdvance(clamp="max_model_len").describe() == (
+        "host advance: += 1, clamped to state.max_model_len")

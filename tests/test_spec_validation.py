@@ -98,7 +98,9 @@ CASES: list[tuple[str, Edit, str, tuple[str, ...]]] = [
         "path through a scalar",
         _set("num_reqs.value", Unchanged()),
         "num_reqs.value",
-        ("through 'num_reqs'", "a host int", "has no fields"),
+        ("through 'num_reqs'", "a host int", "has no fields",
+         "Fix: address a field that exists; if 'num_reqs' holds a record typed by a TypeVar, "
+         "pass nested={'num_reqs': ItsClass}"),
     ),
     (
         "rule on a record and on its field",

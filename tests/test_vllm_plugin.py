@@ -1164,3 +1164,16 @@ def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> Non
             return "PIECEWISE"
 
     assert "(cudagraph_mode PIECEWISE)" in str(without_full_cudagraphs(builder(Unnamed())))
+
+
+def test_the_plan_names_the_builders_that_keep_the_draft_loop_from_full_capture() -> None:
+    """On the hook path, a builder nobody updates (``covered_by == "none"``) sends every group
+    back to rebuilding; the plan lists exactly those, and none from the older-proposer path."""
+    from draftmeta.integrations.vllm.plan import make_plan
+
+    plan = make_plan(RELEASE.version)
+    blocking = plan.blocking_full_capture()
+    assert blocking == tuple(d.entry.name for d in plan.decisions
+                             if d.path == "hook" and d.covered_by == "none")
+    assert "FLASHINFER_MLA" in blocking
+    assert "CPU_MLA" not in blocking and "TRITON_MLA" not in blocking
