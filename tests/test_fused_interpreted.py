@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from draftmeta import DraftState, advance_state
+from draftmeta import Derive, DraftState, advance_state
+from draftmeta.derivations import CopyFrom
 from draftmeta.fused import FusedStep
 from draftmeta.testing import compare_metadata, random_state
-from tests.toy import toy_metadata, toy_spec
+from tests.toy import toy_metadata, toy_rules, toy_spec
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="needs Triton (its interpreter runs on the CPU)")
@@ -81,3 +82,34 @@ def test_the_fused_kernel_recomputes_each_ranks_dcp_local_lengths(
         assert fused_state.dcp_local_seq_lens is not None
         assert torch.equal(fused_state.dcp_local_seq_lens, state.dcp_local_seq_lens), n
         assert torch.equal(fused_state.seq_lens, state.seq_lens), n
+
+
+@pytest.mark.parametrize("own_buffer", [True, False], ids=["own-buffer", "view-of-the-source"])
+def test_the_fused_kernel_copies_a_2d_table_into_its_own_buffer_and_skips_a_view_of_it(
+    own_buffer: bool,
+) -> None:
+    """A field copied from the state's block table: into a buffer of its own (stale at first)
+    the kernel copies every row; a field that views the table is left as it is (the copy
+    would write each element onto itself)."""
+    rules = {**toy_rules(), "decode.block_table": Derive(CopyFrom(), ("state.block_table",))}
+    spec = toy_spec(rules=rules)
+    fused_state = _state(4)
+    state = copy.deepcopy(fused_state)
+    metas = []
+    for s in (fused_state, state):
+        meta = toy_metadata(s)
+        assert meta.decode is not None
+        if own_buffer:
+            meta.decode.block_table = torch.zeros_like(s.block_table)
+        metas.append(meta)
+    fused_meta, meta = metas
+    step = FusedStep(fused_state, [(spec, fused_meta)])
+    for n in range(1, 3):
+        step()
+        advance_state(state)
+        spec.update(meta, state)
+        assert compare_metadata(fused_meta, meta, opaque=_opaque) == [], n
+        assert fused_meta.decode is not None
+        assert torch.equal(fused_meta.decode.block_table, fused_state.block_table)
+        assert (fused_meta.decode.block_table.data_ptr() == fused_state.block_table.data_ptr()
+                ) is not own_buffer
