@@ -113,3 +113,17 @@ def test_the_fused_kernel_copies_a_2d_table_into_its_own_buffer_and_skips_a_view
         assert torch.equal(fused_meta.decode.block_table, fused_state.block_table)
         assert (fused_meta.decode.block_table.data_ptr() == fused_state.block_table.data_ptr()
                 ) is not own_buffer
+
+
+def test_the_fused_kernel_reads_a_position_past_the_block_table_from_its_last_column() -> None:
+    """A block table two blocks wide, positions up to the model's length: a position whose block
+    lies past the table reads the last column, as the generated update does."""
+    fused_state = _state(5)
+    fused_state.block_table = fused_state.block_table[:, :2].clone()
+    assert int(fused_state.positions.max()) // 4 > 1  # some positions lie past the table
+    state = copy.deepcopy(fused_state)
+    step = FusedStep(fused_state, [])
+    for n in range(1, 4):
+        step()
+        advance_state(state)
+        assert torch.equal(fused_state.slot_mapping, state.slot_mapping), n

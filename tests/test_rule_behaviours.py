@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ from draftmeta import (
     Recompute,
     Reset,
     SpecError,
+    Unchanged,
     WrittenBy,
 )
 from draftmeta.derivations import CopyFrom, RecomputeHook, TokenToRequest
@@ -146,3 +148,16 @@ def test_a_host_advance_without_a_clamp_says_only_its_step() -> None:
     assert HostAdvance().describe() == "host advance: += 1"
     assert HostAdvance(clamp="max_model_len").describe() == (
         "host advance: += 1, clamped to state.max_model_len")
+
+
+def test_a_rule_said_fusable_without_a_triton_form_is_refused_by_its_name() -> None:
+    @attrs.frozen
+    class ClaimsToFuse(Unchanged):
+        @property
+        def fusable(self) -> bool:
+            return True
+
+    with pytest.raises(NotImplementedError, match=r"^test_a_rule_said_fusable_without_a_triton_"
+                       r"form_is_refused_by_its_name\.<locals>\.ClaimsToFuse says it is fusable "
+                       r"but defines no lower_triton$"):
+        ClaimsToFuse().lower_triton(None, torch.zeros(1), (), ())  # type: ignore[arg-type]
