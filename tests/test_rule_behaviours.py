@@ -13,6 +13,7 @@ import torch
 from draftmeta import (
     Derive,
     HostAdvance,
+    HostDerive,
     HostSet,
     Invalidate,
     Recompute,
@@ -161,3 +162,13 @@ def test_a_rule_said_fusable_without_a_triton_form_is_refused_by_its_name() -> N
                        r"form_is_refused_by_its_name\.<locals>\.ClaimsToFuse says it is fusable "
                        r"but defines no lower_triton$"):
         ClaimsToFuse().lower_triton(None, torch.zeros(1), (), ())  # type: ignore[arg-type]
+
+
+def test_a_host_derive_reading_a_tensor_is_refused_with_the_fix() -> None:
+    """A host value computed from a tensor would make the host wait for the device."""
+    rules = {**toy_rules(), "scale": HostDerive(lambda t: 1.0, ("state.seq_lens",), formula="1")}
+    with pytest.raises(SpecError) as caught:
+        toy_spec(rules=rules)
+    assert str(caught.value).endswith(
+        "host rule reads the tensor 'state.seq_lens', which would wait for the device. Fix: "
+        "read host scalars only (state.max_seq_len, ...), or make the field a tensor rule")
