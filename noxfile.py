@@ -183,8 +183,8 @@ def mutation(session: nox.Session) -> None:
 
     It runs in the environment nox runs from (README's, with vLLM 0.33 and the ``dev`` extra's
     mutmut). Not a default session: on a shared 2-core machine a killed mutant takes about 2
-    seconds and a survivor about a minute, so the whole core (about 6,000 mutants) takes about
-    half a day; run it module by module, or sampled (docs/contributing.md).
+    seconds and a survivor about a minute, so the whole core (about 6,000 mutants) takes most
+    of a day; run it module by module, or sampled (docs/contributing.md).
     """
     session.run(sys.executable, "tools/mutation_run.py", *session.posargs, external=True)
     session.run(sys.executable, "tools/mutation_report.py", external=True)

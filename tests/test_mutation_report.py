@@ -147,7 +147,14 @@ def test_a_sampled_module_shows_its_sample_and_its_score_with_the_95_percent_int
     assert (f"| `draftmeta/advance.py` | 11 (sample of 10, seed 38) | 6 | 1 | 2 | 1 | 0 | 0 | 3 "
             f"| 70.0% | 70.0% (95%: {low}-{high}) | 12 s (0 min, 2) |") in page
     assert "Sampled (" in page and "`draftmeta/advance.py` (10 of 11)" in page
-    assert "Partly run" not in page
+    assert "Partly run" not in page and "Where a sample was not finished" not in page
+    runs["samples"]["draftmeta/advance.py"]["size"] = 11  # one of the sample not run yet
+    page = report.render(report.collect(_fake(tmp_path), {}, {}, runs, ("draftmeta/advance.py",)),
+                         {}, "nox -s mutation", runs)
+    assert "11 (sample of 11, seed 38: 10 run)" in page
+    assert ("Where a sample was not finished, the mutants left are those mutmut runs last (the "
+            "slowest to test), so the interval describes the mutants run, not the whole "
+            "module.") in page
     assert ("- today: `draftmeta/advance.py`: 10 mutants in 10 min, 1 at a time, a sample of 10 "
             "per module (seed 38)") in page
     # the same mutants, not declared a sample: no interval, and the page says the run stopped

@@ -313,6 +313,10 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str,
                       f"`{r.module}` ({r.sample['size']} of {r.mutants}"
                       + (f", {r.run} run" if r.run < r.sample["size"] else "") + ")"
                       for r in sampled) + "."]
+        if any(r.run < r.sample["size"] for r in sampled):
+            lines += ["", "Where a sample was not finished, the mutants left are those mutmut "
+                      "runs last (the slowest to test), so the interval describes the mutants "
+                      "run, not the whole module."]
     partly = [r for r in ran if r.run < r.mutants and not r.sample]
     if partly:
         lines += ["", "Partly run (a run was stopped, or functions changed since their run): "
