@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import types
 
 import pytest
 import torch
 
 from draftmeta.derivations import CopyFrom
-from draftmeta.layout import LayoutGuard, Written
+from draftmeta.layout import LayoutGuard, Written, has_internal_overlap, overlaps
 
 
 def _state(n: int = 4) -> types.SimpleNamespace:
@@ -102,9 +103,9 @@ def test_two_written_fields_in_one_buffer_are_refused_even_when_each_layout_alon
     assert guard.check(_state(), torch.zeros(4, dtype=torch.int32),
                        torch.zeros(4, dtype=torch.int32)) is None
     shared = torch.zeros(6, dtype=torch.int32)
-    problem = guard.check(_state(), shared[:4], shared[2:6])
-    assert problem is not None and problem[0] == "b"
-    assert "shares memory with 'a'" in problem[1]
+    assert guard.check(_state(), shared[:4], shared[2:6]) == (
+        "b", "shares memory with 'a', which this update also writes: give each written field "
+        "its own buffer")
 
 
 def test_a_different_offset_in_one_storage_is_a_different_layout() -> None:
@@ -140,3 +141,108 @@ def test_a_written_field_that_is_not_a_tensor_is_still_refused() -> None:
     guard = LayoutGuard([Written("seq_lens_copy")])
     problem = guard.check(_state(), 5)
     assert problem == ("seq_lens_copy", "is a int, expected a tensor")
+
+
+def test_an_absent_written_field_and_a_non_tensor_unchanged_one_are_passed_over() -> None:
+    """A written field that is None this step (an optional field) writes nothing, and a field
+    declared unchanged that is no tensor cannot alias a buffer: neither is refused, while the
+    tensor beside them is still verified."""
+    guard = LayoutGuard([Written("dcp_tot_seq_lens"), Written("max_seq_len", unchanged=True),
+                         Written("seq_lens_copy")])
+    state = _state()
+    assert guard.check(state, None, 7, torch.zeros(4, dtype=torch.int32)) is None
+    assert guard.check(state, None, 7, state.seq_lens) == (
+        "seq_lens_copy", "shares memory with state.seq_lens, so writing it would corrupt the "
+        "draft state; declare it Alias('seq_lens') if it is a view of that buffer, or give it "
+        "its own buffer")
+
+
+def _view(shape: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
+    return torch.zeros(64).as_strided(shape, stride)
+
+
+@pytest.mark.parametrize(("shape", "stride", "overlapping"), [
+    ((3, 4), (4, 1), False),  # contiguous
+    ((4, 3), (1, 4), False),  # a transposed contiguous tensor
+    ((2, 5), (6, 1), False),  # padded rows: the larger dimension has the smaller stride
+    ((1, 3), (0, 1), False),  # a dimension of size 1 never repeats an element
+    ((4, 3), (0, 1), True),   # an expanded row
+    ((2, 2), (1, 1), True),   # element (0, 1) is element (1, 0)
+    ((3, 3), (2, 1), True),   # rows two apart, three long
+    ((2, 2, 2), (3, 2, 1), True),  # only the reach of the two inner dimensions together
+    ((2, 2, 2), (4, 2, 1), False),  # contiguous, three dimensions
+], ids=["contiguous", "transposed", "padded-rows", "size-1-stride-0", "expanded",
+        "unit-strides", "rows-overlapping", "three-dims-overlapping", "three-dims-contiguous"])
+def test_internal_overlap_is_found_exactly_where_two_elements_share_an_address(
+    shape: tuple[int, ...], stride: tuple[int, ...], overlapping: bool,
+) -> None:
+    """``has_internal_overlap`` against the ground truth: whether two index tuples give one
+    element offset."""
+    offsets = [sum(i * s for i, s in zip(index, stride))
+               for index in itertools.product(*(range(n) for n in shape))]
+    assert (len(set(offsets)) < len(offsets)) is overlapping  # the case says what it claims
+    assert has_internal_overlap(_view(shape, stride)) is overlapping
+
+
+def test_an_empty_view_shares_no_memory_and_a_one_byte_view_does() -> None:
+    """An empty view inside a buffer has no element to share; a one-byte view has one."""
+    buffer = torch.zeros(8, dtype=torch.uint8)
+    assert not overlaps(buffer[3:3], buffer)
+    assert overlaps(buffer[3:4], buffer)
+    assert not overlaps(buffer[3:4], buffer[4:5])
+
+
+_CORRUPTS_SEQ_LENS = (
+    "seq_lens_copy", "shares memory with state.seq_lens, so writing it would corrupt the draft "
+    "state; declare it Alias('seq_lens') if it is a view of that buffer, or give it its own "
+    "buffer")
+
+
+def test_the_fields_after_an_unchanged_one_are_still_verified() -> None:
+    guard = LayoutGuard([Written("max_seq_len", unchanged=True), Written("seq_lens_copy")])
+    state = _state()
+    assert guard.check(state, torch.zeros(1), state.seq_lens) == _CORRUPTS_SEQ_LENS
+
+
+def test_the_fields_after_a_copy_onto_itself_are_still_verified() -> None:
+    guard = LayoutGuard([Written("a", inputs=1, fn=CopyFrom()), Written("seq_lens_copy")])
+    state, src = _state(), torch.zeros(4, dtype=torch.int32)
+    assert guard.check(state, src, src, state.seq_lens) == _CORRUPTS_SEQ_LENS
+
+
+def test_a_self_overlapping_written_view_is_refused_with_its_strides_and_the_fix() -> None:
+    guard = LayoutGuard([Written("seq_lens_copy")])
+    expanded = torch.zeros(1, dtype=torch.int32).expand(4)
+    assert guard.check(_state(), expanded) == (
+        "seq_lens_copy", "has elements sharing memory (strides (0,) for shape (4,), an expanded "
+        "view?); an in-place write would be undefined: make it a real buffer")
+
+
+def test_a_destination_sharing_its_inputs_memory_is_refused_with_the_input_and_the_fix() -> None:
+    guard = LayoutGuard([Written("seq_lens_copy", inputs=2)])  # a formula of two inputs
+    src = torch.zeros(8, dtype=torch.int32)
+    assert guard.check(_state(), src[:4], torch.zeros(4), src[2:6]) == (
+        "seq_lens_copy", "overlaps the memory of its input 1 (a destination may not share "
+        "memory with its source): write into a separate buffer")
+
+
+def test_a_field_declared_unchanged_over_an_advanced_buffer_is_refused_even_with_nothing_written(
+) -> None:
+    """The loop advances ``seq_lens`` every step, so a field declared unchanged that views it
+    would change under the update's feet; with no written field beside it, still refused."""
+    guard = LayoutGuard([Written("seq_lens_view", unchanged=True)])
+    state = _state()
+    assert guard.check(state, state.seq_lens[:2]) == (
+        "seq_lens_view", "is declared unchanged but shares memory with state.seq_lens, which "
+        "the loop advances every step; declare it Alias('seq_lens')")
+    assert guard.check(state, state.block_table[0]) is None  # not advanced: may be unchanged
+
+
+def test_a_strided_view_reaches_exactly_to_its_last_element() -> None:
+    """Every other element of a buffer, ending at element 4: it meets a view starting there, not
+    one starting at element 5."""
+    buffer = torch.zeros(8, dtype=torch.int32)
+    strided = buffer[0:5:2]
+    assert not strided.is_contiguous()
+    assert overlaps(strided, buffer[4:])
+    assert not overlaps(strided, buffer[5:])

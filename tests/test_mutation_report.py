@@ -28,7 +28,8 @@ def report() -> ModuleType:
     return module
 
 
-def _fake(tmp_path: Path) -> Path:
+def _fake(tmp_path: Path, durations: dict[str, float] | None = None,
+          hashes: dict[str, str] | None = None) -> Path:
     """mutants/ with draftmeta/advance.py.meta: 6 killed, 1 timed out, 2 survived, 1 with no
     test, 1 not run yet; no other module run."""
     codes = {**{f"draftmeta.advance.x_f__mutmut_{i}": 1 for i in range(1, 7)},
@@ -37,7 +38,8 @@ def _fake(tmp_path: Path) -> Path:
              "draftmeta.advance.x_h__mutmut_1": 33, "draftmeta.advance.x_h__mutmut_2": None}
     meta = tmp_path / "mutants" / "draftmeta" / "advance.py.meta"
     meta.parent.mkdir(parents=True, exist_ok=True)
-    meta.write_text(json.dumps({"exit_code_by_key": codes, "durations_by_key": {}}))
+    meta.write_text(json.dumps({"exit_code_by_key": codes, "durations_by_key": durations or {},
+                                "hash_by_function_name": hashes or {}}))
     return tmp_path / "mutants"
 
 
@@ -55,7 +57,7 @@ def test_the_score_leaves_out_equivalent_and_unrun_mutants_and_counts_new_tests(
 ) -> None:
     equivalent = {"draftmeta.advance.x_g__mutmut_1": "the default it spells out"}
     killed_by = {"draftmeta.advance.x_h__mutmut_1": "tests/test_advance.py::test_h"}
-    runs = {"draftmeta/advance.py": {"seconds": 600, "run_with": ["draftmeta/advance.py"]}}
+    runs: dict[str, object] = {}
     results = report.collect(_fake(tmp_path), equivalent, killed_by, runs,
                              ("draftmeta/advance.py", "draftmeta/spec.py"))
     advance, spec = results
@@ -84,12 +86,13 @@ def test_the_page_lists_each_equivalent_with_its_reason_and_each_open_survivor_w
     page = report.render(results, {"draftmeta.advance.x_g__mutmut_2": "-a < b\n+a <= b",
                                    "draftmeta.advance.x_h__mutmut_1": "-f(x)\n+f(None)"},
                          "nox -s mutation")
-    assert "**Score over the modules run: 77.8%** (77.8% at the run" in page  # 7 / 9
+    assert "**Score over the mutants run: 77.8%** (77.8% at the run" in page  # 7 / 9
     assert ("| `draftmeta/advance.py` | 11 (10 run) | 6 | 1 | 2 | 1 | 1 | 0 | 2 | 77.8% | 77.8% "
             "| - |" in page)
     assert "| `draftmeta/spec.py` | - | not run |" in page
     assert "Not run yet: `draftmeta/spec.py`." in page
-    assert "Partly run (the run was stopped): `draftmeta/advance.py` (1 of 11 left)." in page
+    assert ("Partly run (a run was stopped, or functions changed since their run): "
+            "`draftmeta/advance.py` (1 of 11 left).") in page
     assert "- `draftmeta.advance.x_g__mutmut_1`: the default it spells out" in page
     assert "  +a <= b" in page and "  +f(None)" in page
 
@@ -115,3 +118,89 @@ def test_a_module_not_run_this_time_keeps_its_committed_results(
     assert report.main(["--mutants", str(tmp_path / "elsewhere"), *args]) == 0
     assert page.read_text() == first
     assert json.loads((folder / "results.json").read_text())["modules"] == written["modules"]
+
+
+def test_the_wilson_interval_matches_the_published_values(report: ModuleType) -> None:
+    """95% Wilson intervals as tabulated (Newcombe 1998, Table I: 81/263 and 15/148; and the
+    textbook 8/10), the ends of the range, and no interval without a trial."""
+    assert report.wilson(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    assert report.wilson(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert report.wilson(15, 148) == pytest.approx((0.0624, 0.1605), abs=1e-4)
+    assert report.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert report.wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert report.wilson(0, 0) is None
+    with pytest.raises(ValueError, match=r"successes must lie in 0\.\.trials, got 11 of 10"):
+        report.wilson(11, 10)
+
+
+def test_a_sampled_module_shows_its_sample_and_its_score_with_the_95_percent_interval(
+    report: ModuleType, tmp_path: Path,
+) -> None:
+    durations = {"draftmeta.advance.x_f__mutmut_1": 4.0, "draftmeta.advance.x_g__mutmut_1": 20.0}
+    runs = {"samples": {"draftmeta/advance.py": {"size": 10, "seed": 38}},
+            "runs": [{"modules": ["draftmeta/advance.py"], "mutants": 10, "seconds": 600,
+                      "max_children": 1, "sample": 10, "seed": 38, "started": "today"}]}
+    advance, = report.collect(_fake(tmp_path, durations), {}, {}, runs, ("draftmeta/advance.py",))
+    assert advance.interval == pytest.approx(report.wilson(7, 10))  # 6 killed + 1 timed out
+    page = report.render([advance], {}, "nox -s mutation", runs)
+    low, high = (f"{100 * x:.1f}%" for x in report.wilson(7, 10))
+    assert (f"| `draftmeta/advance.py` | 11 (sample of 10, seed 38) | 6 | 1 | 2 | 1 | 0 | 0 | 3 "
+            f"| 70.0% | 70.0% (95%: {low}-{high}) | 12 s (0 min, 2) |") in page
+    assert "Sampled (" in page and "`draftmeta/advance.py` (10 of 11)" in page
+    assert "Partly run" not in page and "Where a sample was not finished" not in page
+    runs["samples"]["draftmeta/advance.py"]["size"] = 11  # one of the sample not run yet
+    page = report.render(report.collect(_fake(tmp_path), {}, {}, runs, ("draftmeta/advance.py",)),
+                         {}, "nox -s mutation", runs)
+    assert "11 (sample of 11, seed 38: 10 run)" in page
+    assert ("Where a sample was not finished, the mutants left are those mutmut runs last (the "
+            "slowest to test), so the interval describes the mutants run, not the whole "
+            "module.") in page
+    assert ("- today: `draftmeta/advance.py`: 10 mutants in 10 min, 1 at a time, a sample of 10 "
+            "per module (seed 38)") in page
+    # the same mutants, not declared a sample: no interval, and the page says the run stopped
+    whole, = report.collect(_fake(tmp_path), {}, {}, {}, ("draftmeta/advance.py",))
+    assert whole.interval is None
+    assert "Partly run (a run was stopped" in report.render([whole], {}, "nox -s mutation")
+
+
+def test_a_committed_status_stands_only_while_its_function_is_unchanged(
+    report: ModuleType, tmp_path: Path,
+) -> None:
+    """The committed results fill in the mutants not run here: those of a function whose source
+    hash is the same now, or that were committed without hashes (a run before hashes were
+    kept); a changed function's mutants are not run yet."""
+    committed = {"modules": {"draftmeta/advance.py": {
+        "mutants": 11, "statuses": {"draftmeta.advance.x_h__mutmut_2": "killed"},
+        "durations": {"draftmeta.advance.x_h__mutmut_2": 3.0},
+        "function_hashes": {"x_h": "same"}}}}
+    here = _fake(tmp_path, hashes={"x_h": "same"})
+    advance, = report.collect(here, {}, {}, {}, ("draftmeta/advance.py",), committed)
+    assert advance.statuses["draftmeta.advance.x_h__mutmut_2"] == "killed"
+    assert advance.run == 11 and advance.durations == {"draftmeta.advance.x_h__mutmut_2": 3.0}
+    changed = _fake(tmp_path, hashes={"x_h": "edited"})
+    advance, = report.collect(changed, {}, {}, {}, ("draftmeta/advance.py",), committed)
+    assert advance.statuses["draftmeta.advance.x_h__mutmut_2"] == "not run"
+    del committed["modules"]["draftmeta/advance.py"]["function_hashes"]
+    advance, = report.collect(changed, {}, {}, {}, ("draftmeta/advance.py",), committed)
+    assert advance.statuses["draftmeta.advance.x_h__mutmut_2"] == "killed"
+    # a status decided here is never replaced by a committed one
+    committed["modules"]["draftmeta/advance.py"]["statuses"] = {
+        "draftmeta.advance.x_g__mutmut_1": "killed"}
+    advance, = report.collect(changed, {}, {}, {}, ("draftmeta/advance.py",), committed)
+    assert advance.statuses["draftmeta.advance.x_g__mutmut_1"] == "survived"
+
+
+def test_committed_results_of_a_module_no_longer_mutated_are_kept_and_marked(
+    report: ModuleType, tmp_path: Path,
+) -> None:
+    """A module moved or renamed (out of ``only_mutate``) keeps its committed tally, marked."""
+    committed = {"modules": {"draftmeta/old_place.py": {
+        "mutants": 2, "statuses": {"draftmeta.old_place.x_f__mutmut_1": "killed",
+                                   "draftmeta.old_place.x_f__mutmut_2": "survived"}}}}
+    advance, old = report.collect(tmp_path / "mutants", {}, {}, {}, ("draftmeta/advance.py",),
+                                  committed)
+    assert (old.module, old.mutated, old.run, old.score) == ("draftmeta/old_place.py", False, 2,
+                                                               0.5)
+    page = report.render([advance, old], {}, "nox -s mutation")
+    assert "| `draftmeta/old_place.py` (no longer mutated) | 2 | 1 | 0 | 1 |" in page
+    assert "Not run yet: `draftmeta/advance.py`." in page

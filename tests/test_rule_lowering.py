@@ -459,3 +459,16 @@ def test_a_rule_that_stores_a_host_value_without_computing_it_says_so_when_compi
     with pytest.raises(NotImplementedError, match="sets stores_host_value but defines no "
                                                   "lower_host"):
         explain(spec)
+
+
+def test_the_layout_check_is_given_the_tensors_declared_unchanged_and_no_host_value() -> None:
+    """``Unchanged`` hands the layout guard a tensor field (it must not view a buffer the loop
+    advances) but never a host value, which has no memory to share."""
+    from draftmeta.layout import LayoutGuard
+
+    rules = {**toy_rules(), "causal": Unchanged(), "max_seq_len": Unchanged()}
+    spec = toy_spec(rules=rules)
+    guards = [g for g in spec.update.__globals__.values()  # type: ignore[attr-defined]
+              if isinstance(g, LayoutGuard)]
+    unchanged = {e.path for g in guards for e in g.entries if e.unchanged}
+    assert unchanged == {"weights", "decode.block_table", "decode.dcp_tot_seq_lens"}

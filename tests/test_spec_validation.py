@@ -98,7 +98,9 @@ CASES: list[tuple[str, Edit, str, tuple[str, ...]]] = [
         "path through a scalar",
         _set("num_reqs.value", Unchanged()),
         "num_reqs.value",
-        ("through 'num_reqs'", "a host int", "has no fields"),
+        ("through 'num_reqs'", "a host int", "has no fields",
+         "Fix: address a field that exists; if 'num_reqs' holds a record typed by a TypeVar, "
+         "pass nested={'num_reqs': ItsClass}"),
     ),
     (
         "rule on a record and on its field",
@@ -326,3 +328,70 @@ class _Flat:
 def test_errors_are_type_errors_too() -> None:
     with pytest.raises(TypeError):
         DraftSpec(_Flat, {})
+
+
+def _refused(rules: dict[str, Any]) -> str:
+    with pytest.raises(SpecError) as caught:
+        toy_spec(rules={**toy_rules(), **rules})
+    return str(caught.value)
+
+
+def test_a_plain_cycle_of_derived_fields_is_refused_with_the_chain_alone() -> None:
+    """No recompute hook in the cycle: the message names the chain, with no hook note."""
+    assert _refused({
+        "decode.lens_copy": Derive(CopyFrom(), ("decode.decode_lens",)),
+        "decode.decode_lens": Derive(CopyFrom(), ("decode.lens_copy",)),
+    }) == (
+        "field 'decode.lens_copy' of spec 'toy': derived fields depend on each other in a cycle: "
+        "'decode.lens_copy' -> 'decode.decode_lens' -> 'decode.lens_copy'. Fix: break the cycle: "
+        "derive one of them from the draft state or an unchanged field")
+
+
+class _Hook(RecomputeHook):
+    name = "hook"
+    formula = "refill"
+
+    def check(self, out: torch.Tensor, *inputs: object, also: tuple[torch.Tensor, ...] = ()
+              ) -> str | None:
+        return None
+
+    def apply(self, out: torch.Tensor, *inputs: object, workspace: Any,
+              also: tuple[torch.Tensor, ...] = ()) -> None:
+        out.zero_()
+
+
+def test_a_recompute_listing_its_own_field_in_also_is_refused_with_the_fix() -> None:
+    message = _refused({"decode.lens_copy": Recompute(_Hook(), ("decode.seq_lens",),
+                                                      also=("decode.lens_copy",))})
+    assert message == (
+        "field 'decode.lens_copy' of spec 'toy': lists its own field in also=, but a Recompute "
+        "always refills its own field; also= names the hook's other outputs. Fix: remove "
+        "'decode.lens_copy' from also=")
+
+
+def test_a_tensor_given_where_a_formula_takes_a_host_int_is_refused_with_the_fix() -> None:
+    from draftmeta.derivations import TokenToRequest
+
+    message = _refused({"decode.lens_copy": Derive(TokenToRequest(),
+                                                   ("decode.seq_lens", "decode.seq_lens"))})
+    assert message.startswith("field 'decode.lens_copy' of spec 'toy': input 1 of "
+                              "token_to_request must be a host int, but 'decode.seq_lens' is ")
+    assert message.endswith(". Fix: pass a host int reference as input 1")
+
+
+def test_an_optional_field_a_tensor_rule_writes_found_none_is_refused_naming_the_field() -> None:
+    from draftmeta import UpdateError
+    from draftmeta.testing import random_state
+    from tests.toy import toy_metadata
+
+    spec = toy_spec(rules={**toy_rules(), "decode.dcp_tot_seq_lens": Derive(
+        CopyFrom(), ("decode.seq_lens",))})
+    state = random_state(torch.Generator().manual_seed(0), batch_size=4, block_size=4,
+                         max_model_len=32, steps=3)
+    meta = toy_metadata(state)
+    assert meta.decode is not None
+    meta.decode.dcp_tot_seq_lens = None
+    with pytest.raises(UpdateError) as caught:
+        spec.update(meta, state)
+    assert str(caught.value) == ("spec 'toy', field 'decode.dcp_tot_seq_lens': is None, "
+                                 "expected a tensor; the metadata was left untouched")

@@ -1,33 +1,42 @@
 """The mutation-testing report (issue 38): mutmut's results as ``mutation/results.json`` and
 ``docs/mutation.md``.
 
-    python tools/mutation_report.py            # after ``nox -s mutation`` (or ``mutmut run``)
+    python tools/mutation_report.py            # after ``nox -s mutation``
 
 It reads what ``mutmut run`` left under ``mutants/`` (one ``<source>.meta`` JSON per mutated
-file: each mutant's exit code), the committed reasons of the mutants judged equivalent
+file: each mutant's exit code, wall time and function hashes), the committed results of the
+earlier runs (``mutation/results.json``), the reasons of the mutants judged equivalent
 (``mutation/equivalent.json``: ``{mutant: reason}``), the tests written for survivors
 (``mutation/killed_by.json``: ``{mutant: test}``, mutants killed by a test added after the run)
-and the wall times of the runs (``mutation/runs.json``, written by ``nox -s mutation``), and
-writes the raw results and the page. A module none of whose mutants was run is listed as not
-run. Survivors' diffs come from ``mutmut show``.
+and the runs and samples (``mutation/runs.json``, written by ``tools/mutation_run.py``), and
+writes the raw results and the page. Survivors' diffs come from ``mutmut show``.
+
+A mutant's status is this machine's (``mutants/``) where it was run here, else the committed
+one, where its function's source is unchanged (the same hash) or was committed without a hash.
+The mutated modules are ``[tool.mutmut] only_mutate``'s; committed results of a module no
+longer among them are kept and listed as such (a module moved or renamed).
 
 The score of a module is ``(killed + timed out) / (mutants run - equivalent)``: a mutant that
-no selected test reaches ("no tests") counts as a survivor. No golden-text test is among the
-selected tests (``[tool.mutmut]`` in pyproject.toml), so every kill is a behaviour test's.
+no selected test reaches ("no tests") counts as a survivor. A sampled module's score comes with
+its 95% Wilson interval. No golden-text test is among the selected tests (``[tool.mutmut]`` in
+pyproject.toml), so every kill is a behaviour test's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutation_run import committed_decisions, mutated_modules  # noqa: E402
 
 STATUS_BY_EXIT_CODE: dict[int | None, str] = {
     1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
@@ -37,16 +46,8 @@ STATUS_BY_EXIT_CODE: dict[int | None, str] = {
 }
 """mutmut 3's exit codes (``mutmut.stats.status_by_exit_code``), with ``None`` (not run yet)."""
 
-MODULES = (
-    "draftmeta/spec.py", "draftmeta/codegen.py", "draftmeta/rules/base.py",
-    "draftmeta/rules/host.py", "draftmeta/rules/passive.py", "draftmeta/rules/tensor.py",
-    "draftmeta/derivations.py", "draftmeta/layout.py", "draftmeta/advance.py",
-    "draftmeta/state.py", "draftmeta/backends/mla.py", "draftmeta/backends/indexer.py",
-    "draftmeta/integrations/vllm/specs/mla.py", "draftmeta/integrations/vllm/specs/indexer.py",
-    "draftmeta/integrations/vllm/plan.py",
-    "draftmeta/integrations/vllm/hook.py", "draftmeta/integrations/vllm/older_proposer.py",
-)
-"""The mutated modules, in the order the report lists them (``only_mutate``)."""
+Z_95 = 1.959963984540054
+"""The standard normal quantile of a two-sided 95% interval."""
 
 
 def status(code: int | None) -> str:
@@ -54,13 +55,49 @@ def status(code: int | None) -> str:
     return STATUS_BY_EXIT_CODE.get(code, "suspicious")
 
 
-def read_meta(mutants: Path, module: str) -> dict[str, str]:
-    """``{mutant: status}`` of one module from ``mutants/<module>.meta`` (empty if absent)."""
+def wilson(successes: int, trials: int, z: float = Z_95) -> tuple[float, float] | None:
+    """The Wilson score interval of a proportion (95% by default): ``successes`` of ``trials``
+    sampled at random; None without trials."""
+    if trials <= 0:
+        return None
+    if not 0 <= successes <= trials:
+        raise ValueError(f"successes must lie in 0..trials, got {successes} of {trials}")
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class MutmutMeta:
+    """What mutmut wrote for one module: each mutant's status and measured wall time, and each
+    mutated function's source hash."""
+
+    statuses: dict[str, str] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)
+
+
+def read_mutmut(mutants: Path, module: str) -> MutmutMeta | None:
+    """``mutants/<module>.meta``, or None if absent."""
     path = mutants / f"{module}.meta"
     if not path.exists():
-        return {}
+        return None
     data = json.loads(path.read_text())
-    return {name: status(code) for name, code in data["exit_code_by_key"].items()}
+    codes = data["exit_code_by_key"]
+    return MutmutMeta(
+        {name: status(code) for name, code in codes.items()},
+        {name: float(s) for name, s in data.get("durations_by_key", {}).items()
+         if s and codes.get(name) is not None},
+        dict(data.get("hash_by_function_name", {})),
+    )
+
+
+def read_meta(mutants: Path, module: str) -> dict[str, str]:
+    """``{mutant: status}`` of one module from ``mutants/<module>.meta`` (empty if absent)."""
+    meta = read_mutmut(mutants, module)
+    return {} if meta is None else meta.statuses
 
 
 @dataclass
@@ -71,9 +108,11 @@ class ModuleResult:
     statuses: dict[str, str]
     equivalent: dict[str, str] = field(default_factory=dict)
     killed_by: dict[str, str] = field(default_factory=dict)
-    seconds: float | None = None
-    run_with: int = 1
+    durations: dict[str, float] = field(default_factory=dict)
     total: int | None = None  # mutants generated, where statuses omit those not run
+    sample: Mapping[str, int] | None = None  # {"size": N, "seed": S} of a sampled module
+    hashes: dict[str, str] = field(default_factory=dict)
+    mutated: bool = True  # False: a committed module no longer in only_mutate
 
     @property
     def mutants(self) -> int:
@@ -102,21 +141,37 @@ class ModuleResult:
         return [m for m in self.undetected if m not in self.killed_by]
 
     @property
+    def judged(self) -> int:
+        """Non-equivalent mutants run."""
+        return self.run - len([m for m in self.equivalent if m in self.statuses])
+
+    @property
+    def caught(self) -> int:
+        """Mutants run that a test catches: at the run, or by a test written since."""
+        return self.detected + len([m for m in self.killed_by if m in self.undetected])
+
+    @property
     def score(self) -> float | None:
         """Caught share of the non-equivalent mutants run, counting the tests added since."""
-        judged = self.run - len([m for m in self.equivalent if m in self.statuses])
-        if judged <= 0:
-            return None
-        caught = self.detected + len([m for m in self.killed_by if m in self.undetected])
-        return caught / judged
+        return self.caught / self.judged if self.judged > 0 else None
 
     @property
     def score_at_run(self) -> float | None:
         """Caught share of the non-equivalent mutants run, by the tests as they were then."""
-        judged = self.run - len([m for m in self.equivalent if m in self.statuses])
-        return self.detected / judged if judged > 0 else None
+        return self.detected / self.judged if self.judged > 0 else None
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The score's 95% Wilson interval, for a sampled module (None otherwise)."""
+        return wilson(self.caught, self.judged) if self.sample else None
+
+    @property
+    def seconds(self) -> float | None:
+        """The measured wall time of the mutants run, added up (None if none was timed)."""
+        return sum(self.durations.values()) if self.durations else None
 
     def summary(self) -> dict[str, Any]:
+        interval = self.interval
         return {
             "module": self.module, "mutants": self.mutants, "run": self.run,
             "killed": self.count("killed"), "timeout": self.count("timeout"),
@@ -124,25 +179,48 @@ class ModuleResult:
             "equivalent": len([m for m in self.equivalent if m in self.statuses]),
             "killed_by_new_tests": len([m for m in self.killed_by if m in self.undetected]),
             "open": len(self.open), "score_at_run": self.score_at_run, "score": self.score,
-            "seconds": self.seconds,
+            "interval_95": None if interval is None else list(interval),
+            "sample": None if self.sample is None else dict(self.sample),
+            "timed": len(self.durations),
+            "seconds": None if self.seconds is None else round(self.seconds, 1),
         }
 
 
 def collect(mutants: Path, equivalent: Mapping[str, str], killed_by: Mapping[str, str],
-            runs: Mapping[str, Mapping[str, Any]], modules: tuple[str, ...] = MODULES
-            ) -> list[ModuleResult]:
-    """Every module's result (a module whose mutants were never generated has none); ``runs``
-    is ``mutation/runs.json``: ``{module: {"seconds": wall time, "run_with": [modules]}}``."""
+            runs: Mapping[str, Any], modules: Iterable[str],
+            committed: Mapping[str, Any] | None = None) -> list[ModuleResult]:
+    """Every module's result: this machine's mutmut results (``mutants``) over the committed
+    ones (``committed``: an earlier ``results.json``); ``runs`` is ``mutation/runs.json``
+    (``{"samples": {module: {"size": N, "seed": S}}, "runs": [...]}``). A committed module not
+    among ``modules`` is kept, marked as no longer mutated."""
+    old = dict((committed or {}).get("modules", {}))
+    samples = runs.get("samples", {})
+    modules = list(modules)
     results = []
-    for module in modules:
-        statuses = read_meta(mutants, module)
-        run = runs.get(module, {})
+    for module in modules + [m for m in old if m not in modules]:
+        meta = read_mutmut(mutants, module)
+        before = old.get(module, {})
+        statuses = {} if meta is None else dict(meta.statuses)
+        durations = {} if meta is None else dict(meta.durations)
+        hashes = {} if meta is None else dict(meta.hashes)
+        kept = committed_decisions({"modules": {module: before}}, hashes) if meta else {
+            m: s for m, s in before.get("statuses", {}).items() if s != "not run"}
+        for mutant, st in kept.items():
+            if statuses.get(mutant, "not run") in ("not run", "interrupted"):
+                statuses[mutant] = st
+                if mutant in before.get("durations", {}):
+                    durations[mutant] = float(before["durations"][mutant])
+        if meta is None:
+            hashes = dict(before.get("function_hashes") or {})
         results.append(ModuleResult(
             module, statuses,
             {m: r for m, r in equivalent.items() if m in statuses},
             {m: t for m, t in killed_by.items() if m in statuses},
-            float(run["seconds"]) if "seconds" in run else None,
-            len(run.get("run_with", [module])),
+            durations,
+            None if meta is not None else before.get("mutants"),
+            samples.get(module),
+            hashes,
+            module in modules,
         ))
     return results
 
@@ -150,9 +228,8 @@ def collect(mutants: Path, equivalent: Mapping[str, str], killed_by: Mapping[str
 def total_score(results: list[ModuleResult], *, at_run: bool = False) -> float | None:
     """The score over every module run, as :attr:`ModuleResult.score` (or
     :attr:`ModuleResult.score_at_run`) over their union."""
-    judged = sum(r.run - len(r.equivalent) for r in results)
-    caught = sum(r.detected + (0 if at_run else len([m for m in r.killed_by if m in r.undetected]))
-                 for r in results)
+    judged = sum(r.judged for r in results)
+    caught = sum(r.detected if at_run else r.caught for r in results)
     return caught / judged if judged > 0 else None
 
 
@@ -160,7 +237,34 @@ def _percent(score: float | None) -> str:
     return "-" if score is None else f"{100 * score:.1f}%"
 
 
-def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str) -> str:
+def _score_cell(r: ModuleResult) -> str:
+    interval = r.interval
+    if interval is None:
+        return _percent(r.score)
+    return f"{_percent(r.score)} (95%: {_percent(interval[0])}-{_percent(interval[1])})"
+
+
+def _time_cell(r: ModuleResult) -> str:
+    if r.seconds is None:
+        return "-"
+    return f"{r.seconds / len(r.durations):.0f} s ({r.seconds / 60:.0f} min, {len(r.durations)})"
+
+
+def _runs_lines(runs: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for run in runs.get("runs", []):
+        modules = ", ".join(f"`{m}`" for m in run.get("modules", []))
+        what = f"{run['mutants']} mutants" if run.get("mutants") is not None else "mutants"
+        sample = (f", a sample of {run['sample']} per module (seed {run['seed']})"
+                  if run.get("sample") else "")
+        lines.append(f"- {run.get('started', '?')}: {modules}: {what} in "
+                     f"{run['seconds'] / 60:.0f} min, {run.get('max_children') or 'one per core'} "
+                     f"at a time{sample}{'; ' + run['note'] if run.get('note') else ''}")
+    return lines
+
+
+def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str,
+           runs: Mapping[str, Any] | None = None) -> str:
     """The markdown page."""
     ran = [r for r in results if r.run]
     lines = [
@@ -170,39 +274,56 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str) 
         f"Command: `{command}` (see [Contributing](contributing.md#mutation-testing)).",
         "",
         "The score is (killed + timed out + killed by a test written since the run) over the "
-        "non-equivalent mutants run. The selected tests (`[tool.mutmut]` in `pyproject.toml`) "
-        "include no golden-text test: every kill is a behaviour test's.",
+        "non-equivalent mutants run; a sampled module's comes with its 95% Wilson interval. "
+        "The selected tests (`[tool.mutmut]` in `pyproject.toml`) include no golden-text test: "
+        "every kill is a behaviour test's. Time is each mutant's measured wall time, on "
+        "average (and added up, over how many mutants were timed).",
         "",
-        f"**Score over the modules run: {_percent(total_score(ran))}** "
+        f"**Score over the mutants run: {_percent(total_score(ran))}** "
         f"({_percent(total_score(ran, at_run=True))} at the run, before the tests written for "
         "its survivors)",
         "",
         "| module | mutants | killed | timed out | survived | no tests | equivalent "
-        "| killed by new tests | open | score at the run | score | run time |",
+        "| killed by new tests | open | score at the run | score | time per mutant |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         s = r.summary()
+        name = f"`{r.module}`" + ("" if r.mutated else " (no longer mutated)")
         if not r.run:
-            lines.append(f"| `{r.module}` | {s['mutants'] or '-'} | not run | | | | | | | | | |")
+            lines.append(f"| {name} | {s['mutants'] or '-'} | not run | | | | | | | | | |")
             continue
-        took = "-" if r.seconds is None else f"{r.seconds / 60:.0f} min"
-        if r.seconds is not None and r.run_with > 1:
-            took += f" (one run of {r.run_with} modules)"
         count = str(s["mutants"])
-        if s["run"] != s["mutants"]:
+        if r.sample:
+            count += f" (sample of {r.sample['size']}, seed {r.sample['seed']}"
+            count += ")" if s["run"] >= r.sample["size"] else f": {s['run']} run)"
+        elif s["run"] != s["mutants"]:
             count += f" ({s['run']} run)"
         lines.append(
-            f"| `{r.module}` | {count} | {s['killed']} | {s['timeout']} | {s['survived']} "
+            f"| {name} | {count} | {s['killed']} | {s['timeout']} | {s['survived']} "
             f"| {s['no_tests']} | {s['equivalent']} | {s['killed_by_new_tests']} | {s['open']} "
-            f"| {_percent(r.score_at_run)} | {_percent(r.score)} | {took} |")
-    not_run = [r.module for r in results if not r.run]
+            f"| {_percent(r.score_at_run)} | {_score_cell(r)} | {_time_cell(r)} |")
+    not_run = [r.module for r in results if not r.run and r.mutated]
     if not_run:
         lines += ["", "Not run yet: " + ", ".join(f"`{m}`" for m in not_run) + "."]
-    partly = [r for r in ran if r.run < r.mutants]
+    sampled = [r for r in ran if r.sample]
+    if sampled:
+        lines += ["", "Sampled (a fixed random sample of the module's mutants, "
+                  "`tools/mutation_run.py --sample N --seed S`): " + ", ".join(
+                      f"`{r.module}` ({r.sample['size']} of {r.mutants}"
+                      + (f", {r.run} run" if r.run < r.sample["size"] else "") + ")"
+                      for r in sampled) + "."]
+        if any(r.run < r.sample["size"] for r in sampled):
+            lines += ["", "Where a sample was not finished, the mutants left are those mutmut "
+                      "runs last (the slowest to test), so the interval describes the mutants "
+                      "run, not the whole module."]
+    partly = [r for r in ran if r.run < r.mutants and not r.sample]
     if partly:
-        lines += ["", "Partly run (the run was stopped): " + ", ".join(
-            f"`{r.module}` ({r.mutants - r.run} of {r.mutants} left)" for r in partly) + "."]
+        lines += ["", "Partly run (a run was stopped, or functions changed since their run): "
+                  + ", ".join(f"`{r.module}` ({r.mutants - r.run} of {r.mutants} left)"
+                              for r in partly) + "."]
+    if runs and runs.get("runs"):
+        lines += ["", "## Runs", "", *_runs_lines(runs)]
     lines += ["", "## Equivalent mutants", ""]
     equivalents = [(m, reason) for r in ran for m, reason in sorted(r.equivalent.items())]
     if not equivalents:
@@ -251,26 +372,27 @@ def main(argv: list[str] | None = None) -> int:
     killed_by = _load(args.folder / "killed_by.json")
     runs = _load(args.folder / "runs.json")
     old = _load(args.folder / "results.json")
-    results = collect(args.mutants, equivalent, killed_by, runs)
-    # a module not run this time keeps the committed statuses of its last run
+    modules = mutated_modules()
+    results = collect(args.mutants, equivalent, killed_by, runs, modules, old)
     for r in results:
-        if not r.run and old.get("modules", {}).get(r.module, {}).get("statuses"):
-            r.statuses = dict(old["modules"][r.module]["statuses"])
-            r.total = int(old["modules"][r.module]["mutants"])
-            r.equivalent = {m: e for m, e in equivalent.items() if m in r.statuses}
-            r.killed_by = {m: t for m, t in killed_by.items() if m in r.statuses}
+        if not r.mutated:
+            print(f"note: {r.module} is no longer in [tool.mutmut] only_mutate (moved or "
+                  "renamed?): its committed results are kept as they are", file=sys.stderr)
     known = {m: d for m, d in old.get("diffs", {}).items()}
     diffs = {m: known.get(m) or mutmut_diff(m) for r in results for m in r.open}
     args.folder.mkdir(exist_ok=True)
     (args.folder / "results.json").write_text(json.dumps({
         "tool": "mutmut", "command": args.command,
         "score": total_score([r for r in results if r.run]),
-        "modules": {r.module: {**r.summary(), "statuses": {
-            m: st for m, st in sorted(r.statuses.items()) if st != "not run"}}
-                    for r in results},
+        "modules": {r.module: {
+            **r.summary(),
+            "statuses": {m: st for m, st in sorted(r.statuses.items()) if st != "not run"},
+            "durations": {m: round(s, 2) for m, s in sorted(r.durations.items())},
+            "function_hashes": dict(sorted(r.hashes.items())) or None,
+        } for r in results},
         "diffs": dict(sorted(diffs.items())),
-    }, indent=1) + "\n")
-    args.page.write_text(render(results, diffs, args.command))
+    }, indent=1, ensure_ascii=False) + "\n")
+    args.page.write_text(render(results, diffs, args.command, runs))
     print(f"wrote {args.folder / 'results.json'} and {args.page}")
     return 0
 

@@ -1,0 +1,87 @@
+"""The mutation run (``tools/mutation_run.py``, ``nox -s mutation``) chooses what mutmut runs as
+its docstring says: each module's own tests, quickest first, and a fixed sample."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutation_run",
+                                                  ROOT / "tools" / "mutation_run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_mutated_modules_are_only_mutates_globs_expanded_in_order(run: ModuleType) -> None:
+    modules = run.mutated_modules()
+    assert modules[0] == "draftmeta/spec.py"
+    assert {"draftmeta/rules/base.py", "draftmeta/rules/host.py", "draftmeta/rules/passive.py",
+            "draftmeta/rules/tensor.py"} <= set(modules)
+    assert "draftmeta/rules/__init__.py" not in modules
+    assert all((ROOT / m).is_file() for m in modules) and len(set(modules)) == len(modules)
+
+
+def test_a_mutant_belongs_to_its_own_module_not_to_a_package_of_the_same_prefix(
+    run: ModuleType,
+) -> None:
+    modules = ["draftmeta/rules.py", "draftmeta/rules/base.py", "draftmeta/spec.py"]
+    assert run.module_of("draftmeta.rules.base.xǁRuleǁcheck__mutmut_3", modules) == modules[1]
+    assert run.module_of("draftmeta.rules.base.x_f", modules) == modules[1]
+    assert run.module_of("draftmeta.spec.x_declare__mutmut_1", modules) == modules[2]
+    assert run.module_of("draftmeta.rules.x_g__mutmut_1", modules) == modules[0]
+    assert run.module_of("draftmeta.codegen.x_emit__mutmut_1", modules) is None
+
+
+def test_each_mutated_function_keeps_only_the_tests_of_its_modules_files(
+    run: ModuleType,
+) -> None:
+    tests = {
+        "draftmeta.layout.x__span": {"tests/test_layout_guard.py::test_a",
+                                     "tests/test_vllm_plugin.py::test_b"},
+        "draftmeta.integrations.vllm.plan.x_plan": {"tests/test_layout_guard.py::test_a",
+                                                    "tests/test_vllm_plugin.py::test_b"},
+        "draftmeta.codegen.x_emit": {"tests/test_vllm_plugin.py::test_b"},
+    }
+    dropped = run.narrow(tests, ["draftmeta/layout.py", "draftmeta/integrations/vllm/plan.py"])
+    assert tests == {
+        "draftmeta.layout.x__span": {"tests/test_layout_guard.py::test_a"},
+        "draftmeta.integrations.vllm.plan.x_plan": {"tests/test_vllm_plugin.py::test_b"},
+        "draftmeta.codegen.x_emit": {"tests/test_vllm_plugin.py::test_b"},  # not run: as it was
+    }
+    assert dropped == 2
+
+
+def test_every_module_tests_file_is_one_mutmut_selects(run: ModuleType) -> None:
+    """A file outside ``pytest_add_cli_args_test_selection`` would never reach a mutant."""
+    selection = set(run.mutmut_config()["pytest_add_cli_args_test_selection"])
+    for pattern, files in run.MODULE_TESTS.items():
+        assert set(files) <= selection, pattern
+        assert any(run.tests_for(m) == files for m in run.mutated_modules()), pattern
+
+
+def test_a_mutants_tests_run_quickest_first(run: ModuleType) -> None:
+    durations = {"t::slow": 9.0, "t::quick": 0.1, "t::middle": 1.0}
+    assert run.fastest_first({"t::slow", "t::new", "t::middle", "t::quick"}, durations) == [
+        "t::new", "t::quick", "t::middle", "t::slow"]
+
+
+def test_a_sample_is_the_same_for_the_same_seed_whatever_the_order_of_the_names(
+    run: ModuleType,
+) -> None:
+    names = [f"draftmeta.spec.x_f__mutmut_{i}" for i in range(1, 101)]
+    first = run.sample(names, 20, 38)
+    assert len(first) == len(set(first)) == 20 and set(first) <= set(names)
+    assert run.sample(reversed(names), 20, 38) == first
+    assert run.sample(names, 20, 39) != first
+    assert run.sample(names, None, 38) == sorted(names) == run.sample(names, 500, 38)
+    assert set(first) <= set(run.sample(names, 50, 38))  # grown, it keeps the mutants run
