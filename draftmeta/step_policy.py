@@ -127,6 +127,9 @@ class StepPolicy:
         name: the group's name.
         reason: why the group rebuilds now, ``None`` while it updates in place.
         record: the group's record.
+        seal: the sealed update's seal of the object being updated (:meth:`sealed_step`),
+            ``None`` between draft loops; it holds the loop's records and tensors, so whoever
+            ends a loop sets it to ``None``.
     """
 
     __slots__ = (
@@ -193,7 +196,11 @@ class StepPolicy:
 
     def new_loop(self) -> bool:
         """A new draft loop starts: a refusal of the last loop's steps is forgotten (the seal
-        too: a new object, or the same one with new contents); whether it updates in place."""
+        too: a new object, or the same one with new contents); whether it updates in place.
+
+        A loop that ends normally should let go of its seal itself (``policy.seal = None``
+        after its last step): the seal holds the loop's records and tensors, which would
+        otherwise live until this call and be freed inside the next loop's first step."""
         self.seal = None
         if not self._for_good:
             self.reason = None

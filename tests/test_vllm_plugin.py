@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -750,9 +751,10 @@ def test_shadow_mode_never_switches_off_a_correct_spec(monkeypatch: pytest.Monke
 def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_updates_in_place(
     active: plugin.Installed,
 ) -> None:
-    """With K from the config, the plugin drops its hold on a draft loop (its common metadata
-    and metadata) right after index K - 1, so they die with vLLM's references; the next loop
-    is set up afresh and updated in place again."""
+    """With K from the config, the plugin drops its hold on a draft loop (its common metadata,
+    metadata and the seal of its records) right after index K - 1, so they die with vLLM's
+    references, not inside the next loop's first in-place step; the next loop is set up afresh
+    and updated in place again."""
     name, k = "CPU_MLA", 4
     plugin.reset_stats()
     config = harness.cached_vllm_config(max_model_len=256, block_size=16, cudagraph_mode=CAPTURED)
@@ -766,6 +768,14 @@ def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_upd
         assert builder.__dict__.get("_draftmeta_loop") is None, loop
         kept = attrs.asdict(builder._draftmeta_older_builder, recurse=False)
         assert not any(v is results[0] for v in kept.values()), loop  # the tuple was all
+        # the records vLLM built for this loop (the metadata and its nested parts: the seal
+        # holds those) die as soon as vLLM's references go, with no collector run
+        records = [results[0], *(v for v in vars(results[0]).values()
+                                 if dataclasses.is_dataclass(v))]
+        assert len(records) >= 2, loop  # CPU_MLA's decode part
+        alive = [weakref.ref(r) for r in records]
+        del results, records
+        assert [r() for r in alive] == [None] * len(alive), loop
     assert plugin.stats()[name]["in_place"] == 3 * (k - 2)
     assert plugin.stats()[name]["rebuilt"] == 0
 
