@@ -5,13 +5,17 @@ Per step the loop advances the :class:`~draftmeta.state.DraftState` once for all
 dispatches on each builder's declared capability:
 
 * a builder that satisfies :class:`~draftmeta.protocol.SupportsDraftUpdate`, whose spec is
-  supported and whose preconditions hold, has its metadata updated in place;
+  supported and covers the metadata it built, and whose preconditions hold, has its metadata
+  updated in place;
 * any other builder is rebuilt through the ``rebuild`` callable of its group (for vLLM,
   ``build_for_drafting(common_metadata, draft_index)``).
 
-The path each group takes and the reason for a fallback are kept in :class:`LoopStats` and
-logged once per group, not per step. A group whose update fails (a precondition, a structure
-check) is rebuilt from then on; the failed update wrote nothing.
+That decision, and the update or the rebuild, is each group's
+:class:`~draftmeta.step_policy.StepPolicy`: the same policy as the vLLM plugin's older-proposer
+path, so the same failure gives the same reason on both. The path each group takes and the
+reason for a fallback are kept in :class:`LoopStats` and logged once per group, not per step. A
+group whose update fails (a precondition, a structure check) is rebuilt from then on; the failed
+update wrote nothing.
 
 On CUDA, :meth:`DraftLoop.capture` records steps 1..K-1 (updates and the caller's step
 function) in one CUDA graph after checking that they are capture-safe
@@ -38,12 +42,13 @@ from typing import Any, Literal
 import attrs
 
 from draftmeta.advance import HostBound, OverflowPolicy, advance_spec, check_policy
-from draftmeta.errors import DraftMetaError, PreconditionFailed, UpdateError, WriteFailed
+from draftmeta.errors import DraftMetaError
 from draftmeta.loop_capture import CapturedLoop, CaptureError, capture_loop
-from draftmeta.protocol import SupportsDraftUpdate, spec_of, why_not_in_place
+from draftmeta.protocol import spec_of
 from draftmeta.shadow import Sentinel, sentinel_for
 from draftmeta.state import DraftState
 from draftmeta.state_validation import validate_state
+from draftmeta.step_policy import StepPolicy
 
 __all__ = [
     "AttentionGroup",
@@ -74,7 +79,8 @@ class AttentionGroup:
         name: the group's name in statistics and logs.
         builder: the metadata builder; capable when it satisfies ``SupportsDraftUpdate``.
         metadata: the metadata the step function reads; updated in place or replaced.
-        rebuild: builds the metadata from scratch for a state and draft index.
+        rebuild: builds the metadata from scratch for a state and draft index (read once, when
+            the loop is made: the group's policy keeps it).
     """
 
     name: str
@@ -85,21 +91,24 @@ class AttentionGroup:
 
 @attrs.define
 class GroupStats:
-    """What happened to one group.
+    """What happened to one group (its :class:`~draftmeta.step_policy.StepPolicy`'s record).
 
     Attributes:
-        path: ``"update"`` (in place) or ``"rebuild"``, as decided last.
         reason: why the group rebuilds (``None`` while it updates).
         updates: in-place updates done.
         rebuilds: rebuilds done.
         shadow_checks: shadow-mode comparisons of an update with a rebuild.
     """
 
-    path: Path
     reason: str | None = None
     updates: int = 0
     rebuilds: int = 0
     shadow_checks: int = 0
+
+    @property
+    def path(self) -> Path:
+        """``"update"`` (in place) or ``"rebuild"``, as decided last."""
+        return "update" if self.reason is None else "rebuild"
 
 
 @attrs.define
@@ -121,12 +130,10 @@ class LoopStats:
         return {n: g.reason for n, g in self.groups.items() if g.reason is not None}
 
 
-def _capability(builder: object) -> str | None:
-    """``None`` if the builder can update in place, else why not."""
-    if not isinstance(builder, SupportsDraftUpdate):
-        return f"{type(builder).__qualname__} declares no draft-update capability"
-    spec = spec_of(builder)
-    return None if spec is None else why_not_in_place(spec)
+def _log_fallback(name: str, reason: str, for_good: bool) -> None:
+    """The loop's :data:`~draftmeta.step_policy.Report`: one line when a group starts
+    rebuilding."""
+    logger.info("draft group %s: metadata rebuilt every step (%s)", name, reason)
 
 
 class DraftLoop:
@@ -185,22 +192,21 @@ class DraftLoop:
             g.name: sentinel_for(g.name, shadow) for g in self.groups
         }
         self._shadowed: list[AttentionGroup] = []  # groups shadowed in the current run
+        self.policies: dict[str, StepPolicy] = {}
+        """Each group's update-or-rebuild policy, by name (decided here, once)."""
         for group in self.groups:
-            reason = _capability(group.builder)
-            sentinel = self.sentinels[group.name]
-            if reason is None and sentinel.switched_off:
-                reason = f"shadow mode found stale metadata earlier ({sentinel.first_mismatch})"
-            self.stats.groups[group.name] = GroupStats(
-                path="update" if reason is None else "rebuild", reason=reason
-            )
-            self._log(group.name)
-
-    def _log(self, name: str) -> None:
-        g = self.stats.groups[name]
-        if g.reason is None:
-            logger.info("draft group %s: metadata updated in place", name)
-        else:
-            logger.info("draft group %s: metadata rebuilt every step (%s)", name, g.reason)
+            record = self.stats.groups[group.name] = GroupStats()
+            step_policy = StepPolicy(group.name, group.builder, record, group.rebuild,
+                                     report=_log_fallback)
+            self.policies[group.name] = step_policy
+            first_mismatch = self.sentinels[group.name].first_mismatch
+            if first_mismatch is not None:  # shadow mode found it stale earlier
+                step_policy.stale(first_mismatch)
+            spec = spec_of(group.builder)
+            if step_policy.in_place and spec is not None:
+                step_policy.check_object(spec, group.metadata)
+            if step_policy.in_place:
+                logger.info("draft group %s: metadata updated in place", group.name)
 
     def metadata(self) -> dict[str, Any]:
         """The current metadata of every group, by name."""
@@ -272,36 +278,18 @@ class DraftLoop:
             mismatch = sentinel.compare(group.metadata, rebuilt)
             if mismatch is None:
                 continue
-            stats.path = "rebuild"
-            stats.reason = f"shadow mode found stale metadata: {mismatch}"
+            self.policies[group.name].stale(mismatch)
             group.metadata = rebuilt  # continue with correct metadata
-            self._log(group.name)
             if group.name in self._fused_names:  # the kernel is bound to the old buffers
                 self._fused_enabled, self._fused = False, None
         self._shadowed = [g for g in self._shadowed if self.stats.groups[g.name].path == "update"]
 
     def _refresh_groups(self, draft_index: int, skip: set[str] | None = None) -> None:
+        state, policies = self.state, self.policies
         for group in self.groups:
             if skip and group.name in skip:
                 continue
-            stats = self.stats.groups[group.name]
-            if stats.path == "update":
-                try:
-                    group.builder.update_draft_metadata(  # type: ignore[attr-defined]
-                        group.metadata, self.state
-                    )
-                    stats.updates += 1
-                    continue
-                except PreconditionFailed as exc:
-                    stats.reason = f"precondition {exc.name!r} failed: {exc.detail}"
-                except UpdateError as exc:
-                    stats.reason = f"field {exc.path!r}: {exc.detail}"
-                except WriteFailed as exc:  # partly written: the rebuild below replaces it
-                    stats.reason = f"field {exc.path!r}: write failed: {exc.detail}"
-                stats.path = "rebuild"
-                self._log(group.name)
-            group.metadata = group.rebuild(self.state, draft_index)
-            stats.rebuilds += 1
+            group.metadata = policies[group.name].step(group.metadata, state, state, draft_index)
 
     def run(self, step_fn: StepFunction, num_steps: int) -> LoopStats:
         """Run draft steps ``0 .. num_steps - 1`` of the loop (the first uses the metadata as

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -457,7 +458,7 @@ def test_an_attribute_the_spec_does_not_cover_keeps_that_builder_rebuilding(
         assert plugin.stats()["AMX_MLA"] == {"in_place": 0, "rebuilt": 8, "carried_over": 0}
         lines = [r.getMessage() for r in vllm_log
                  if r.name == plugin.LOGGER_NAME and r.levelno == logging.WARNING]
-        assert len(lines) == 1 and "AMX_MLA keeps rebuilding" in lines[0]
+        assert len(lines) == 1 and "AMX_MLA rebuilds from now on" in lines[0]
         assert "decode.req_to_token (an attribute outside the class's fields)" in lines[0]
     finally:
         plugin.unregister()
@@ -750,9 +751,10 @@ def test_shadow_mode_never_switches_off_a_correct_spec(monkeypatch: pytest.Monke
 def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_updates_in_place(
     active: plugin.Installed,
 ) -> None:
-    """With K from the config, the plugin drops its hold on a draft loop (its common metadata
-    and metadata) right after index K - 1, so they die with vLLM's references; the next loop
-    is set up afresh and updated in place again."""
+    """With K from the config, the plugin drops its hold on a draft loop (its common metadata,
+    metadata and the seal of its records) right after index K - 1, so they die with vLLM's
+    references, not inside the next loop's first in-place step; the next loop is set up afresh
+    and updated in place again."""
     name, k = "CPU_MLA", 4
     plugin.reset_stats()
     config = harness.cached_vllm_config(max_model_len=256, block_size=16, cudagraph_mode=CAPTURED)
@@ -764,8 +766,19 @@ def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_upd
         results = _v1_loop(builder, state, k - 1, "wrap")
         assert all(r is results[0] for r in results), loop
         assert builder.__dict__.get("_draftmeta_loop") is None, loop
-        kept = attrs.asdict(builder._draftmeta_older_builder, recurse=False)
-        assert not any(v is results[0] for v in kept.values()), loop  # the tuple was all
+        kept = builder._draftmeta_older_builder
+        held = [getattr(kept, name) for cls in type(kept).__mro__
+                for name in getattr(cls, "__slots__", ())]
+        assert len(held) >= 15, loop  # the record's slots and its policy's
+        assert not any(v is results[0] for v in held), loop  # the tuple was all
+        # the records vLLM built for this loop (the metadata and its nested parts: the seal
+        # holds those) die as soon as vLLM's references go, with no collector run
+        records = [results[0], *(v for v in vars(results[0]).values()
+                                 if dataclasses.is_dataclass(v))]
+        assert len(records) >= 2, loop  # CPU_MLA's decode part
+        alive = [weakref.ref(r) for r in records]
+        del results, records
+        assert [r() for r in alive] == [None] * len(alive), loop
     assert plugin.stats()[name]["in_place"] == 3 * (k - 2)
     assert plugin.stats()[name]["rebuilt"] == 0
 
@@ -1164,6 +1177,133 @@ def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> Non
             return "PIECEWISE"
 
     assert "(cudagraph_mode PIECEWISE)" in str(without_full_cudagraphs(builder(Unnamed())))
+
+
+def _amx_without_attribute_rules(*, host_bound: Any, dcp: bool = False,
+                                 builder: Any = None) -> Any:
+    """AMX_MLA's spec without the rules of the attributes its builder adds to the metadata."""
+    from draftmeta.integrations.vllm.specs.mla import MLASpec
+
+    entry = RELEASE.entry("AMX_MLA")
+    assert isinstance(entry.spec, MLASpec)
+    bare = MLASpec("dense", entry.spec.metadata, entry.spec.decode)
+    return bare(name="AMX_MLA", host_bound=host_bound, dcp=dcp, builder=builder)
+
+
+def _both_loops(monkeypatch: pytest.MonkeyPatch, name: str, override: Any, steps: int = 4
+                ) -> dict[str, tuple[str | None, int, int]]:
+    """The same spec over the same draft state, through ``DraftLoop`` (over vLLM's own build)
+    and through the plugin's older-proposer path: per loop, the reason recorded, the steps
+    updated in place and the steps rebuilt."""
+    from draftmeta.loop import AttentionGroup, DraftLoop
+    from draftmeta.protocol import SpecBuilder
+
+    config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
+                                        cudagraph_mode=CAPTURED)
+    base = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                        max_model_len=1024, steps=steps)
+    make = override or RELEASE.entry(name).make_spec
+    plugin.unregister()
+    builder = harness.make_builder(name, config, block_size=16)
+    build = type(builder).build_for_drafting
+    state = base.clone()
+    group = AttentionGroup(name, SpecBuilder(make(host_bound="advance", builder=builder)),
+                           build(builder, _cad(state), 1),
+                           lambda s, index: build(builder, _cad(s), index))
+    stats = DraftLoop([group], state, policy="wrap", fused=False).run(lambda i, m: None, steps)
+    ran = {"DraftLoop": (stats.groups[name].reason, stats.groups[name].updates,
+                         stats.groups[name].rebuilds)}
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.register(spec_overrides={name: override} if override else None)
+    try:
+        _v1_loop(harness.make_builder(name, config, block_size=16), base.clone(), steps, "wrap")
+        counts = plugin.stats()[name]
+        ran["older proposer"] = (plugin.fallback_reasons().get(name), counts["in_place"],
+                                 counts["rebuilt"])
+    finally:
+        plugin.unregister()
+    return ran
+
+
+def _the_same_on_both(ran: dict[str, tuple[str | None, int, int]], *, in_place: bool) -> str:
+    """Both loops took the same path at each of the 3 steps after the first, for the same
+    recorded reason (``""`` where they updated in place, with none); that reason."""
+    assert ran["DraftLoop"] == ran["older proposer"], ran
+    reason, updates, rebuilds = ran["DraftLoop"]
+    assert (updates, rebuilds) == ((3, 0) if in_place else (0, 3)), ran
+    assert (reason is None) == in_place, ran
+    return reason or ""
+
+
+@needs_older_proposer
+@pytest.mark.parametrize("spec", ["refusing", "shipped"])
+def test_a_step_the_spec_refuses_is_rebuilt_with_the_same_reason_on_both_loops(
+    spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One policy: a precondition no draft step meets is recorded in the same words, and every
+    step rebuilt, by ``DraftLoop`` and by the older proposer. The shipped spec (the control)
+    updates every step in place on both, with no reason."""
+    ran = _both_loops(monkeypatch, "CPU_MLA", _refusing_cpu_mla if spec == "refusing" else None)
+    reason = _the_same_on_both(ran, in_place=spec == "shipped")
+    assert spec == "shipped" or reason.startswith("precondition 'never_met' failed: "), reason
+
+
+@needs_older_proposer
+@pytest.mark.parametrize("spec", ["without attribute rules", "shipped"])
+def test_metadata_the_spec_does_not_cover_is_rebuilt_with_the_same_reason_on_both_loops(
+    spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One policy: AMX_MLA's metadata carries attributes a spec without their rules cannot
+    update, so both loops rebuild every step, for the same recorded reason, decided once
+    before the first update. The shipped spec (the control) updates in place on both."""
+    ran = _both_loops(monkeypatch, "AMX_MLA",
+                      _amx_without_attribute_rules if spec != "shipped" else None)
+    reason = _the_same_on_both(ran, in_place=spec == "shipped")
+    if spec != "shipped":
+        assert reason.startswith("its built metadata carries decode."), reason
+        assert reason.endswith("which spec AMX_MLA.advance has no rule for"), reason
+
+
+_REBOUND = ("seq_lens", "slot_mapping", "block_table", "query_start_loc", "positions",
+            "max_seq_len", "num_reqs")
+"""The draft-state fields :func:`~draftmeta.integrations.vllm.common_metadata.rebind` reads
+from a step's common metadata."""
+
+
+@needs_older_proposer
+def test_the_in_place_step_reads_every_field_of_the_steps_common_metadata_as_rebind_does(
+    active: plugin.Installed,
+) -> None:
+    """The hot path writes ``rebind`` out: after an in-place step whose common metadata holds
+    new objects in every field rebind reads, the builder's draft state holds exactly those
+    objects and values, as rebind gives them (and ``_REBOUND`` is what rebind reads)."""
+    from draftmeta.integrations.vllm.common_metadata import draft_state_of, rebind
+
+    config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
+                                        cudagraph_mode=CAPTURED)
+    builder = harness.make_builder("CPU_MLA", config, block_size=16)
+    state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                         max_model_len=1024, steps=4)
+    cad = _cad(state)
+    builder.build_for_drafting(cad, 1)
+    for index in (2, 3):
+        advance_state(state, "wrap")
+        for name in ("seq_lens", "slot_mapping", "block_table_tensor", "query_start_loc",
+                     "positions"):  # new views of the same buffers, as vLLM makes them
+            setattr(cad, name, getattr(cad, name)[:])
+        cad.max_seq_len = state.max_seq_len
+        builder.build_for_drafting(cad, index)
+        bound = builder._draftmeta_older_builder.state
+        want = rebind(draft_state_of(cad, builder), cad)
+        for name in _REBOUND:
+            got, expected = getattr(bound, name), getattr(want, name)
+            assert got is expected or (type(got) is int and got == expected), (index, name)
+    assert plugin.stats()["CPU_MLA"]["in_place"] == 2
+    stale, fresh = draft_state_of(cad, builder), _cad(state)
+    fresh.max_seq_len, fresh.num_reqs = cad.max_seq_len + 1, cad.num_reqs - 1
+    before = {f.name: getattr(stale, f.name) for f in attrs.fields(type(stale))}
+    rebind(stale, fresh)
+    assert {n for n, v in before.items() if getattr(stale, n) is not v} == set(_REBOUND)
 
 
 def test_the_plan_names_the_builders_that_keep_the_draft_loop_from_full_capture() -> None:

@@ -91,6 +91,7 @@ __all__ = [
     "Installed",
     "Plugin",
     "enabled_by_environment",
+    "fallback_reasons",
     "installed",
     "register",
     "reset_stats",
@@ -219,12 +220,18 @@ class Plugin:
 
     def stats(self) -> dict[str, dict[str, int]]:
         """``{builder name: {"in_place": n, "rebuilt": n, "carried_over": n}}``."""
-        return {name: attrs.asdict(c) for name, c in sorted(self.counters.items())}
+        return {name: c.counts() for name, c in sorted(self.counters.items())}
+
+    def fallback_reasons(self) -> dict[str, str]:
+        """``{builder name: why an instance last fell back to vLLM's build}`` (see
+        :func:`fallback_reasons`)."""
+        return {name: c.reason for name, c in sorted(self.counters.items())
+                if c.reason is not None}
 
     def reset_stats(self) -> None:
         """Zero the counters of :meth:`stats`."""
         for c in self.counters.values():
-            c.in_place = c.rebuilt = c.carried_over = 0
+            c.reset()
 
 
 _lock = threading.Lock()
@@ -240,6 +247,14 @@ def stats() -> dict[str, dict[str, int]]:
     """``{builder name: {"in_place": n, "rebuilt": n, "carried_over": n}}`` since
     :func:`register` or :func:`reset_stats`."""
     return _plugin.stats()
+
+
+def fallback_reasons() -> dict[str, str]:
+    """``{builder name: why an instance last fell back to vLLM's build}`` on the older
+    proposer path since :func:`register`, in the words of its
+    :class:`~draftmeta.step_policy.StepPolicy` (the words :class:`~draftmeta.loop.DraftLoop`
+    records for the same failure); builders that never fell back are not listed."""
+    return _plugin.fallback_reasons()
 
 
 def reset_stats() -> None:
