@@ -592,7 +592,8 @@ def check_floor(page: str) -> None:
         row = f"| {label} | " + " | ".join(f"{v:.1f}" for v in cells) + " |"
         assert row in page, row
     flat = _flat(page)
-    assert f"cheaper than vLLM's build ({floor['ratio_off_over_on_in_place']:.2f}x)" in flat
+    assert (f"vLLM's build over the plugin's on the in-place steps: "
+            f"{floor['ratio_off_over_on_in_place']:.2f}x") in flat
     assert (f"{floor['ratio_off_over_floor_in_place']:.1f}x cheaper than vLLM's `CPU_MLA` "
             "build only on the in-place steps, and "
             f"{floor['ratio_off_over_floor_all_refreshes']:.1f}x over all refreshes") in flat
@@ -611,33 +612,74 @@ def test_a_wrong_floor_ratio_is_caught() -> None:
         check_floor(page.replace(shown, f"{ratio + 0.2:.1f}x cheaper"))
 
 
+def _floor_repeats() -> list[dict[str, Any]]:
+    """The committed repeats of the floor run: ``e2e-floor-repeat-*.json``, in order."""
+    return [json.loads(p.read_text()) for p in sorted(RESULTS.glob("e2e-floor-repeat-*.json"))]
+
+
 def check_floor_pairs(page: str) -> None:
-    """The paired floor run's paragraph: each ratio per pair (median, min-max) and verdict, the
-    load and the number of generates, as ``e2e-floor-pairs.json`` gives them."""
-    data = _json("e2e-floor-pairs.json")
-    flat = _flat(_paragraph(page, "The script now also gives each ratio per pair"))
-    spans = {name: Ratios.from_json(entry["ratio"]).span()
-             for name, entry in data["pairs"].items()}
+    """The paired floor paragraph: each ratio per pair of ``e2e-floor.json`` (median, min-max)
+    with its verdict, the load and the number of generates, and the in-place ratio of each
+    repeat (``e2e-floor-repeat-*.json``, same command); nothing else quoted."""
+    data = _json("e2e-floor.json")
+    repeats = _floor_repeats()
+    assert repeats, "the floor run's repeats are committed"
+    flat = _flat(_paragraph(page, "The script also gives each ratio per pair"))
+    pairs = data["pairs"]
+    spans = {name: Ratios.from_json(entry["ratio"]).span() for name, entry in pairs.items()}
+    repeat_spans = [Ratios.from_json(r["pairs"]["off_over_on_in_place"]["ratio"]).span()
+                    for r in repeats]
     quoted = re.findall(r"\d\.\d\dx \(\d\.\d\d-\d\.\d\d\)", flat)
-    assert sorted(quoted) == sorted(spans.values()), (quoted, spans)
-    assert data["pairs"]["off_over_on_in_place"]["verdict"] == "faster"
-    assert data["pairs"]["off_over_on_all_refreshes"]["verdict"] == "within noise"
-    assert f"{spans['off_over_on_in_place']} on the in-place steps, faster" in flat
-    assert f"{spans['off_over_on_all_refreshes']} over all refreshes, within noise" in flat
-    load = data["cpu"]["load_average"]
-    assert f"load average {_span([load['before'][0], load['after'][0]], 1)}" in flat
-    assert f"{data['repeats']} generates per mode" in flat and data["tokens_identical"]
+    assert sorted(quoted) == sorted([*spans.values(), *repeat_spans]), (quoted, spans)
+    for steps, name in (("on the in-place steps", "off_over_on_in_place"),
+                        ("over all refreshes", "off_over_on_all_refreshes")):
+        assert f"{spans[name]} {steps}, {pairs[name]['verdict']}" in flat, name
+    for steps, name in (("on the in-place steps", "off_over_floor_in_place"),
+                        ("over all refreshes", "off_over_floor_all_refreshes")):
+        assert f"{spans[name]} {steps}, {pairs[name]['verdict']}" in flat, name
+    assert ", ".join(repeat_spans) in flat
+    for run in (data, *repeats):
+        assert run["tokens_identical"] and run["repeats"] == data["repeats"]
+        assert (run["backend"], run["k"], run["batch_size"]) == (
+            data["backend"], data["k"], data["batch_size"])
+    loads = [v for run in (data, *repeats) for v in (run["cpu"]["load_average"]["before"][0],
+                                                     run["cpu"]["load_average"]["after"][0])]
+    assert f"load average {_span(loads, 1)}" in flat
+    assert f"{data['repeats']} generates per mode" in flat
 
 
 def test_the_paired_floor_run_is_the_committed_json() -> None:
     check_floor_pairs(_text("docs/e2e.md"))
 
 
-def test_a_paired_floor_figure_not_in_the_json_is_caught() -> None:
+@pytest.mark.parametrize("wrong", ["a ratio", "a verdict", "a repeat", "the load"])
+def test_a_paired_floor_figure_not_in_the_json_is_caught(wrong: str) -> None:
     page = _text("docs/e2e.md")
-    assert "1.19x (1.01-1.30)" in page
+    data = _json("e2e-floor.json")
+    entry = data["pairs"]["off_over_on_in_place"]
+    span = Ratios.from_json(entry["ratio"]).span()
+    repeat = Ratios.from_json(
+        _floor_repeats()[0]["pairs"]["off_over_on_in_place"]["ratio"]).span()
+    flat = _flat(_paragraph(page, "The script also gives each ratio per pair"))
+    load = re.search(r"load average (\d+\.\d)", flat)
+    assert load is not None
+    bad = {
+        "a ratio": (span, "1.77x (0.11-2.22)"),
+        "a verdict": (f"{span} on the in-place steps, {entry['verdict']}",
+                      f"{span} on the in-place steps, faster"
+                      if entry["verdict"] != "faster" else
+                      f"{span} on the in-place steps, within noise"),
+        "a repeat": (repeat, "9.99x (9.98-9.99)"),
+        "the load": (load.group(0), f"load average {float(load.group(1)) + 1.0:.1f}"),
+    }[wrong]
+    assert bad[0] in flat and bad[0] != bad[1]
+    # the figure replaced where the page has it (a line break may fall inside it)
+    found = re.compile(r"\s+".join(map(re.escape, bad[0].split(" "))))
+    paragraph = _paragraph(page, "The script also gives each ratio per pair")
+    broken = page.replace(paragraph, found.sub(bad[1], paragraph, count=1))
+    assert broken != page
     with pytest.raises(AssertionError):
-        check_floor_pairs(page.replace("1.19x (1.01-1.30)", "1.19x (1.10-1.30)"))
+        check_floor_pairs(broken)
 
 
 def check_lines(page: str) -> None:
