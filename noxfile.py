@@ -156,7 +156,7 @@ def _install_cpu_build(session: nox.Session) -> None:
     _install_draftmeta(session)
 
 
-FINAL_OUTPUT = {"stderr": None}
+FINAL_STDERR = None
 """How the e2e sessions run their command: its stdout and stderr stay apart (nox's default
 merges stderr into stdout), so ``nox -s e2e -- --json`` prints the JSON document alone on
 stdout. Every step before it is silent (nox shows its output, on stderr, only if it fails)."""
@@ -168,7 +168,7 @@ def e2e(session: nox.Session) -> None:
     versus on. Arguments after ``--`` go to the command: ``nox -s e2e -- --json`` prints one
     JSON document on stdout and everything else (nox's lines, progress) on stderr."""
     _install_cpu_build(session)
-    session.run("draftmeta", "e2e", *session.posargs, **FINAL_OUTPUT)
+    session.run("draftmeta", "e2e", *session.posargs, stderr=FINAL_STDERR)
 
 
 @nox.session(name="e2e-floor")
@@ -177,7 +177,7 @@ def e2e_floor(session: nox.Session) -> None:
     plugin and a hand-written update with no checks, side by side in one engine
     (``nox -s e2e-floor -- --out benchmarks/results``)."""
     _install_cpu_build(session)
-    session.run("python", "benchmarks/e2e_floor.py", *session.posargs, **FINAL_OUTPUT)
+    session.run("python", "benchmarks/e2e_floor.py", *session.posargs, stderr=FINAL_STDERR)
 
 
 @nox.session(name="mutation", venv_backend="none")
