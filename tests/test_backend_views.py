@@ -80,6 +80,23 @@ def test_the_hook_reads_a_record_without_a_decode_part_by_the_flat_layout() -> N
     assert state.num_reqs == 3  # num_decodes, where the record has no num_reqs
 
 
+@pytest.mark.parametrize("dcp", [1, 2])
+def test_the_hook_reads_the_indexers_own_fields_not_its_decode_parts_copies(dcp: int) -> None:
+    """The indexer's record holds the buffers' views itself and copies of them in its decode
+    part (its spec declares :data:`FLAT`): the draft state is read from the views, with or
+    without DCP, never from the copies."""
+    seq_lens, block_table = _tensor(3), _tensor(6).view(3, 2)
+    decode = SimpleNamespace(seq_lens=seq_lens.clone(), block_table=block_table.clone(),
+                             decode_lens=_tensor(3))
+    record = SimpleNamespace(seq_lens=seq_lens, block_table=block_table, slot_mapping=_tensor(3),
+                             decode=decode, num_decodes=3, max_seq_len=5)
+    assert views_of(record, dcp=dcp > 1) is FLAT
+    state = hook_state(_builder(dcp), record)
+    assert state.seq_lens is seq_lens and state.block_table is block_table
+    assert state.slot_mapping is record.slot_mapping
+    assert state.dcp_local_seq_lens is None
+
+
 def test_a_layout_naming_one_field_for_two_buffers_is_refused() -> None:
     with pytest.raises(ValueError, match=r"\['decode.seq_lens'\] are named for two"):
         StateViews(seq_lens="decode.seq_lens", block_table="decode.block_table",

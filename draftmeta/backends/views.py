@@ -97,9 +97,10 @@ def mla_views(dcp: bool) -> StateViews:
 
 
 def views_of(metadata: Any, dcp: bool) -> StateViews:
-    """The layout a built record's buffers are read by: the dense MLA one where it has a decode
-    part (under DCP > 1 its DCP variant; the indexer's decode part holds the same two fields),
-    else :data:`FLAT`."""
-    if getattr(metadata, "decode", None) is not None:
+    """The layout a built record's buffers are read by: :data:`FLAT` where the record holds
+    its own ``seq_lens`` (sparse MLA; the indexer, whose decode part holds copies, not views),
+    else the dense MLA one where it has a decode part (under DCP > 1 its DCP variant), else
+    :data:`FLAT`."""
+    if not hasattr(metadata, "seq_lens") and getattr(metadata, "decode", None) is not None:
         return mla_views(dcp)
     return FLAT
