@@ -4,6 +4,9 @@ schedule and its scheduler object."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 
 from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule, FlashMLAFp8TileSchedule
@@ -78,3 +81,55 @@ def test_the_vllm_binding_hands_its_kernels_to_the_indexer_and_flashmla_specs() 
     assert isinstance(tiles, Recompute) and isinstance(tiles.hook, FlashMLAFp8TileSchedule)
     assert tiles.hook.compute is not None
     assert tiles.hook.compute.__module__ == "draftmeta.integrations.vllm.specs.mla"
+
+
+def test_the_flashmla_fp8_tile_schedule_asks_flashmla_for_the_lengths_the_query_heads_and_one_kv_head(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # FlashMLA's kernel is CUDA-only: a stand-in with its signature records what it is asked
+    import vllm.v1.attention.ops.flashmla as flashmla
+
+    asked: list[tuple[torch.Tensor, int, int]] = []
+    tiles, splits = torch.zeros(4, 8, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+
+    def get_mla_metadata_dense_fp8(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
+                                   num_heads_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        asked.append((cache_seqlens, num_q_tokens_per_head_k, num_heads_k))
+        return tiles, splits
+
+    monkeypatch.setattr(flashmla, "get_mla_metadata_dense_fp8", get_mla_metadata_dense_fp8)
+    with recorded_classes():
+        factory = current_release().entry("FLASHMLA").spec
+        assert isinstance(factory, MLASpec)
+        fp8 = installed_mla_spec(factory, name="FLASHMLA", fp8_kv_cache=True,
+                                 num_q_tokens_per_head_k=16)
+    rule = fp8.rules["decode.scheduler_metadata.tile_scheduler_metadata"]
+    assert isinstance(rule, Recompute) and isinstance(rule.hook, FlashMLAFp8TileSchedule)
+    assert rule.hook.compute is not None
+    lens = _lens()
+    result = rule.hook.compute(lens, 16)
+    assert len(asked) == 1 and asked[0][0] is lens and asked[0][1:] == (16, 1)
+    assert result[0] is tiles and result[1] is splits
+
+
+def test_the_deepgemm_schedule_asks_deepgemm_for_the_lengths_the_block_size_and_the_sm_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # DeepGEMM is CUDA-only: a CUDA buffer and DeepGEMM's presence are stood in for
+    import vllm.utils.deep_gemm as deep_gemm
+
+    asked: list[tuple[torch.Tensor, int, int]] = []
+    schedule = torch.zeros(133, 2, dtype=torch.int32)
+
+    def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int,
+                                      num_sms: int) -> torch.Tensor:
+        asked.append((context_lens, block_kv, num_sms))
+        return schedule
+
+    monkeypatch.setattr(deep_gemm, "has_deep_gemm", lambda: True)
+    monkeypatch.setattr(deep_gemm, "get_paged_mqa_logits_metadata", get_paged_mqa_logits_metadata)
+    compute = deep_gemm_kernel(SimpleNamespace(is_cuda=True))  # type: ignore[arg-type]
+    assert compute is not None
+    lens = _lens()
+    assert compute(lens, 64, 132) is schedule
+    assert len(asked) == 1 and asked[0][0] is lens and asked[0][1:] == (64, 132)
