@@ -83,7 +83,7 @@ def test_the_vllm_binding_hands_its_kernels_to_the_indexer_and_flashmla_specs() 
     assert tiles.hook.compute.__module__ == "draftmeta.integrations.vllm.specs.mla"
 
 
-def test_the_flashmla_fp8_tile_schedule_asks_flashmla_for_the_lengths_the_query_heads_and_one_kv_head(
+def test_the_flashmla_fp8_tile_schedule_asks_flashmla_for_the_lengths_query_heads_and_one_kv_head(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # FlashMLA's kernel is CUDA-only: a stand-in with its signature records what it is asked

@@ -17,6 +17,7 @@ from draftmeta import (
     UpdateError,
     advance_state,
 )
+from draftmeta.errors import WriteFailed
 from draftmeta.integrations.vllm.catalogue import builder_spec, current_release
 from draftmeta.integrations.vllm.classes import (
     installed_vllm_version,
@@ -580,6 +581,9 @@ def test_the_fa3_scheduler_is_refilled_in_place_from_the_builders_schedule_each_
         assert torch.equal(view, want)
     assert all(c["max_num_splits"] == 32 and c["max_seq_len"] == state.max_seq_len
                for c in builder.calls)
+    # one causal query token per request, as the chain-drafting decode has
+    assert all(c["max_query_len"] == 1 and c["causal"] is True
+               and c["num_reqs"] == state.num_reqs for c in builder.calls)
     assert torch.equal(buffer[state.num_reqs + 2:], torch.full_like(
         buffer[state.num_reqs + 2:], -7))  # outside the metadata's view: untouched
 
@@ -601,6 +605,25 @@ def test_an_fa3_spec_declared_without_a_builder_refuses_every_update_before_writ
     bound = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(host_bound="frozen", builder=_FA3Builder())
     bound.update(metadata, state)
     assert metadata.max_seq_len == state.max_seq_len
+
+
+def test_an_fa3_schedule_that_is_not_a_tensor_fails_the_update_naming_what_it_returned(
+) -> None:
+    class _ListBuilder(_FA3Builder):
+        def _schedule_decode(self, **kwargs: Any) -> torch.Tensor:
+            return super()._schedule_decode(**kwargs).tolist()  # type: ignore[return-value]
+
+    spec = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(host_bound="frozen", builder=_ListBuilder())
+    state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                         max_model_len=512, steps=3)
+    buffer = torch.full((16,), -7, dtype=torch.int32)
+    metadata = _fa3_metadata(spec, state, buffer, splits=32)
+    advance_state(state, "clamp", "frozen")
+    with pytest.raises(WriteFailed, match=r"decode\.scheduler_metadata") as failed:
+        spec.update(metadata, state)
+    cause = failed.value.__cause__
+    assert isinstance(cause, TypeError)
+    assert str(cause) == "FA3's scheduler returned list, not a tensor"
 
 
 def test_a_builder_without_an_ahead_of_time_fa3_schedule_gets_an_unsupported_spec() -> None:
