@@ -111,6 +111,36 @@ def test_edge_cases(builder: str, edge: dict[str, object]) -> None:
         assert result.ok, _report([result])
 
 
+@pytest.mark.parametrize("builder", ["INDEXER", "KPOOL_TAIL"])
+def test_an_interleave_without_dcp_leaves_the_host_max_seq_len_the_global_maximum(
+    builder: str,
+) -> None:
+    """vLLM's ``cp_kv_cache_interleave_size`` may be set with DCP off; the draft state then
+    carries it (the plugin reads it from the builder) but no length is per rank."""
+    from draftmeta.integrations.vllm.testing import harness
+
+    config = harness.cached_vllm_config(max_model_len=1000, block_size=64)
+    kwargs: dict[str, Any] = {"block_size": 64, "dcp_rank": 0}
+    if builder == "INDEXER":
+        kwargs["block_table_width"] = 16
+    updater = harness.make_builder(builder, config, **kwargs)
+    rebuilder = harness.make_builder(builder, config, **kwargs)
+    spec = BUILDERS[builder]("advance", updater)
+    state = random_state(torch.Generator().manual_seed(3), batch_size=5, block_size=64,
+                         max_model_len=1000, steps=5)
+    state.dcp_interleave = 8
+    metadata = harness.build_metadata(updater, harness.common_metadata_for(state), draft_index=1)
+    lengths = []
+    for step in range(2, 6):
+        advance_state(state, "clamp")
+        spec.update(metadata, state)
+        rebuilt = harness.build_metadata(rebuilder, harness.common_metadata_for(state.clone()),
+                                         draft_index=step)
+        assert metadata.max_seq_len == rebuilt.max_seq_len == state.max_seq_len
+        lengths.append(state.max_seq_len)
+    assert any(n % 8 for n in lengths), lengths  # a rounding to the interleave would show
+
+
 def test_random_batches_do_reach_the_edges() -> None:
     """The generator really produces block crossings and positions at max_model_len."""
     crossed = reached = 0
@@ -475,6 +505,22 @@ def test_the_kpool_tail_slot_writes_the_tail_slot_of_each_request_and_the_main_o
     out = torch.full((5,), 99, dtype=torch.int64)  # stale
     KpoolTailSlot(64).apply(out, positions, table, main, 3, workspace=Workspace())
     assert out.tolist() == [2 * 64 + 5, 3 * 64 + 70 % 64, -1, 41, -1]
+
+
+def test_a_kpool_tail_spec_declared_without_a_pool_size_writes_slots_of_64_token_tail_blocks(
+) -> None:
+    from draftmeta.backends.indexer import kpool_tail_spec
+    from draftmeta.rules import Derive
+    from draftmeta.workspace import Workspace
+
+    metadata, _ = load_metadata_class(INDEXER_METADATA.module, INDEXER_METADATA.qualname)
+    rule = kpool_tail_spec(metadata).rules["slot_mapping"]
+    assert isinstance(rule, Derive)
+    positions = torch.tensor([5, 70, 3])
+    table = torch.tensor([[2, 9], [3, 9], [4, 9]], dtype=torch.int32)
+    out = torch.full((3,), 99, dtype=torch.int64)
+    rule.derivation.apply(out, positions, table, torch.full((3,), -1), 3, workspace=Workspace())
+    assert out.tolist() == [2 * 64 + 5, 3 * 64 + 70 % 64, 4 * 64 + 3]
 
 
 @pytest.mark.parametrize("seed", range(10))
