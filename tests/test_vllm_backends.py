@@ -141,6 +141,25 @@ def test_an_interleave_without_dcp_leaves_the_host_max_seq_len_the_global_maximu
     assert any(n % 8 for n in lengths), lengths  # a rounding to the interleave would show
 
 
+def test_a_kpool_tail_batch_of_more_tokens_than_requests_is_refused_naming_the_spec_and_condition(
+) -> None:
+    from draftmeta.integrations.vllm.testing import harness
+
+    config = harness.cached_vllm_config(max_model_len=1000, block_size=64)
+    updater = harness.make_builder("KPOOL_TAIL", config, block_size=64, dcp_rank=0)
+    spec = BUILDERS["KPOOL_TAIL"]("advance", updater)
+    state = random_state(torch.Generator().manual_seed(3), batch_size=5, block_size=64,
+                         max_model_len=1000, steps=5)
+    metadata = harness.build_metadata(updater, harness.common_metadata_for(state), draft_index=1)
+    metadata.num_decode_tokens += 1  # a request with two query tokens: not chain drafting
+    advance_state(state, "clamp")
+    with pytest.raises(PreconditionFailed) as refused:
+        spec.update(metadata, state)
+    assert str(refused.value).startswith(
+        "spec 'KPOOL_TAIL.advance': precondition 'one_token_per_request' does not hold "
+        "(num_decodes is 5 but num_decode_tokens is 6)")
+
+
 def test_random_batches_do_reach_the_edges() -> None:
     """The generator really produces block crossings and positions at max_model_len."""
     crossed = reached = 0
