@@ -160,6 +160,17 @@ def test_a_kpool_tail_batch_of_more_tokens_than_requests_is_refused_naming_the_s
         "(num_decodes is 5 but num_decode_tokens is 6)")
 
 
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_the_kpool_tail_spec_takes_its_pool_size_from_the_builders_block_size(
+    block_size: int,
+) -> None:
+    """The other tests use vLLM's default 64-token pool, the size without a builder too."""
+    result = check_batch(CaseConfig(
+        builder="KPOOL_TAIL", seed=1, batch_size=6, num_padded=2, block_size=block_size,
+        max_model_len=1000, steps=6, overflow="clamp", host_bound="advance"))
+    assert result.ok, _report([result])
+
+
 def test_random_batches_do_reach_the_edges() -> None:
     """The generator really produces block crossings and positions at max_model_len."""
     crossed = reached = 0
