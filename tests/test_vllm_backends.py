@@ -537,14 +537,29 @@ def test_the_kpool_tail_slot_writes_the_tail_slot_of_each_request_and_the_main_o
     assert out.tolist() == [2 * 64 + 5, 3 * 64 + 70 % 64, -1, 41, -1]
 
 
-def test_a_kpool_tail_spec_declared_without_a_pool_size_writes_slots_of_64_token_tail_blocks(
-) -> None:
+def _kpool_tail_without_a_pool_size() -> DraftSpec[Any]:
     from draftmeta.backends.indexer import kpool_tail_spec
+
+    metadata, _ = load_metadata_class(INDEXER_METADATA.module, INDEXER_METADATA.qualname)
+    return kpool_tail_spec(metadata)
+
+
+def _kpool_tail_without_a_builder() -> DraftSpec[Any]:
+    from draftmeta.integrations.vllm.specs.indexer import KpoolTailSpec
+
+    return KpoolTailSpec()(name="KPOOL_TAIL")  # as ``draftmeta explain`` declares it
+
+
+@pytest.mark.parametrize("declare", [_kpool_tail_without_a_pool_size,
+                                     _kpool_tail_without_a_builder],
+                         ids=["engine-neutral-spec", "catalogue-factory"])
+def test_a_kpool_tail_spec_declared_without_a_pool_size_writes_slots_of_64_token_tail_blocks(
+    declare: Any,
+) -> None:
     from draftmeta.rules import Derive
     from draftmeta.workspace import Workspace
 
-    metadata, _ = load_metadata_class(INDEXER_METADATA.module, INDEXER_METADATA.qualname)
-    rule = kpool_tail_spec(metadata).rules["slot_mapping"]
+    rule = declare().rules["slot_mapping"]
     assert isinstance(rule, Derive)
     positions = torch.tensor([5, 70, 3])
     table = torch.tensor([[2, 9], [3, 9], [4, 9]], dtype=torch.int32)
