@@ -171,6 +171,18 @@ def test_the_kpool_tail_spec_takes_its_pool_size_from_the_builders_block_size(
     assert result.ok, _report([result])
 
 
+@pytest.mark.parametrize("factory", ["IndexerSpec", "KpoolTailSpec"])
+def test_the_indexer_factories_name_the_spec_after_the_catalogue_name_and_host_bound_given(
+    factory: str,
+) -> None:
+    """A release catalogue may list a builder under another name; errors name the spec."""
+    from draftmeta.integrations.vllm.specs import indexer
+
+    declare = getattr(indexer, factory)()
+    assert declare(name="RENAMED", host_bound="frozen").name == "RENAMED.frozen"
+    assert declare(name="RENAMED").name == "RENAMED.advance"
+
+
 def test_random_batches_do_reach_the_edges() -> None:
     """The generator really produces block crossings and positions at max_model_len."""
     crossed = reached = 0
