@@ -133,3 +133,32 @@ def test_the_deepgemm_schedule_asks_deepgemm_for_the_lengths_the_block_size_and_
     lens = _lens()
     assert compute(lens, 64, 132) is schedule
     assert len(asked) == 1 and asked[0][0] is lens and asked[0][1:] == (64, 132)
+
+
+@pytest.mark.parametrize(("builder", "block_kv"), [
+    (SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=32)), 32),
+    (SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=128)), 128),
+    (None, 64),
+], ids=["builder-of-32-token-blocks", "builder-of-128-token-blocks", "no-builder"])
+def test_the_indexer_spec_asks_its_schedule_for_the_builders_indexer_cache_block_size(
+    builder: object, block_kv: int,
+) -> None:
+    """DeepGEMM's schedule depends on the indexer cache's block size (the builder's; 64, vLLM's
+    default, without one, as ``draftmeta explain`` declares it); the kernel is stood in for."""
+    import attrs
+
+    from draftmeta.integrations.vllm.specs.indexer import IndexerSpec
+
+    with recorded_classes():
+        spec = IndexerSpec()(name="INDEXER", builder=builder)
+    rule = spec.rules["decode.schedule_metadata"]
+    assert isinstance(rule, Recompute) and isinstance(rule.hook, DeepGemmPagedMqaSchedule)
+    asked: list[int] = []
+
+    def schedule(context_lens: torch.Tensor, block: int, num_sms: int) -> torch.Tensor:
+        asked.append(block)
+        return torch.zeros(num_sms + 1, 2, dtype=torch.int32)
+
+    out = torch.full((5, 2), -7, dtype=torch.int32)
+    attrs.evolve(rule.hook, compute=schedule).apply(out, _lens(), workspace=Workspace())
+    assert asked == [block_kv]
