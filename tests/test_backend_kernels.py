@@ -162,3 +162,46 @@ def test_the_indexer_spec_asks_its_schedule_for_the_builders_indexer_cache_block
     out = torch.full((5, 2), -7, dtype=torch.int32)
     attrs.evolve(rule.hook, compute=schedule).apply(out, _lens(), workspace=Workspace())
     assert asked == [block_kv]
+
+
+@pytest.mark.parametrize(("builder", "heads"), [
+    (SimpleNamespace(is_fp8_kvcache=True, num_q_heads=16), 16),
+    (SimpleNamespace(is_fp8_kvcache=True, num_q_heads=16, dcp_world_size=2), 32),
+    (SimpleNamespace(is_fp8_kvcache=True, num_q_heads=16, dcp_world_size=1), 16),
+], ids=["no-dcp-attribute", "dcp-2", "dcp-1"])
+def test_a_flashmla_builder_with_an_fp8_cache_gets_the_tile_schedule_of_its_query_heads(
+    builder: object, heads: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FlashMLA's FP8 schedule is for ``num_q_heads * dcp_world_size`` query tokens per KV head
+    (the builder's heads; all ranks' under DCP); FlashMLA's CUDA kernel is stood in for."""
+    import vllm.v1.attention.ops.flashmla as flashmla
+
+    asked: list[int] = []
+
+    def get_mla_metadata_dense_fp8(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
+                                   num_heads_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        asked.append(num_q_tokens_per_head_k)
+        return torch.ones(4, 8, dtype=torch.int32), torch.ones(4, dtype=torch.int32)
+
+    monkeypatch.setattr(flashmla, "get_mla_metadata_dense_fp8", get_mla_metadata_dense_fp8)
+    factory = current_release().entry("FLASHMLA").spec
+    assert isinstance(factory, MLASpec)
+    with recorded_classes():
+        spec = factory(name="FLASHMLA", builder=builder)
+    assert spec.name == "FLASHMLA.fp8.advance"
+    rule = spec.rules["decode.scheduler_metadata.tile_scheduler_metadata"]
+    assert isinstance(rule, Recompute) and isinstance(rule.hook, FlashMLAFp8TileSchedule)
+    tiles, splits = torch.zeros(4, 8, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    rule.hook.apply(tiles, _lens(), workspace=Workspace(), also=(splits,))
+    assert asked == [heads] and bool((tiles == 1).all()) and bool((splits == 1).all())
+
+
+def test_a_flashmla_builder_without_an_fp8_cache_gets_a_fresh_scheduler_object_each_step(
+) -> None:
+    factory = current_release().entry("FLASHMLA").spec
+    assert isinstance(factory, MLASpec)
+    with recorded_classes():
+        spec = factory(name="FLASHMLA",
+                       builder=SimpleNamespace(is_fp8_kvcache=False, num_q_heads=16))
+    assert spec.name == "FLASHMLA.advance"
+    assert isinstance(spec.rules["decode.scheduler_metadata"], Reset)
