@@ -816,3 +816,45 @@ def test_specs_build_from_the_recorded_lists_alone(monkeypatch: pytest.MonkeyPat
         installed_indexer_spec.__wrapped__()  # type: ignore[attr-defined]
     finally:
         vllm_classes.load_metadata_class.cache_clear()
+
+
+# -- the MLA spec's refusals name what is missing ----------------------------------------------
+
+def test_a_dense_mla_spec_declared_without_its_decode_class_is_refused_naming_the_builder(
+) -> None:
+    from draftmeta.backends.mla import mla_spec
+
+    with pytest.raises(ValueError) as refused:
+        mla_spec("dense", object, None, name="TRITON_MLA")
+    assert str(refused.value) == "TRITON_MLA: a dense MLA spec needs its decode class"
+
+
+def test_sparse_flashmla_metadata_with_fp8_extras_is_refused_by_the_bf16_precondition() -> None:
+    from draftmeta.registry import get_spec, recorded_classes
+
+    with recorded_classes():
+        spec = get_spec("FLASHMLA_SPARSE")
+    values: dict[str, Any] = {f.name: None for f in dataclasses.fields(spec.cls)}
+    values.update(num_prefills=0, max_query_len=1, num_decodes=4, num_decode_tokens=4,
+                  fp8_extra_metadata=object())  # an FP8 cache's scheduler metadata
+    metadata = spec.cls(**values)
+    state = random_state(torch.Generator().manual_seed(0), batch_size=4, block_size=64,
+                         max_model_len=512, steps=3)
+    with pytest.raises(PreconditionFailed) as refused:
+        spec.update(metadata, state)
+    assert str(refused.value).startswith(
+        "spec 'FLASHMLA_SPARSE.advance': precondition 'bf16_kv_cache' does not hold "
+        "(fp8_extra_metadata is a object, expected None)")
+
+
+def test_sparse_flashmla_with_an_fp8_cache_is_unsupported_saying_why() -> None:
+    from draftmeta.registry import recorded_classes
+
+    factory = current_release().entry("FLASHMLA_SPARSE").spec
+    assert isinstance(factory, MLASpec)
+    with recorded_classes():
+        spec = installed_mla_spec(factory, name="FLASHMLA_SPARSE", fp8_kv_cache=True)
+    assert not spec.supported
+    assert spec.unsupported_reasons == (
+        ("fp8_extra_metadata",
+         "FP8 sparse FlashMLA keeps a scheduler object inside a union-typed field"),)
