@@ -183,6 +183,25 @@ def test_the_indexer_factories_name_the_spec_after_the_catalogue_name_and_host_b
     assert declare(name="RENAMED").name == "RENAMED.advance"
 
 
+def test_indexer_metadata_with_global_lengths_but_no_dcp_is_refused_by_name() -> None:
+    from draftmeta.integrations.vllm.testing import harness
+
+    config = harness.cached_vllm_config(max_model_len=1000, block_size=64)
+    updater = harness.make_builder("INDEXER", config, block_size=64, dcp_rank=0,
+                                   block_table_width=16)
+    spec = BUILDERS["INDEXER"]("advance", updater)
+    state = random_state(torch.Generator().manual_seed(3), batch_size=5, block_size=64,
+                         max_model_len=1000, steps=5)
+    metadata = harness.build_metadata(updater, harness.common_metadata_for(state), draft_index=1)
+    assert metadata.decode.global_seq_lens is None  # vLLM sets them under DCP only
+    metadata.decode.global_seq_lens = state.seq_lens.clone()
+    advance_state(state, "clamp")
+    with pytest.raises(PreconditionFailed) as refused:
+        spec.update(metadata, state)
+    assert str(refused.value).startswith(
+        "spec 'INDEXER.advance': precondition 'no_global_seq_lens' does not hold")
+
+
 def test_random_batches_do_reach_the_edges() -> None:
     """The generator really produces block crossings and positions at max_model_len."""
     crossed = reached = 0
