@@ -205,3 +205,31 @@ def test_a_flashmla_builder_without_an_fp8_cache_gets_a_fresh_scheduler_object_e
                        builder=SimpleNamespace(is_fp8_kvcache=False, num_q_heads=16))
     assert spec.name == "FLASHMLA.advance"
     assert isinstance(spec.rules["decode.scheduler_metadata"], Reset)
+
+
+@pytest.mark.parametrize(("builder", "reads"), [(SimpleNamespace(), 1), (None, 4)],
+                         ids=["live-builder", "no-builder"])
+def test_an_amx_spec_reads_the_compute_units_once_for_a_live_builder_else_at_each_step(
+    builder: object, reads: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The split count is bounded by this machine's compute units: read once when a live
+    builder is bound, at each step where the spec was declared without one (``draftmeta
+    explain``, which must not import vLLM's platform)."""
+    from draftmeta.integrations.vllm.specs import amx
+    from draftmeta.rules import HostDerive
+
+    calls: list[int] = []
+
+    def compute_units() -> int:
+        calls.append(1)
+        return 4
+
+    monkeypatch.setattr(amx, "compute_units", compute_units)
+    factory = current_release().entry("AMX_MLA").spec
+    assert isinstance(factory, MLASpec)
+    with recorded_classes():
+        spec = factory(name="AMX_MLA", builder=builder)
+    rule = spec.rules["decode.num_kv_splits"]
+    assert isinstance(rule, HostDerive)
+    assert [rule.fn(n) for n in (512, 1024, 4096, 100_000)] == [1, 2, 8, 8]  # at most 2 * 4
+    assert len(calls) == reads
