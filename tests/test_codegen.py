@@ -274,3 +274,34 @@ def test_the_finish_function_does_not_claim_checks_it_lacks() -> None:
     assert "every check runs" not in finish and "It checks nothing" in finish
     assert "_PreconditionFailed" not in finish and "_UpdateError" not in finish
     assert "writes nothing" in check and "_PreconditionFailed" in check
+
+
+# -- what explain's header says of the objects bound into generated code ----------------------
+
+def test_the_memory_checks_description_lists_every_field_it_covers_comma_separated() -> None:
+    from draftmeta.codegen import describe_bound
+    from draftmeta.layout import LayoutGuard, Written
+
+    guard = LayoutGuard([Written("a"), Written("decode.b"), Written("c", unchanged=True),
+                         Written("d", unchanged=True)])
+    assert describe_bound(guard) == (
+        "the memory check (once per tensor set): a, decode.b own their memory; unchanged c, d "
+        "must not overlap a moved buffer")
+    assert describe_bound(LayoutGuard([Written("c", unchanged=True)])) == (
+        "the memory check (once per tensor set): nothing own their memory; unchanged c must not "
+        "overlap a moved buffer")
+
+
+def test_a_bound_object_with_no_description_formula_or_name_is_described_by_its_class() -> None:
+    from draftmeta.codegen import describe_bound
+
+    assert describe_bound(_Plain()) == "_Plain"
+    assert describe_bound(_Named()) == "_Named 'tail'"
+
+
+class _Plain:
+    pass
+
+
+class _Named:
+    name = "tail"

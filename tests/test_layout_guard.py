@@ -246,3 +246,32 @@ def test_a_strided_view_reaches_exactly_to_its_last_element() -> None:
     assert not strided.is_contiguous()
     assert overlaps(strided, buffer[4:])
     assert not overlaps(strided, buffer[5:])
+
+
+def test_a_spec_of_the_draft_state_that_writes_every_tensor_of_it_still_checks_their_memory(
+) -> None:
+    """The source advance leaves the block table and query starts unchanged; a spec of the
+    state that writes them too (nothing declared unchanged) keeps the memory check."""
+    from draftmeta import Derive, DraftSpec, DraftState, Fill
+    from draftmeta.advance import advance_spec
+    from draftmeta.errors import UpdateError
+    from draftmeta.testing import random_state
+
+    advance = advance_spec("clamp", "advance", True)
+    rules = {"block_table": Derive(Fill(0), ()), "query_start_loc": Derive(Fill(0), ()),
+             **{p: r for p, r in advance.rules.items()
+                if p not in ("block_table", "query_start_loc")}}
+    spec = DraftSpec(DraftState, rules, name="state_rewritten",
+                     preconditions=advance.preconditions)
+    state = random_state(torch.Generator().manual_seed(0), batch_size=6, block_size=4,
+                         max_model_len=32, steps=6)
+    state.dcp_world_size, state.dcp_rank = 2, 0
+    state.dcp_local_seq_lens = state.seq_lens.clone()
+    control = state.clone()
+    spec.update(control, control)  # the control: separate buffers pass
+    state.slot_mapping = state.positions[:]  # the slot mapping would overwrite the positions
+    positions = state.positions.clone()
+    with pytest.raises(UpdateError, match=r"field 'slot_mapping': overlaps the memory of its "
+                                          r"input 0"):
+        spec.update(state, state)
+    assert torch.equal(state.positions, positions)  # nothing written

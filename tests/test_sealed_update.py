@@ -13,12 +13,21 @@ everything again.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any, ClassVar
 
 import pytest
 import torch
 
-from draftmeta import CopyFrom, Derive, DraftState, advance_state
+from draftmeta import (
+    Alias,
+    CopyFrom,
+    Derive,
+    DraftSpec,
+    DraftState,
+    HostConstant,
+    advance_state,
+)
 from draftmeta.errors import UpdateError
 from draftmeta.testing import compare_metadata, random_state
 from tests.test_atomicity import _snapshot
@@ -117,6 +126,32 @@ def test_a_state_buffer_in_other_memory_is_checked_again() -> None:
     state.seq_lens = state.seq_lens.clone()  # the metadata's alias no longer views it
     _refused(spec, meta, state, sealed)
     with pytest.raises(UpdateError, match=r"decode\.seq_lens.*no longer shares storage"):
+        spec.update(meta, state)
+
+
+@dataclasses.dataclass
+class _Views:
+    """Metadata of views only (like the dense MLA specs': nothing written, no memory check)."""
+
+    num_reqs: int
+    seq_lens: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
+def test_a_state_buffer_in_other_memory_is_checked_again_where_the_spec_writes_no_tensor(
+) -> None:
+    spec = DraftSpec(_Views, {"num_reqs": HostConstant(), "seq_lens": Alias("seq_lens"),
+                              "slot_mapping": Alias("slot_mapping")}, name="views")
+    state = _state()
+    meta = _Views(state.num_reqs, state.seq_lens, state.slot_mapping)
+    seal, step = spec.sealed
+    advance_state(state, "clamp")
+    sealed = seal(meta, state)
+    advance_state(state, "clamp")
+    assert step(meta, state, sealed) is True  # the same buffers: still sealed
+    state.seq_lens = state.seq_lens.clone()  # the metadata's alias no longer views it
+    _refused(spec, meta, state, sealed)
+    with pytest.raises(UpdateError, match=r"seq_lens.*no longer shares storage"):
         spec.update(meta, state)
 
 

@@ -17,6 +17,7 @@ from draftmeta import (
     UpdateError,
     advance_state,
 )
+from draftmeta.errors import WriteFailed
 from draftmeta.integrations.vllm.catalogue import builder_spec, current_release
 from draftmeta.integrations.vllm.classes import (
     installed_vllm_version,
@@ -108,6 +109,97 @@ def test_edge_cases(builder: str, edge: dict[str, object]) -> None:
         )
         result = check_batch(case)
         assert result.ok, _report([result])
+
+
+@pytest.mark.parametrize("builder", ["INDEXER", "KPOOL_TAIL"])
+def test_an_interleave_without_dcp_leaves_the_host_max_seq_len_the_global_maximum(
+    builder: str,
+) -> None:
+    """vLLM's ``cp_kv_cache_interleave_size`` may be set with DCP off; the draft state then
+    carries it (the plugin reads it from the builder) but no length is per rank."""
+    from draftmeta.integrations.vllm.testing import harness
+
+    config = harness.cached_vllm_config(max_model_len=1000, block_size=64)
+    kwargs: dict[str, Any] = {"block_size": 64, "dcp_rank": 0}
+    if builder == "INDEXER":
+        kwargs["block_table_width"] = 16
+    updater = harness.make_builder(builder, config, **kwargs)
+    rebuilder = harness.make_builder(builder, config, **kwargs)
+    spec = BUILDERS[builder]("advance", updater)
+    state = random_state(torch.Generator().manual_seed(3), batch_size=5, block_size=64,
+                         max_model_len=1000, steps=5)
+    state.dcp_interleave = 8
+    metadata = harness.build_metadata(updater, harness.common_metadata_for(state), draft_index=1)
+    lengths = []
+    for step in range(2, 6):
+        advance_state(state, "clamp")
+        spec.update(metadata, state)
+        rebuilt = harness.build_metadata(rebuilder, harness.common_metadata_for(state.clone()),
+                                         draft_index=step)
+        assert metadata.max_seq_len == rebuilt.max_seq_len == state.max_seq_len
+        lengths.append(state.max_seq_len)
+    assert any(n % 8 for n in lengths), lengths  # a rounding to the interleave would show
+
+
+def test_a_kpool_tail_batch_of_more_tokens_than_requests_is_refused_naming_the_spec_and_condition(
+) -> None:
+    from draftmeta.integrations.vllm.testing import harness
+
+    config = harness.cached_vllm_config(max_model_len=1000, block_size=64)
+    updater = harness.make_builder("KPOOL_TAIL", config, block_size=64, dcp_rank=0)
+    spec = BUILDERS["KPOOL_TAIL"]("advance", updater)
+    state = random_state(torch.Generator().manual_seed(3), batch_size=5, block_size=64,
+                         max_model_len=1000, steps=5)
+    metadata = harness.build_metadata(updater, harness.common_metadata_for(state), draft_index=1)
+    metadata.num_decode_tokens += 1  # a request with two query tokens: not chain drafting
+    advance_state(state, "clamp")
+    with pytest.raises(PreconditionFailed) as refused:
+        spec.update(metadata, state)
+    assert str(refused.value).startswith(
+        "spec 'KPOOL_TAIL.advance': precondition 'one_token_per_request' does not hold "
+        "(num_decodes is 5 but num_decode_tokens is 6)")
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_the_kpool_tail_spec_takes_its_pool_size_from_the_builders_block_size(
+    block_size: int,
+) -> None:
+    """The other tests use vLLM's default 64-token pool, the size without a builder too."""
+    result = check_batch(CaseConfig(
+        builder="KPOOL_TAIL", seed=1, batch_size=6, num_padded=2, block_size=block_size,
+        max_model_len=1000, steps=6, overflow="clamp", host_bound="advance"))
+    assert result.ok, _report([result])
+
+
+@pytest.mark.parametrize("factory", ["IndexerSpec", "KpoolTailSpec"])
+def test_the_indexer_factories_name_the_spec_after_the_catalogue_name_and_host_bound_given(
+    factory: str,
+) -> None:
+    """A release catalogue may list a builder under another name; errors name the spec."""
+    from draftmeta.integrations.vllm.specs import indexer
+
+    declare = getattr(indexer, factory)()
+    assert declare(name="RENAMED", host_bound="frozen").name == "RENAMED.frozen"
+    assert declare(name="RENAMED").name == "RENAMED.advance"
+
+
+def test_indexer_metadata_with_global_lengths_but_no_dcp_is_refused_by_name() -> None:
+    from draftmeta.integrations.vllm.testing import harness
+
+    config = harness.cached_vllm_config(max_model_len=1000, block_size=64)
+    updater = harness.make_builder("INDEXER", config, block_size=64, dcp_rank=0,
+                                   block_table_width=16)
+    spec = BUILDERS["INDEXER"]("advance", updater)
+    state = random_state(torch.Generator().manual_seed(3), batch_size=5, block_size=64,
+                         max_model_len=1000, steps=5)
+    metadata = harness.build_metadata(updater, harness.common_metadata_for(state), draft_index=1)
+    assert metadata.decode.global_seq_lens is None  # vLLM sets them under DCP only
+    metadata.decode.global_seq_lens = state.seq_lens.clone()
+    advance_state(state, "clamp")
+    with pytest.raises(PreconditionFailed) as refused:
+        spec.update(metadata, state)
+    assert str(refused.value).startswith(
+        "spec 'INDEXER.advance': precondition 'no_global_seq_lens' does not hold")
 
 
 def test_random_batches_do_reach_the_edges() -> None:
@@ -476,6 +568,37 @@ def test_the_kpool_tail_slot_writes_the_tail_slot_of_each_request_and_the_main_o
     assert out.tolist() == [2 * 64 + 5, 3 * 64 + 70 % 64, -1, 41, -1]
 
 
+def _kpool_tail_without_a_pool_size() -> DraftSpec[Any]:
+    from draftmeta.backends.indexer import kpool_tail_spec
+
+    metadata, _ = load_metadata_class(INDEXER_METADATA.module, INDEXER_METADATA.qualname)
+    return kpool_tail_spec(metadata)
+
+
+def _kpool_tail_without_a_builder() -> DraftSpec[Any]:
+    from draftmeta.integrations.vllm.specs.indexer import KpoolTailSpec
+
+    return KpoolTailSpec()(name="KPOOL_TAIL")  # as ``draftmeta explain`` declares it
+
+
+@pytest.mark.parametrize("declare", [_kpool_tail_without_a_pool_size,
+                                     _kpool_tail_without_a_builder],
+                         ids=["engine-neutral-spec", "catalogue-factory"])
+def test_a_kpool_tail_spec_declared_without_a_pool_size_writes_slots_of_64_token_tail_blocks(
+    declare: Any,
+) -> None:
+    from draftmeta.rules import Derive
+    from draftmeta.workspace import Workspace
+
+    rule = declare().rules["slot_mapping"]
+    assert isinstance(rule, Derive)
+    positions = torch.tensor([5, 70, 3])
+    table = torch.tensor([[2, 9], [3, 9], [4, 9]], dtype=torch.int32)
+    out = torch.full((3,), 99, dtype=torch.int64)
+    rule.derivation.apply(out, positions, table, torch.full((3,), -1), 3, workspace=Workspace())
+    assert out.tolist() == [2 * 64 + 5, 3 * 64 + 70 % 64, 4 * 64 + 3]
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_flashmla_fp8_tile_schedule_hook(seed: int) -> None:
     from draftmeta.testing.reference_schedules import (
@@ -580,6 +703,9 @@ def test_the_fa3_scheduler_is_refilled_in_place_from_the_builders_schedule_each_
         assert torch.equal(view, want)
     assert all(c["max_num_splits"] == 32 and c["max_seq_len"] == state.max_seq_len
                for c in builder.calls)
+    # one causal query token per request, as the chain-drafting decode has
+    assert all(c["max_query_len"] == 1 and c["causal"] is True
+               and c["num_reqs"] == state.num_reqs for c in builder.calls)
     assert torch.equal(buffer[state.num_reqs + 2:], torch.full_like(
         buffer[state.num_reqs + 2:], -7))  # outside the metadata's view: untouched
 
@@ -601,6 +727,25 @@ def test_an_fa3_spec_declared_without_a_builder_refuses_every_update_before_writ
     bound = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(host_bound="frozen", builder=_FA3Builder())
     bound.update(metadata, state)
     assert metadata.max_seq_len == state.max_seq_len
+
+
+def test_an_fa3_schedule_that_is_not_a_tensor_fails_the_update_naming_what_it_returned(
+) -> None:
+    class _ListBuilder(_FA3Builder):
+        def _schedule_decode(self, **kwargs: Any) -> torch.Tensor:
+            return super()._schedule_decode(**kwargs).tolist()  # type: ignore[return-value]
+
+    spec = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(host_bound="frozen", builder=_ListBuilder())
+    state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                         max_model_len=512, steps=3)
+    buffer = torch.full((16,), -7, dtype=torch.int32)
+    metadata = _fa3_metadata(spec, state, buffer, splits=32)
+    advance_state(state, "clamp", "frozen")
+    with pytest.raises(WriteFailed, match=r"decode\.scheduler_metadata") as failed:
+        spec.update(metadata, state)
+    cause = failed.value.__cause__
+    assert isinstance(cause, TypeError)
+    assert str(cause) == "FA3's scheduler returned list, not a tensor"
 
 
 def test_a_builder_without_an_ahead_of_time_fa3_schedule_gets_an_unsupported_spec() -> None:
@@ -690,3 +835,45 @@ def test_specs_build_from_the_recorded_lists_alone(monkeypatch: pytest.MonkeyPat
         installed_indexer_spec.__wrapped__()  # type: ignore[attr-defined]
     finally:
         vllm_classes.load_metadata_class.cache_clear()
+
+
+# -- the MLA spec's refusals name what is missing ----------------------------------------------
+
+def test_a_dense_mla_spec_declared_without_its_decode_class_is_refused_naming_the_builder(
+) -> None:
+    from draftmeta.backends.mla import mla_spec
+
+    with pytest.raises(ValueError) as refused:
+        mla_spec("dense", object, None, name="TRITON_MLA")
+    assert str(refused.value) == "TRITON_MLA: a dense MLA spec needs its decode class"
+
+
+def test_sparse_flashmla_metadata_with_fp8_extras_is_refused_by_the_bf16_precondition() -> None:
+    from draftmeta.registry import get_spec, recorded_classes
+
+    with recorded_classes():
+        spec = get_spec("FLASHMLA_SPARSE")
+    values: dict[str, Any] = {f.name: None for f in dataclasses.fields(spec.cls)}
+    values.update(num_prefills=0, max_query_len=1, num_decodes=4, num_decode_tokens=4,
+                  fp8_extra_metadata=object())  # an FP8 cache's scheduler metadata
+    metadata = spec.cls(**values)
+    state = random_state(torch.Generator().manual_seed(0), batch_size=4, block_size=64,
+                         max_model_len=512, steps=3)
+    with pytest.raises(PreconditionFailed) as refused:
+        spec.update(metadata, state)
+    assert str(refused.value).startswith(
+        "spec 'FLASHMLA_SPARSE.advance': precondition 'bf16_kv_cache' does not hold "
+        "(fp8_extra_metadata is a object, expected None)")
+
+
+def test_sparse_flashmla_with_an_fp8_cache_is_unsupported_saying_why() -> None:
+    from draftmeta.registry import recorded_classes
+
+    factory = current_release().entry("FLASHMLA_SPARSE").spec
+    assert isinstance(factory, MLASpec)
+    with recorded_classes():
+        spec = installed_mla_spec(factory, name="FLASHMLA_SPARSE", fp8_kv_cache=True)
+    assert not spec.supported
+    assert spec.unsupported_reasons == (
+        ("fp8_extra_metadata",
+         "FP8 sparse FlashMLA keeps a scheduler object inside a union-typed field"),)

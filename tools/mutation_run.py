@@ -66,14 +66,26 @@ PLUGIN_TESTS = (
 )
 """The plugin's behaviour tests: which builders it takes over, and how."""
 
+BACKEND_TESTS = (
+    "tests/test_backend_views.py", "tests/test_backend_kernels.py", "tests/test_vllm_backends.py",
+    "tests/test_check_spec.py", "tests/test_hook_checks.py", "tests/test_registry.py",
+    "tests/test_vllm_plugin.py",
+)
+"""The MLA and indexer specs' behaviour tests: the shipped specs declared, checked and run
+against vLLM's own builders, their views, hooks and kernels, and the plugin that declares them."""
+
 MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "draftmeta/spec.py": CORE_TESTS,
+    "draftmeta/codegen.py": (*CORE_TESTS, "tests/test_generated_update.py"),
     "draftmeta/rules/*": CORE_TESTS,
     "draftmeta/derivations.py": CORE_TESTS,
     "draftmeta/layout.py": CORE_TESTS,
     "draftmeta/advance.py": CORE_TESTS,
     "draftmeta/state.py": CORE_TESTS,
     "draftmeta/integrations/vllm/plan.py": PLUGIN_TESTS,
+    "draftmeta/backends/mla.py": BACKEND_TESTS,
+    "draftmeta/backends/indexer.py": BACKEND_TESTS,
+    "draftmeta/integrations/vllm/specs/*": BACKEND_TESTS,
 }
 """Module (or ``only_mutate`` glob) -> the test files a mutant of it runs (those of them that
 reach the mutated function). Each file must be in ``pytest_add_cli_args_test_selection``."""
