@@ -157,3 +157,20 @@ def test_each_refusal_is_worded_by_what_failed() -> None:
         "field 'decode.seq_lens': is None")
     assert why_refused(WriteFailed("s", "max_seq_len", "boom")) == (
         "field 'max_seq_len': write failed: boom")
+
+
+def test_a_refused_sealed_step_rebuilds_the_step_it_was_given() -> None:
+    """The sealed step's refusal hands ``rebuild`` the caller's source and draft index (the
+    older proposer's rebuild is vLLM's ``build_for_drafting(common, draft_index)``), and
+    counts the rebuild, not an update."""
+    state = _state(6)
+    metadata = toy_metadata(state)
+    metadata.num_prefills = 1  # the spec's decode_only precondition refuses it
+    calls: list[tuple[object, int]] = []
+    policy = StepPolicy("toy", SpecBuilder(toy_spec()), GroupStats(),
+                        lambda source, index: calls.append((source, index)) or "rebuilt",
+                        sealed=True)
+    assert policy.sealed_step(metadata, state, "the step's source", 3) == "rebuilt"
+    assert calls == [("the step's source", 3)]
+    assert policy.reason is not None and policy.reason.startswith("precondition 'decode_only'")
+    assert (policy.record.updates, policy.record.rebuilds) == (0, 1)

@@ -275,7 +275,8 @@ def test_without_dcp_the_builder_keeps_vllms_own_hook(active: plugin.Installed) 
 
 def _triton_mla_dcp_spec_with(prefill: Any) -> Any:
     """TRITON_MLA's catalogue spec, its DCP spec's ``prefill`` rule replaced by ``prefill``
-    (a ``spec_overrides`` entry: the spec without DCP is the catalogue's own)."""
+    (``None``: left out, so the DCP spec fails its declaration) (a ``spec_overrides`` entry:
+    the spec without DCP is the catalogue's own)."""
     from draftmeta import DraftSpec
 
     entry = RELEASE.entry("TRITON_MLA")
@@ -284,7 +285,10 @@ def _triton_mla_dcp_spec_with(prefill: Any) -> Any:
         spec = entry.make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
         if not dcp:
             return spec
-        return DraftSpec(spec.cls, {**spec.rules, "prefill": prefill}, name=f"{spec.name}.test",
+        rules = {n: r for n, r in spec.rules.items() if n != "prefill"}
+        if prefill is not None:
+            rules["prefill"] = prefill
+        return DraftSpec(spec.cls, rules, name=f"{spec.name}.test",
                          preconditions=spec.preconditions, nested=spec.nested)
 
     return override
@@ -296,17 +300,20 @@ def _triton_mla_dcp_spec_with(prefill: Any) -> Any:
     ("unsupported", "none under DCP > 1: test: cannot update in place"),
     ("capture-unsafe", "none under DCP > 1: not capture-safe: prefill is replaced by a host "
                        "object every step (Reset)"),
-], ids=["unsupported", "capture-unsafe"])
-def test_the_plan_refuses_an_unsupported_or_capture_unsafe_dcp_spec_from_spec_overrides(
+    ("missing", "none under DCP > 1: draftmeta's DCP spec does not fit: field 'prefill"),
+], ids=["unsupported", "capture-unsafe", "does-not-fit"])
+def test_the_plan_refuses_a_dcp_spec_from_spec_overrides_that_is_unsupported_unsafe_or_malformed(
     prefill: str, refusal: str,
 ) -> None:
     """Where vLLM's hook covers the builder only without DCP, draftmeta adds its own under
-    DCP > 1 only if its DCP spec (here one given through ``spec_overrides``) is supported and
-    capture-safe; otherwise the builder stays vLLM's alone (not ``dcp_only``), and says why."""
+    DCP > 1 only if its DCP spec (here one given through ``spec_overrides``) is declared,
+    supported and capture-safe; otherwise the builder stays vLLM's alone on the hook path (not
+    ``dcp_only``), and says why."""
     from draftmeta import Reset, Unsupported
     from draftmeta.integrations.vllm.plan import make_plan
 
-    rule = Unsupported("test: cannot update in place") if prefill == "unsupported" else Reset(dict)
+    rule = {"unsupported": Unsupported("test: cannot update in place"), "capture-unsafe":
+            Reset(dict), "missing": None}[prefill]
     plan = make_plan(RELEASE.version,
                      overrides={"TRITON_MLA": _triton_mla_dcp_spec_with(rule)})
     (decision,) = [d for d in plan.on("hook") if d.entry.name == "TRITON_MLA"]
@@ -616,9 +623,11 @@ def _stale_cpu_mla(*, host_bound: Any, dcp: bool = False, builder: Any = None) -
                      nested=good.nested, preconditions=good.preconditions)
 
 
-def _shadow_run(monkeypatch: pytest.MonkeyPatch, interval: str, loops: int) -> list[Any]:
+def _shadow_run(monkeypatch: pytest.MonkeyPatch, interval: str, loops: int,
+                counts: dict[str, int] | None = None) -> list[Any]:
     """Register with the stale CPU_MLA spec, run ``loops`` older-proposer draft loops of 4
-    steps; return each loop's last metadata next to what the unpatched builder builds."""
+    steps; return each loop's last metadata next to what the unpatched builder builds (and
+    put the plugin's CPU_MLA counts into ``counts``)."""
     from draftmeta.shadow import reset_sentinels
 
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
@@ -642,6 +651,8 @@ def _shadow_run(monkeypatch: pytest.MonkeyPatch, interval: str, loops: int) -> l
                 advance_state(check, "wrap")
             reference = harness.make_builder("CPU_MLA", config, block_size=16)
             pairs.append((last, original(reference, _cad(check), 4)))
+        if counts is not None:
+            counts.update(plugin.stats()["CPU_MLA"])
     finally:
         plugin.unregister()
         reset_sentinels()
@@ -658,9 +669,13 @@ def test_shadow_mode_catches_a_stale_spec_and_switches_that_builder_back_to_rebu
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
     vllm_log: list[logging.LogRecord],
 ) -> None:
+    counts: dict[str, int] = {}
     with caplog.at_level(logging.WARNING, logger="draftmeta.shadow"):
-        pairs = _shadow_run(monkeypatch, "2", loops=4)
+        pairs = _shadow_run(monkeypatch, "2", loops=4, counts=counts)
     assert all(compare_metadata(last, want) == [] for last, want in pairs)
+    # the first shadowed step (the first loop's index 2) finds it stale: that step counts as
+    # a rebuild, not an update, and so does every later one (4 loops x draft indices 2-4)
+    assert counts == {"in_place": 0, "rebuilt": 12, "carried_over": 0}
     lines = [r.getMessage() for r in caplog.records if r.name == "draftmeta.shadow"]
     assert len(lines) == 1 and "builder CPU_MLA: field max_seq_len is stale" in lines[0]
     # and vLLM's log says it once, in the plugin's words
@@ -754,8 +769,10 @@ def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_upd
     """With K from the config, the plugin drops its hold on a draft loop (its common metadata,
     metadata and the seal of its records) right after index K - 1, so they die with vLLM's
     references, not inside the next loop's first in-place step; the next loop is set up afresh
-    and updated in place again."""
+    and updated in place again, by the builder's same record (its spec, state and policy are
+    made once, at its first draft loop)."""
     name, k = "CPU_MLA", 4
+    kept_by_loop = []
     plugin.reset_stats()
     config = harness.cached_vllm_config(max_model_len=256, block_size=16, cudagraph_mode=CAPTURED)
     builder = harness.make_builder(name, config, block_size=16)
@@ -767,6 +784,7 @@ def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_upd
         assert all(r is results[0] for r in results), loop
         assert builder.__dict__.get("_draftmeta_loop") is None, loop
         kept = builder._draftmeta_older_builder
+        kept_by_loop.append(kept)
         held = [getattr(kept, name) for cls in type(kept).__mro__
                 for name in getattr(cls, "__slots__", ())]
         assert len(held) >= 15, loop  # the record's slots and its policy's
@@ -779,6 +797,7 @@ def test_a_draft_loop_is_let_go_after_its_last_index_and_the_next_loop_still_upd
         alive = [weakref.ref(r) for r in records]
         del results, records
         assert [r() for r in alive] == [None] * len(alive), loop
+    assert all(kept is kept_by_loop[0] for kept in kept_by_loop)
     assert plugin.stats()[name]["in_place"] == 3 * (k - 2)
     assert plugin.stats()[name]["rebuilt"] == 0
 
