@@ -194,13 +194,12 @@ def replacement_build_for_drafting(
         builder._draftmeta_older_builder = kept
         return kept
 
-    def bound(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder:
-        """At a draft loop's first in-place update: the builder's record, its first built
-        object checked once for uncovered attributes, its policy told a loop starts, whether
-        the loop is shadowed (never where the builder rebuilds for good)."""
-        kept: _OlderBuilder | None = builder.__dict__.get("_draftmeta_older_builder")
-        if kept is None:
-            kept = new_record(builder, cad)
+    def bound(builder: Any, metadata: Any) -> _OlderBuilder:
+        """At a draft loop's first in-place update: the builder's record (made at its first
+        loop's index 1, before any loop or carried metadata is kept), its first built object
+        checked once for uncovered attributes, its policy told a loop starts, whether the loop
+        is shadowed (never where the builder rebuilds for good)."""
+        kept: _OlderBuilder = builder._draftmeta_older_builder
         if not kept.checked:
             kept.checked = True
             if kept.in_place:
@@ -223,7 +222,7 @@ def replacement_build_for_drafting(
         carried: _Carried | None = builder.__dict__.get("_draftmeta_carried")
         if carried is None or carried.snapshot.mismatch(cad) is not None:
             return None
-        kept = bound(builder, cad, carried.metadata)
+        kept = bound(builder, carried.metadata)
         if (not kept.in_place or kept.carry is None
                 or kept.carry(carried.metadata) is not None):
             return None
@@ -243,7 +242,7 @@ def replacement_build_for_drafting(
     def first_step(builder: Any, cad: Any, metadata: Any) -> _OlderBuilder:
         """A loop's first in-place step (draft index 2): the loop kept with the builder's
         record, whose policy then checks everything, updates and seals (or rebuilds)."""
-        kept = bound(builder, cad, metadata)
+        kept = bound(builder, metadata)
         builder._draftmeta_loop = (cad, metadata, kept)
         return kept
 
