@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import sys
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -1087,13 +1089,147 @@ def test_a_builder_proven_nowhere_is_left_to_vllm_unless_the_user_opts_in(
     opted_in = {d.entry.name: d for d in make_plan(version).on(path)}
     flipped = [n for n in unproven if opted_in[n].covered_by == "draftmeta"]
     assert flipped, "no builder here is kept from draftmeta by the missing proof alone"
-    for name in unproven:
-        assert by_default[name].covered_by != "draftmeta", name
+    for name in unproven:  # left to vLLM: its own hook where it has one, else nobody
+        vllms = "vllm" if path == "hook" and RELEASE.entry(name).hook != "none" else "none"
+        assert by_default[name].covered_by == vllms, name
     for name in flipped:
         assert "not yet proven" in by_default[name].reason
         assert UNPROVEN_ENV in by_default[name].reason
     for name in {e.name for e in RELEASE.builders} - set(unproven):  # proven: unchanged
         assert by_default[name] == opted_in[name], name
+
+
+def test_a_builder_module_that_failed_to_import_fails_again_without_a_second_try(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some modules import on a second try over what the first left half-made (vLLM 0.33's
+    ``flashattn_mla_sparse`` without FlashAttention's extensions): the plan would then decide
+    differently the second time. A module that failed once keeps failing, with its error."""
+    import importlib
+
+    from draftmeta.integrations.vllm import classes
+
+    package = tmp_path / "flaky_builders"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import sys, types\n"
+        "tries = sys.modules.setdefault('flaky_builders_tries', types.ModuleType('tries'))\n"
+        "tries.n = getattr(tries, 'n', 0) + 1\n"
+        "if tries.n == 1:\n"
+        "    raise ImportError('flaky_builders needs an extension that is not built')\n"
+        "class Builder:\n"
+        "    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(classes, "_IMPORT_FAILURES", {})
+    monkeypatch.delitem(sys.modules, "flaky_builders_tries", raising=False)
+    ref = classes.ClassRef("flaky_builders", "Builder")
+    try:
+        for _ in range(2):
+            with pytest.raises(ImportError, match="needs an extension that is not built"):
+                classes.import_class(ref)
+        # the control: a plain second import does succeed
+        assert importlib.import_module("flaky_builders").Builder.__name__ == "Builder"
+    finally:
+        sys.modules.pop("flaky_builders", None)
+        sys.modules.pop("flaky_builders_tries", None)
+
+
+@pytest.mark.parametrize(("carry_over", "override"), [("1", "0"), ("0", "0"), ("0", "1")])
+def test_every_decision_names_who_covers_the_builder_and_why_in_the_words_of_its_case(
+    carry_over: str, override: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever does not get draftmeta's update gets vLLM's own hook where vLLM declares one
+    (the hook path; the older proposer's path has none) and is rebuilt otherwise, also where
+    draftmeta may take vLLM's own hooks over (``OVERRIDE_ENV``) and declines one; a class that
+    does not import says why; draftmeta's in-place older-proposer path says whether index 1 is
+    carried over (the catalogue declares it and ``CARRY_OVER_ENV`` turns it on)."""
+    import re
+
+    from draftmeta.integrations.vllm.carry_over import CARRY_OVER_ENV
+    from draftmeta.integrations.vllm.carry_over import enabled as carry_over_enabled
+    from draftmeta.integrations.vllm.plan import make_plan
+
+    monkeypatch.setenv(CARRY_OVER_ENV, carry_over)
+    monkeypatch.setenv(plugin.OVERRIDE_ENV, override)
+    assert carry_over_enabled() is (carry_over == "1")
+    plan = make_plan(RELEASE.version)
+    assert {d.path for d in plan.decisions} == set(RELEASE.paths)
+    for d in plan.decisions:
+        name = (d.entry.name, d.path)
+        if d.covered_by != "draftmeta":
+            vllms = d.path == "hook" and d.entry.hook != "none"
+            assert d.covered_by == ("vllm" if vllms else "none"), name
+        if d.cls is None and "does not import here" in d.reason:  # with the error's type
+            assert re.search(r"does not import here \(\w+: \S", d.reason), name
+        if d.path == "older_proposer" and d.covered_by == "draftmeta":
+            carries = d.entry.carry_over is not None and carry_over == "1"
+            assert ("index 1 carried over" in d.reason) is carries, name
+            assert ("in place after draft index 1" in d.reason) is not carries, name
+
+
+@pytest.mark.skipif("older_proposer" not in RELEASE.paths,
+                    reason="this release has no older proposer path")
+@pytest.mark.parametrize(("spec", "said"), [
+    ("malformed", "draftmeta's spec does not fit this vLLM: field "),
+    ("unsupported", "rebuilt: test: cannot update in place"),
+])
+def test_on_the_older_proposers_path_a_spec_that_cannot_serve_leaves_the_builder_rebuilt(
+    spec: str, said: str
+) -> None:
+    """A spec (given through ``spec_overrides``) that fails its declaration or cannot update
+    in place leaves the builder to vLLM's build at every draft index, and says why."""
+    from draftmeta import DraftSpec, Unsupported
+    from draftmeta.integrations.vllm.plan import make_plan
+
+    entry = RELEASE.entry("CPU_MLA")
+
+    def override(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+        good = entry.make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
+        rules = {n: r for n, r in good.rules.items() if n != "max_seq_len"}
+        if spec == "unsupported":
+            rules["max_seq_len"] = Unsupported("test: cannot update in place")
+        return DraftSpec(good.cls, rules, name="test", nested=good.nested,
+                         preconditions=good.preconditions)
+
+    plan = make_plan(RELEASE.version, overrides={"CPU_MLA": override})
+    (decision,) = [d for d in plan.on("older_proposer") if d.entry.name == "CPU_MLA"]
+    assert (decision.covered_by, decision.installs) == ("none", False)
+    assert decision.reason.startswith(said)
+
+
+def test_a_builder_measured_no_slower_inside_the_engine_says_so_with_the_figure() -> None:
+    """The decision's reason quotes what the engine measured where draftmeta's path was no
+    slower on that path, and adds nothing where nothing was measured (or only slower)."""
+    from draftmeta.integrations.vllm.catalogue.model import Measured
+    from draftmeta.integrations.vllm.plan import _measured_faster
+
+    entry = RELEASE.entry("CPU_MLA")
+    faster = Measured(RELEASE.paths[0], slower=False, figure="1.2x in a test")
+    slower = Measured(RELEASE.paths[0], slower=True, figure="0.9x in a test")
+    assert _measured_faster(attrs.evolve(entry, measured=(faster,)), RELEASE.paths[0]) == (
+        "; measured inside the engine: 1.2x in a test")
+    for measured in ((), (slower,)):
+        assert _measured_faster(attrs.evolve(entry, measured=measured), RELEASE.paths[0]) == ""
+
+
+@pytest.mark.parametrize(("value", "on"), [
+    ("1", True), ("true", True), ("TRUE", True), (" Yes ", True), ("on", True),
+    ("0", False), ("false", False), ("", False), ("2", False), ("y", False),
+])
+def test_an_opt_in_reads_1_true_yes_or_on_in_any_case_as_on_and_anything_else_as_off(
+    value: str, on: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan's opt-ins (here ``DRAFTMETA_VLLM_UNPROVEN``: builders not yet proven on this
+    release installed anyway) take the usual spellings of yes; a value it does not read as
+    yes leaves the default."""
+    from draftmeta.integrations.vllm.plan import UNPROVEN_ENV, make_plan
+    from draftmeta.integrations.vllm.release import installed_version
+
+    version = str(installed_version())
+    monkeypatch.delenv(UNPROVEN_ENV, raising=False)
+    default = make_plan(version)
+    monkeypatch.setenv(UNPROVEN_ENV, value)
+    assert (make_plan(version) != default) is on
 
 
 def test_the_draft_loop_updates_a_patched_vllm_builder_in_place_through_the_protocol(

@@ -290,7 +290,9 @@ def hooked_builders(*, plugin: bool = True) -> tuple[HookedBuilder, ...]:
     for decision in plan.on("hook"):
         entry, cls = decision.entry, decision.cls
         ours = plugin and decision.covered_by == "draftmeta"
-        theirs = cls is not None and _declares_hook(cls)
+        # vLLM's own hook: its class declares one, or (a class that does not import here)
+        # the catalogue says it does
+        theirs = _declares_hook(cls) if cls is not None else entry.hook != "none"
         if not (ours or theirs or (plugin and decision.dcp_only)):
             continue
         if entry.harness is not None:

@@ -71,17 +71,33 @@ def ensure_platform_environment() -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+_IMPORT_FAILURES: dict[str, ImportError] = {}
+"""Module -> the error its first import raised in this process: it is not imported again."""
+
+
 def import_class(ref: ClassRef) -> type:
     """The class ``ref`` names (vLLM's platform environment set first on a CPU-only machine).
+
+    A module whose import failed once fails with the same error for the rest of the process,
+    without a second try: a second import can succeed over what the first left half-made (vLLM
+    0.33's ``flashattn_mla_sparse`` on a machine without FlashAttention's extensions), and the
+    plan and ``draftmeta coverage`` would then depend on what ran before them.
 
     Raises:
         ImportError: its module does not import here.
         AttributeError: the module has no such name.
         TypeError: the name is not a class.
     """
+    failed = _IMPORT_FAILURES.get(ref.module)
+    if failed is not None:
+        raise failed.with_traceback(None)
     if ref.module.startswith("vllm"):
         ensure_platform_environment()
-    obj: object = importlib.import_module(ref.module)
+    try:
+        obj: object = importlib.import_module(ref.module)
+    except ImportError as exc:
+        _IMPORT_FAILURES[ref.module] = exc
+        raise
     for part in ref.qualname.split("."):
         obj = getattr(obj, part)
     if not isinstance(obj, type):

@@ -122,23 +122,20 @@ class Unsupported(Exception):
     """The installed vLLM cannot be planned for at all (the message says why)."""
 
 
-def _override_upstream() -> bool:
-    return os.environ.get(OVERRIDE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+_ON = frozenset(("1", "true", "yes", "on"))
 
 
-def _forced() -> bool:
-    return os.environ.get(FORCE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _unproven_allowed() -> bool:
-    return os.environ.get(UNPROVEN_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+def _switched_on(env: str) -> bool:
+    """Whether the environment variable ``env`` (one of the plan's opt-ins) is on: ``1``,
+    ``true``, ``yes`` or ``on``, in any case, spaces around ignored; unset, it is off."""
+    return os.environ.get(env, "0").strip().lower() in _ON
 
 
 def _not_yet_proven(entry: BuilderEntry, path: DraftPath, cls: type | None,
                     fallback: CoveredBy) -> Decision | None:
     """The decision to leave ``entry`` to vLLM on ``path`` where nothing has run draftmeta's
     update against this release's real builder and :data:`UNPROVEN_ENV` does not opt in."""
-    if entry.proof is not None or _unproven_allowed():
+    if entry.proof is not None or _switched_on(UNPROVEN_ENV):
         return None
     return Decision(entry, path, fallback,
                     "declared, not yet proven: its spec matches the installed classes' fields, "
@@ -153,7 +150,7 @@ def _measured_slower(entry: BuilderEntry, path: DraftPath, cls: type | None,
     """The decision to leave ``entry`` to vLLM on ``path``, where its in-place path measured
     slower than vLLM's inside a real engine and :data:`FORCE_ENV` does not force it."""
     slower = entry.slower_on(path)
-    if slower is None or _forced():
+    if slower is None or _switched_on(FORCE_ENV):
         return None
     return Decision(entry, path, fallback,
                     f"left to vLLM: draftmeta's in-place path measured slower inside the "
@@ -216,17 +213,16 @@ def _older_proposer(entry: BuilderEntry, cls: type | None, why: str,
 def _hook(entry: BuilderEntry, cls: type | None, why: str,
           overrides: Mapping[str, SpecOverride] | None) -> Decision:
     upstream = entry.hook
-    if upstream != "none" and not _override_upstream():
+    vllms: CoveredBy = "vllm" if upstream != "none" else "none"  # who covers it without us
+    if upstream != "none" and not _switched_on(OVERRIDE_ENV):
         if entry.upstream_hook_without_dcp and cls is not None:
             return _hook_under_dcp(entry, cls, overrides)
         return Decision(entry, "hook", "vllm", f"vLLM's own hook ({upstream})", cls)
     if cls is None:
-        fallback: CoveredBy = "vllm" if upstream != "none" else "none"
-        return Decision(entry, "hook", fallback,
+        return Decision(entry, "hook", vllms,
                         f"{entry.builder.qualname} does not import here ({why})", cls)
     if entry.hook_declined is not None:
-        return Decision(entry, "hook", "vllm" if upstream != "none" else "none",
-                        entry.hook_declined, cls)
+        return Decision(entry, "hook", vllms, entry.hook_declined, cls)
     try:
         spec = spec_for(entry, overrides, host_bound="frozen")
     except SpecError as exc:
@@ -234,10 +230,10 @@ def _hook(entry: BuilderEntry, cls: type | None, why: str,
     refused = _why_no_hook(spec)
     if refused is not None:
         return Decision(entry, "hook", "none", f"no hook: {refused}", cls)
-    unproven = _not_yet_proven(entry, "hook", cls, "vllm" if upstream != "none" else "none")
+    unproven = _not_yet_proven(entry, "hook", cls, vllms)
     if unproven is not None:
         return unproven
-    slower = _measured_slower(entry, "hook", cls, "vllm" if upstream != "none" else "none")
+    slower = _measured_slower(entry, "hook", cls, vllms)
     if slower is not None:
         return slower
     also = _measured_faster(entry, "hook")
