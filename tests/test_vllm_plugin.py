@@ -1172,7 +1172,7 @@ def test_every_decision_names_who_covers_the_builder_and_why_in_the_words_of_its
 @pytest.mark.parametrize(("spec", "said"), [
     ("malformed", "draftmeta's spec does not fit this vLLM: field "),
     ("unsupported", "rebuilt: test: cannot update in place"),
-])
+], ids=["malformed", "unsupported"])
 def test_on_the_older_proposers_path_a_spec_that_cannot_serve_leaves_the_builder_rebuilt(
     spec: str, said: str
 ) -> None:
