@@ -199,19 +199,21 @@ def _stale_max_seq_len(*, host_bound: Any, dcp: bool = False, builder: Any = Non
                      nested=good.nested, preconditions=good.preconditions)
 
 
-def _stale_loops(monkeypatch: pytest.MonkeyPatch, shadow: str) -> tuple[list[list[str]], Any]:
+def _stale_loops(monkeypatch: pytest.MonkeyPatch, shadow: str, *, stale: bool = True
+                 ) -> tuple[list[list[str]], Any, int]:
     """Three loops of index 1 only (K = 2: only a carry-over can go stale) with the stale
-    spec; returns each loop's differences from vLLM's build and the plugin's counts."""
-    from draftmeta.shadow import reset_sentinels
+    spec (or, ``stale=False``, the shipped one); returns each loop's differences from vLLM's
+    build, the plugin's counts and how many steps shadow mode checked."""
+    from draftmeta.shadow import reset_sentinels, sentinel_for
 
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     monkeypatch.setenv("DRAFTMETA_SHADOW", shadow)
     reset_sentinels()
     plugin.unregister()
-    plugin.register(spec_overrides={"CPU_MLA": _stale_max_seq_len})
+    plugin.register(spec_overrides={"CPU_MLA": _stale_max_seq_len} if stale else None)
     try:
         diffs = [diff for _, diff in _run_loops("CPU_MLA", 3, loops=3, steps=1)]
-        return diffs, plugin.stats()["CPU_MLA"]
+        return diffs, plugin.stats()["CPU_MLA"], sentinel_for("CPU_MLA").checks
     finally:
         plugin.unregister()
         reset_sentinels()
@@ -223,18 +225,28 @@ def test_shadow_mode_checks_carried_over_loops_and_switches_a_stale_spec_off(
     import logging
 
     with caplog.at_level(logging.WARNING, logger="draftmeta.shadow"):
-        diffs, counts = _stale_loops(monkeypatch, "1")
+        diffs, counts, _ = _stale_loops(monkeypatch, "1")
     assert diffs == [[], [], []]  # the mismatch returned vLLM's build, then rebuilt
     assert counts == {"in_place": 0, "rebuilt": 1, "carried_over": 0}
     lines = [r.getMessage() for r in caplog.records if r.name == "draftmeta.shadow"]
     assert len(lines) == 1 and "builder CPU_MLA: field max_seq_len is stale" in lines[0]
 
 
+def test_a_shadowed_carry_over_that_matches_vllms_build_counts_as_carried_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the shipped spec, shadow mode checks every carried-over loop, finds it equal to
+    vLLM's build and keeps the carried-over metadata: counted as carried over, not rebuilt."""
+    diffs, counts, checks = _stale_loops(monkeypatch, "1", stale=False)
+    assert diffs == [[], [], []] and checks == 2
+    assert counts == {"in_place": 0, "rebuilt": 0, "carried_over": 2}
+
+
 def test_without_shadow_mode_a_stale_carried_over_field_goes_unnoticed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The negative control of the test above: the spec really is stale across loops."""
-    diffs, counts = _stale_loops(monkeypatch, "0")
+    diffs, counts, _ = _stale_loops(monkeypatch, "0")
     assert diffs[0] == [] and all(any("max_seq_len" in d for d in diff) for diff in diffs[1:])
     assert counts == {"in_place": 0, "rebuilt": 0, "carried_over": 2}
 
