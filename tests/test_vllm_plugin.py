@@ -490,8 +490,10 @@ def test_the_hook_refuses_metadata_carrying_an_uncovered_attribute(
         metadata.decode.kernel_hint = torch.zeros(3)
         fresh = builder.build(0, _cad(state))
         fresh.decode.kernel_hint = torch.zeros(3)
-        with pytest.raises(UpdateError, match=r"decode\.kernel_hint.*DRAFTMETA_VLLM_PLUGIN=0"):
+        stale = r"decode\.kernel_hint.*DRAFTMETA_VLLM_PLUGIN=0"
+        with pytest.raises(UpdateError, match=stale) as raised:
             builder.update_draft_decode_metadata(fresh)
+        assert raised.value.path == "decode.kernel_hint"  # the field, for whoever catches it
 
 
 def _refused_when_bound(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
