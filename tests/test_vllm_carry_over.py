@@ -3,6 +3,7 @@ next loop, equals vLLM's fresh build (real vLLM builders on CPU)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -174,6 +175,32 @@ def test_a_spec_with_a_step_by_step_rule_is_never_carried_over() -> None:
     assert spec_refuses(stepping) == "decode.seq_lens is Advance: it moves one step at a time"
 
 
+def _stepping(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+    """CPU_MLA's spec with ``decode.seq_lens`` advanced step by step (a spec whose update
+    cannot refresh another loop's metadata)."""
+    spec = RELEASE.entry("CPU_MLA").make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
+    rules = {**spec.rules, "decode.seq_lens": Advance(Wrap("max_model_len"))}
+    return DraftSpec(spec.cls, rules, nested=spec.nested, preconditions=spec.preconditions,
+                     name="stepping")
+
+
+def test_a_builder_whose_spec_cannot_carry_over_says_why_once_and_builds_each_loop(
+    monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord],
+) -> None:
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    plugin.register(spec_overrides={"CPU_MLA": _stepping})
+    try:
+        list(_run_loops("CPU_MLA", 0, loops=3))
+        assert plugin.stats()["CPU_MLA"]["carried_over"] == 0
+    finally:
+        plugin.unregister()
+    said = [r.getMessage() for r in vllm_log if "builds at every draft loop's index 1" in
+            r.getMessage()]
+    assert said == ["draftmeta: CPU_MLA builds at every draft loop's index 1: "
+                    "decode.seq_lens is Advance: it moves one step at a time"]
+
+
 def test_a_field_kept_unchanged_within_a_loop_keeps_its_builder_from_carrying_over(
     active: None,
 ) -> None:
@@ -188,6 +215,30 @@ def test_a_field_kept_unchanged_within_a_loop_keeps_its_builder_from_carrying_ov
     assert unchanged_values(spec)(metadata) == "decode.req_to_token"
     cpu = RELEASE.entry("CPU_MLA").make_spec()
     assert unchanged_values(cpu)(metadata) is None  # its unchanged fields are all None here
+
+
+@pytest.mark.parametrize("extra", [True, False], ids=["uncovered-attribute", "control"])
+def test_a_carried_object_is_checked_for_attributes_its_spec_has_no_rule_for_before_its_first_carry(
+    extra: bool, active: None,
+) -> None:
+    """With one draft step per loop (K = 2: no in-place step ever checks the built object),
+    the first carry-over checks it: one carrying an attribute the spec has no rule for rules
+    the builder out, and every loop builds afresh (the control, without it: carried over)."""
+    name = "CPU_MLA"
+    plugin.reset_stats()
+    g = torch.Generator().manual_seed(5)
+    patched, _, _ = _builders(name, 1024, 16)
+    buffers = random_state(g, batch_size=CAPACITY, block_size=16, max_model_len=1024, steps=1)
+    firsts = []
+    for loop in range(3):
+        state = _into(buffers, random_state(g, batch_size=3, block_size=16, max_model_len=1024,
+                                            steps=1))
+        (first,) = _draft_loop(patched, state, 1, "wrap")
+        firsts.append(first)
+        if loop == 0 and extra:
+            first.decode.kernel_hint = torch.zeros(3)  # what a newer vLLM might add
+    assert (firsts[1] is firsts[0], firsts[2] is firsts[1]) == (not extra, not extra)
+    assert plugin.stats()[name]["carried_over"] == (0 if extra else 2)
 
 
 def _stale_max_seq_len(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:

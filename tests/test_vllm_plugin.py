@@ -747,6 +747,37 @@ def test_a_builder_whose_spec_refuses_at_run_time_warns_in_vllms_log_once_and_re
 
 
 @needs_older_proposer
+def test_a_refused_in_place_step_hands_vllms_build_the_draft_index_it_was_called_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the spec refuses a step, vLLM's own ``build_for_drafting`` builds it, with the
+    same common metadata and draft index vLLM passed (a builder may build differently per
+    index)."""
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    cls = _class(BUILDER_CLASSES["CPU_MLA"])
+    plugin.unregister()
+    vllms = cls.build_for_drafting  # type: ignore[attr-defined]
+    calls: list[int] = []
+
+    def recording(self: Any, common_attn_metadata: Any, draft_index: int) -> Any:
+        calls.append(draft_index)
+        return vllms(self, common_attn_metadata, draft_index)
+
+    monkeypatch.setattr(cls, "build_for_drafting", recording)
+    plugin.register(spec_overrides={"CPU_MLA": _refusing_cpu_mla})
+    try:
+        config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
+                                            cudagraph_mode=CAPTURED)
+        state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
+                             max_model_len=1024, steps=4)
+        _v1_loop(harness.make_builder("CPU_MLA", config, block_size=16), state, 4, "wrap")
+        assert calls == [1, 2, 3, 4]
+        assert plugin.stats()["CPU_MLA"] == {"in_place": 0, "rebuilt": 3, "carried_over": 0}
+    finally:
+        plugin.unregister()
+
+
+@needs_older_proposer
 def test_shadow_mode_never_switches_off_a_correct_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     from draftmeta.shadow import reset_sentinels, sentinel_for
 
