@@ -734,9 +734,7 @@ class DraftSpec(Generic[M]):
                         "listing it in also=",
                         f"give {owner_path!r} Recompute(hook, inputs, also=({path!r},))",
                     )
-            for extra in rule.also_writes():
-                if extra not in self._fields:
-                    raise self._unknown(extra, f"also= of {path!r}")
+            for extra in rule.also_writes():  # each a field: _check_hook_outputs ran first
                 other = self.rules.get(extra)
                 if other is None or other.written_by != path:
                     raise self._fail(

@@ -57,6 +57,7 @@ CORE_TESTS = (
     "tests/test_adversarial_runtime.py", "tests/test_sealed_update.py", "tests/test_atomicity.py",
     "tests/test_loop.py", "tests/test_step_graph.py", "tests/test_shadow.py",
     "tests/test_schedules.py", "tests/test_rule_behaviours.py", "tests/test_fused_interpreted.py",
+    "tests/test_hook_outputs.py",
 )
 """The engine-neutral behaviour tests: the core's specification, without vLLM's builders."""
 
