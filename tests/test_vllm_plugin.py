@@ -966,6 +966,29 @@ def test_a_builder_measured_slower_in_the_engine_is_left_to_vllm_unless_forced(
     assert hook.covered_by == "draftmeta"  # only the measured path is left to vLLM
 
 
+@pytest.mark.skipif("hook" not in RELEASE.paths, reason="this release has no draft hook")
+def test_a_builder_measured_slower_on_the_hook_path_is_left_to_vllm_and_keeps_its_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No shipped catalogue measures a hook slower yet; a stand-in release that does leaves
+    that builder's hook to vLLM, with the figure and the way to force it, and the decision
+    still carries the imported class (what ``coverage`` and ``audit`` read)."""
+    from draftmeta.integrations.vllm import plan as plan_module
+    from draftmeta.integrations.vllm.catalogue.model import Measured
+
+    slow = Measured("hook", slower=True, figure="0.8x in a test engine")
+    builders = tuple(attrs.evolve(e, measured=(slow,)) if e.name == "CPU_MLA" else e
+                     for e in RELEASE.builders)
+    monkeypatch.setattr(plan_module, "release", lambda version: attrs.evolve(
+        RELEASE, builders=builders))
+    monkeypatch.delenv(plan_module.FORCE_ENV, raising=False)
+    (decision,) = [d for d in plan_module.make_plan(RELEASE.version).on("hook")
+                   if d.entry.name == "CPU_MLA"]
+    assert decision.covered_by == "none"
+    assert "measured slower inside the engine (0.8x in a test engine)" in decision.reason
+    assert decision.cls is _class(BUILDER_CLASSES["CPU_MLA"])
+
+
 @pytest.mark.parametrize("pcp", [1, 2])
 def test_a_builder_instance_with_prefill_context_parallelism_keeps_vllms_behaviour_and_says_so(
     pcp: int, monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
@@ -1196,8 +1219,9 @@ def test_every_decision_names_who_covers_the_builder_and_why_in_the_words_of_its
             assert re.search(r"does not import here \(\w+: \S", d.reason), name
         if d.path == "older_proposer" and d.covered_by == "draftmeta":
             carries = d.entry.carry_over is not None and carry_over == "1"
-            assert ("index 1 carried over" in d.reason) is carries, name
-            assert ("in place after draft index 1" in d.reason) is not carries, name
+            where = ("in place at every draft index; index 1 carried over between loops of one "
+                     "batch shape" if carries else "in place after draft index 1")
+            assert d.reason.startswith(f"{where} (spec "), name
 
 
 @pytest.mark.skipif("older_proposer" not in RELEASE.paths,
@@ -1228,6 +1252,7 @@ def test_on_the_older_proposers_path_a_spec_that_cannot_serve_leaves_the_builder
     (decision,) = [d for d in plan.on("older_proposer") if d.entry.name == "CPU_MLA"]
     assert (decision.covered_by, decision.installs) == ("none", False)
     assert decision.reason.startswith(said)
+    assert decision.cls is _class(BUILDER_CLASSES["CPU_MLA"])  # it imports; it is not used
 
 
 def test_a_builder_measured_no_slower_inside_the_engine_says_so_with_the_figure() -> None:
@@ -1243,6 +1268,35 @@ def test_a_builder_measured_no_slower_inside_the_engine_says_so_with_the_figure(
         "; measured inside the engine: 1.2x in a test")
     for measured in ((), (slower,)):
         assert _measured_faster(attrs.evolve(entry, measured=measured), RELEASE.paths[0]) == ""
+
+
+def test_a_long_import_error_is_cut_between_words_in_the_plans_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A builder whose module does not import is left as it is, and the plan says why in one
+    line: the error's first sentence, cut at a word boundary near 100 characters."""
+    from draftmeta.integrations.vllm import classes
+    from draftmeta.integrations.vllm import plan as plan_module
+
+    words = " ".join(f"word{i:02d}" for i in range(30))  # 30 words of 6 letters: 209 chars
+    (tmp_path / "unbuilt_builders.py").write_text(
+        f"raise ImportError({words!r} + '. A second sentence.')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(classes, "_IMPORT_FAILURES", {})
+    entry = attrs.evolve(RELEASE.entry("CPU_MLA"),
+                         builder=classes.ClassRef("unbuilt_builders", "Builder"))
+    builders = tuple(entry if e.name == "CPU_MLA" else e for e in RELEASE.builders)
+    monkeypatch.setattr(plan_module, "release", lambda version: attrs.evolve(
+        RELEASE, builders=builders))
+    try:
+        decisions = [d for d in plan_module.make_plan(RELEASE.version).decisions
+                     if d.entry.name == "CPU_MLA"]
+    finally:
+        sys.modules.pop("unbuilt_builders", None)
+    assert decisions and all(d.cls is None for d in decisions)
+    cut = " ".join(f"word{i:02d}" for i in range(13))  # the words that fit in 97 characters
+    for d in decisions:
+        assert f"Builder does not import here (ImportError: {cut} ...)" in d.reason, d.reason
 
 
 @pytest.mark.parametrize(("value", "on"), [
