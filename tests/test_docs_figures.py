@@ -70,7 +70,8 @@ def _rows(markdown: str) -> list[str]:
 DEPTH_TABLE_SOURCES = {
     ("2 layers (random)", "H200"): "e2e-cuda-tiny-k3-pairs-h200.json",
     ("trained MTP model", "H100"): "e2e-cuda-trained-h100.json",
-    ("27 layers, v2-lite MoE (random)", "H100"): "e2e-cuda-v2lite-h100.json",
+    ("27 layers, v2-lite MoE (random)", "H100", "FLASH_ATTN_MLA"): "e2e-cuda-v2lite-h100.json",
+    ("27 layers, v2-lite MoE (random)", "H100", "FLASHMLA"): "e2e-cuda-v2lite-flashmla-h100.json",
     ("61 layers, DeepSeek-V3 rank (random)", "H200", "FLASH_ATTN_MLA"): "e2e-cuda-v3rank-h200.json",
     ("61 layers, DeepSeek-V3 rank (random)", "H200", "FLASHMLA"):
         "e2e-cuda-v3rank-flashmla-pairs-h200.json",
@@ -127,7 +128,98 @@ def check_readme_depth_table(readme: str) -> int:
 
 
 def test_the_readmes_table_of_models_by_depth_is_the_committed_runs() -> None:
-    assert check_readme_depth_table(_text("README.md")) == 17
+    assert check_readme_depth_table(_text("README.md")) == 20
+
+
+def check_v2lite_flashmla_table(page: str) -> int:
+    """Every cell of docs/e2e-cuda.md's v2-lite ``FLASHMLA`` table against its committed run:
+    tokens and drafts, tok/s off and on (median (min-max)), the ratio, the step times, vLLM's
+    host time per draft loop and its share of a step. Returns how many rows were checked."""
+    from draftmeta.integrations.vllm.e2e.cuda_report import host_us_per_loop
+
+    section = _section(page, "The same with `FLASHMLA`")
+    table = section[section.index("| batch |"):]
+    table = table[:table.index("\n\n")]
+    entries = {e["batch_size"]: e for e in _json("e2e-cuda-v2lite-flashmla-h100.json")[
+        "configurations"] if e["backend"] == "FLASHMLA" and not e["negative_control"]}
+    rows = _rows(table)[1:]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        batch, same, off, on, ratio, step, host, share = cells
+        e = entries[int(batch)]
+        tok = {side: e["tokens_per_s"][side] for side in ("off", "on")}
+        assert off == "{median:.0f} ({min:.0f}-{max:.0f})".format(**tok["off"]), row
+        assert on == "{median:.0f} ({min:.0f}-{max:.0f})".format(**tok["on"]), row
+        assert ratio == f"{e['speedup']:.2f}x", row
+        assert step == f"{e['step_ms']['off']:.2f} / {e['step_ms']['on']:.2f}", row
+        us = host_us_per_loop(e, "off")
+        assert us is not None and host == f"{us:.0f}", row
+        assert share == f"{100 * us / (e['step_ms']['off'] * 1e3):.1f}%", row
+        identical = e["output_tokens_identical"] and e["draft_tokens_identical"]
+        assert same.startswith("same (") == identical, row
+        assert f"{e['draft_tokens_compared']}" in same, row
+    assert {int(r.strip("|").split("|")[0]) for r in rows} == set(entries)
+    return len(rows)
+
+
+def test_the_v2lite_flashmla_table_is_the_committed_run() -> None:
+    assert check_v2lite_flashmla_table(_text("docs/e2e-cuda.md")) == 3
+
+
+def check_equivalence_rerun(page: str) -> int:
+    """docs/e2e-cuda.md's table of the equivalence run on the mutation round's code, against
+    its JSON, and the CUDA tests' counts against their log. Returns the rows checked."""
+    section = _section(page, "Again on the code of the mutation-testing round")
+    table = section[section.index("| builder |"):]
+    table = table[:table.index("\n\n")]
+    runs = {(r["builder"], "bf16" if r["kv_cache_dtype"] == "auto" else r["kv_cache_dtype"]): r
+            for r in _json("hook-equivalence-h100-41410c2.json")}
+    rows = _rows(table)[1:]
+    for row in rows:
+        builder, kv, batches, steps, bad, replayed, caught = [
+            c.strip() for c in row.strip("|").split("|")]
+        r = runs[(builder.strip("`"), kv)]
+        assert (batches, steps, bad) == (str(r["batches"]), str(r["updated_steps"]),
+                                         str(r["mismatched"])), row
+        assert replayed == f"{r['replayed_equal']} of {r['replayed']}", row
+        if r["negative_controls"]:
+            assert caught.startswith(f"{r['negative_control_caught']} / {r['negative_controls']}")
+        else:
+            assert caught.startswith("-"), row
+    assert len(rows) == len(runs)
+    tests = re.search(r"(\d+) passed, (\d+) skipped", (RESULTS / "h100-pytest-41410c2.log")
+                      .read_text())
+    assert tests and f"{tests[1]} passed, {tests[2]} skipped" in _flat(section)
+    return len(rows)
+
+
+def test_the_equivalence_rerun_on_the_mutation_rounds_code_is_quoted_as_run() -> None:
+    assert check_equivalence_rerun(_text("docs/e2e-cuda.md")) == 4
+
+
+@pytest.mark.parametrize(("right", "wrong"), [
+    ("| 30 | 124 | 0 | 24 of 24 | 6 / 6 |\n| `FLASHMLA` | fp8",
+     "| 30 | 124 | 1 | 24 of 24 | 6 / 6 |\n| `FLASHMLA` | fp8"),  # a mismatch count
+    ("61 passed, 12 skipped", "62 passed, 12 skipped"),
+])
+def test_a_wrong_figure_in_the_equivalence_rerun_is_caught(right: str, wrong: str) -> None:
+    page = _text("docs/e2e-cuda.md")
+    assert page.count(right) == 1
+    with pytest.raises(AssertionError):
+        check_equivalence_rerun(page.replace(right, wrong))
+
+
+@pytest.mark.parametrize(("right", "wrong"), [
+    ("| 125 (123-125) |", "| 125 (124-125) |"),     # a tok/s range
+    ("| 15.24 / 15.21 |", "| 15.24 / 15.12 |"),     # a step time
+    ("| 335 | 1.9% |", "| 353 | 1.9% |"),            # vLLM's host time per loop
+    ("| 317 | 3.9% |", "| 317 | 3.8% |"),            # its share of a step
+])
+def test_a_wrong_figure_in_the_v2lite_flashmla_table_is_caught(right: str, wrong: str) -> None:
+    page = _text("docs/e2e-cuda.md")
+    assert page.count(right) == 1
+    with pytest.raises(AssertionError):
+        check_v2lite_flashmla_table(page.replace(right, wrong))
 
 
 @pytest.mark.parametrize(("right", "wrong"), [
