@@ -351,7 +351,8 @@ def test_an_alias_of_an_absent_state_buffer_is_refused() -> None:
 def test_a_nan_host_derive_is_refused() -> None:
     spec = _toy_with("scale", HostDerive(lambda m: float("nan"), ("state.max_model_len",)))
     exc = _run(lambda m, s: m, spec)[0]
-    assert isinstance(exc, UpdateError) and "would become NaN" in str(exc)
+    assert isinstance(exc, UpdateError) and exc.detail == "would become NaN"
+    assert exc.path == "scale"
 
 
 # -- preconditions through optional records --------------------------------------------------

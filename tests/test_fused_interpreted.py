@@ -115,6 +115,25 @@ def test_the_fused_kernel_copies_a_2d_table_into_its_own_buffer_and_skips_a_view
                 ) is not own_buffer
 
 
+def test_the_fused_kernel_skips_a_1d_field_copied_from_the_buffer_it_views() -> None:
+    """A 1-D field declared a copy of the state's lengths while it views them: the kernel
+    emits no copy for it (the source it compiles says so in a comment) and the metadata stays
+    equal to the generated update's."""
+    rules = {**toy_rules(), "decode.seq_lens": Derive(CopyFrom(), ("state.seq_lens",))}
+    spec = toy_spec(rules=rules)
+    fused_state = _state(4)
+    state = copy.deepcopy(fused_state)
+    fused_meta, meta = toy_metadata(fused_state), toy_metadata(state)
+    assert fused_meta.decode is not None
+    assert fused_meta.decode.seq_lens.data_ptr() == fused_state.seq_lens.data_ptr()
+    step = FusedStep(fused_state, [(spec, fused_meta)])
+    for n in range(1, 3):
+        step()
+        advance_state(state)
+        spec.update(meta, state)
+        assert compare_metadata(fused_meta, meta, opaque=_opaque) == [], n
+
+
 def test_the_fused_kernel_reads_a_position_past_the_block_table_from_its_last_column() -> None:
     """A block table two blocks wide, positions up to the model's length: a position whose block
     lies past the table reads the last column, as the generated update does."""

@@ -121,6 +121,14 @@ def test_a_malformed_hook_output_is_refused_with_a_fix_that_is_accepted(
     _spec(fixed)  # the proposed fix is accepted
 
 
+def test_a_hook_reading_an_output_it_refills_is_told_to_compute_it_from_its_sources() -> None:
+    with pytest.raises(SpecError) as info:
+        _spec(_rules(tiles=_hook(("seq_lens", "splits"))))
+    assert info.value.fix == (
+        "remove 'splits' from the inputs of 'tiles': compute the hook from the fields or "
+        "draft-state buffers that buffer is computed from")
+
+
 ORDERS = list(itertools.permutations(["tiles", "splits", "reader"]))
 
 

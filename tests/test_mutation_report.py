@@ -77,6 +77,43 @@ def test_the_score_leaves_out_equivalent_and_unrun_mutants_and_counts_new_tests(
     assert bare[0].score == pytest.approx(7 / 10)
 
 
+def test_an_equivalent_mutant_not_run_here_leaves_the_denominator_alone(
+    report: ModuleType, tmp_path: Path,
+) -> None:
+    """A reason recorded for a mutant another run judged (here the one not run yet) does not
+    take a mutant off the ones run: the score stays within 0..1."""
+    equivalent = {"draftmeta.advance.x_h__mutmut_2": "judged in another checkout's run"}
+    (advance,) = report.collect(_fake(tmp_path), equivalent, {}, {}, ("draftmeta/advance.py",))
+    assert advance.judged == 10 and advance.score == pytest.approx(7 / 10)
+
+
+def test_a_fresh_check_is_scored_at_the_run_and_after_its_tests_with_its_interval(
+    report: ModuleType,
+) -> None:
+    """``mutation/check.json``: a sample run again on the suite as it stands; the page gives
+    its score at the run over every module (95% Wilson interval) and after its survivors'
+    tests, and a row per module."""
+    check = {"command": "python tools/mutation_run.py --sample 2 --seed 39 --rerun",
+             "commit": "abc1234", "started": "2026-12-05 23:43 UTC", "seconds": 120,
+             "note": "a test", "statuses": {
+                 "draftmeta/advance.py": {"draftmeta.advance.x_f__mutmut_1": "killed",
+                                          "draftmeta.advance.x_f__mutmut_2": "survived"},
+                 "draftmeta/spec.py": {"draftmeta.spec.x_g__mutmut_1": "killed",
+                                       "draftmeta.spec.x_g__mutmut_2": "survived"}}}
+    equivalent = {"draftmeta.spec.x_g__mutmut_2": "the default it spells out"}
+    killed_by = {"draftmeta.advance.x_f__mutmut_2": "tests/test_advance.py::test_f"}
+    results = report.check_results(check, equivalent, killed_by)
+    lines = report.render_check(check, results)
+    low, high = report.wilson(2, 3)
+    assert (f"**At the run: 2 of 3 non-equivalent mutants killed, 66.7% (95%: "
+            f"{100 * low:.1f}%-{100 * high:.1f}%)**; 100.0% after the tests written for its "
+            "survivors.") in lines
+    assert "| `draftmeta/advance.py` | 2 | 1 | 1 | 0 | 1 | 0 |" in lines
+    assert "| `draftmeta/spec.py` | 2 | 1 | 1 | 1 | 0 | 0 |" in lines
+    bare = report.render_check(check, report.check_results(check, {}, {}))
+    assert any(line.startswith("**At the run: 2 of 4 non-equivalent") for line in bare)
+
+
 def test_the_page_lists_each_equivalent_with_its_reason_and_each_open_survivor_with_its_diff(
     report: ModuleType, tmp_path: Path,
 ) -> None:

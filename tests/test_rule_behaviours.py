@@ -50,9 +50,20 @@ def test_a_flattened_copy_fills_the_field_with_the_sources_leading_elements() ->
 def test_a_row_copy_fits_a_source_with_more_rows_and_a_broadcasting_tail_only() -> None:
     copy = CopyFrom()
     assert copy.check(torch.zeros(2, 3), torch.zeros(4, 3)) is None
+    assert copy.check(torch.zeros(2, 3), torch.zeros(2, 1)) is None  # as many rows: fits too
+    assert copy.check(torch.zeros(2, 3), torch.zeros(1, 1)) == (  # fewer: does not
+        "source shape (1, 1) does not fit (2, 3)")
     assert copy.check(torch.zeros(2, 3), torch.zeros(4, 1)) is None  # (1,) broadcasts to (3,)
     assert copy.check(torch.zeros(2, 3), torch.zeros(4, 2)) == (
         "source shape (4, 2) does not fit (2, 3)")
+
+
+def test_a_derivation_applied_to_a_host_value_where_it_reads_a_tensor_names_what_it_got() -> None:
+    from draftmeta.derivations import DcpLocalSeqLens
+
+    out = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"^expected a tensor input, got int$"):
+        DcpLocalSeqLens().apply(out, 5, 2, 0, 1, workspace=Workspace())
 
 
 def test_a_derivation_given_as_a_class_is_refused_with_the_call_to_write() -> None:

@@ -395,3 +395,19 @@ def test_an_optional_field_a_tensor_rule_writes_found_none_is_refused_naming_the
         spec.update(meta, state)
     assert str(caught.value) == ("spec 'toy', field 'decode.dcp_tot_seq_lens': is None, "
                                  "expected a tensor; the metadata was left untouched")
+
+
+def test_a_field_named_by_a_keyword_is_refused_with_the_rename_to_make() -> None:
+    """Generated code addresses every field as an attribute (``m.lambda`` does not parse)."""
+    import dataclasses
+
+    class Odd:
+        __annotations__ = {"seq_lens": torch.Tensor, "lambda": int}
+
+    odd = dataclasses.dataclass(init=False, repr=False, eq=False)(Odd)
+    with pytest.raises(SpecError) as info:
+        DraftSpec(odd, {"seq_lens": Unchanged(), "lambda": Unchanged()}, name="odd")
+    assert info.value.path == "lambda"
+    assert info.value.problem == (f"{odd.__qualname__} has a field named 'lambda', which "
+                                  "generated code cannot address as an attribute")
+    assert info.value.fix == "rename the field to a Python identifier that is not a keyword"

@@ -746,6 +746,43 @@ def test_a_builder_whose_spec_refuses_at_run_time_warns_in_vllms_log_once_and_re
         plugin.unregister()
 
 
+def _refusing(name: str) -> Any:
+    """Builder ``name``'s spec with one more precondition, which no draft step meets."""
+    from draftmeta import DraftSpec, Equals
+
+    def factory(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+        good = RELEASE.entry(name).make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
+        return DraftSpec(good.cls, good.rules, name="refusing", nested=good.nested,
+                         preconditions=[*good.preconditions,
+                                        Equals("num_reqs", -1, name="never_met")])
+
+    return factory
+
+
+@needs_older_proposer
+def test_each_builder_that_falls_back_warns_once_under_its_own_name(
+    monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
+) -> None:
+    """The once-per-builder warning is kept per builder name: a second builder's fallback is
+    not hidden behind the first's."""
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    plugin.unregister()
+    names = ("CPU_MLA", "TRITON_MLA")
+    plugin.register(spec_overrides={name: _refusing(name) for name in names})
+    try:
+        config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
+                                            cudagraph_mode=CAPTURED)
+        for seed in range(2):
+            for name in names:
+                state = random_state(torch.Generator().manual_seed(seed), batch_size=3,
+                                     block_size=16, max_model_len=1024, steps=4)
+                _v1_loop(harness.make_builder(name, config, block_size=16), state, 3, "wrap")
+    finally:
+        plugin.unregister()
+    warned = sorted(w.split(" rebuilds")[0] for w in _plugin_warnings(vllm_log))
+    assert warned == [f"draftmeta: {name}" for name in sorted(names)]
+
+
 @needs_older_proposer
 def test_a_refused_in_place_step_hands_vllms_build_the_draft_index_it_was_called_with(
     monkeypatch: pytest.MonkeyPatch,

@@ -142,8 +142,10 @@ class ModuleResult:
 
     @property
     def judged(self) -> int:
-        """Non-equivalent mutants run."""
-        return self.run - len([m for m in self.equivalent if m in self.statuses])
+        """Non-equivalent mutants run (an equivalent mutant not run here is no mutant run)."""
+        unrun = ("not run", "interrupted")
+        return self.run - len([m for m in self.equivalent
+                               if self.statuses.get(m, "not run") not in unrun])
 
     @property
     def caught(self) -> int:
@@ -264,8 +266,10 @@ def _runs_lines(runs: Mapping[str, Any]) -> list[str]:
 
 
 def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str,
-           runs: Mapping[str, Any] | None = None) -> str:
-    """The markdown page."""
+           runs: Mapping[str, Any] | None = None, check: list[str] | None = None,
+           extra_open: Iterable[str] = ()) -> str:
+    """The markdown page (``check``: the lines of :func:`render_check`, placed before the
+    runs; ``extra_open``: the check's open survivors, listed with the others)."""
     ran = [r for r in results if r.run]
     lines = [
         "# Mutation testing",
@@ -322,6 +326,8 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str,
         lines += ["", "Partly run (a run was stopped, or functions changed since their run): "
                   + ", ".join(f"`{r.module}` ({r.mutants - r.run} of {r.mutants} left)"
                               for r in partly) + "."]
+    if check:
+        lines += ["", *check]
     if runs and runs.get("runs"):
         lines += ["", "## Runs", "", *_runs_lines(runs)]
     lines += ["", "## Equivalent mutants", ""]
@@ -338,13 +344,55 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str,
         lines.append(f"- `{m}`: `{test}`")
     lines += ["", "## Open survivors", "",
               "Neither a test nor a reason yet (each diff as `mutmut show` gives it).", ""]
-    opened = [m for r in ran for m in r.open]
+    opened = [m for r in ran for m in r.open] + [m for m in extra_open if m not in
+                                                 {o for r in ran for o in r.open}]
     if not opened:
         lines.append("None.")
     for m in opened:
         lines += [f"- `{m}`", "", "  ```diff", *(f"  {d}" for d in
                                                   diffs.get(m, "").splitlines()), "  ```", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def check_results(check: Mapping[str, Any], equivalent: Mapping[str, str],
+                  killed_by: Mapping[str, str]) -> list[ModuleResult]:
+    """The modules of a fresh check (``mutation/check.json``: a seeded sample run again on the
+    suite as it stands, ``{"statuses": {module: {mutant: status}}, ...}``), each with the
+    equivalent mutants and the tests written for its survivors."""
+    return [ModuleResult(module, dict(statuses),
+                         {m: r for m, r in equivalent.items() if m in statuses},
+                         {m: t for m, t in killed_by.items() if m in statuses})
+            for module, statuses in check.get("statuses", {}).items()]
+
+
+def render_check(check: Mapping[str, Any], results: list[ModuleResult]) -> list[str]:
+    """The page's section on a fresh check: its command, the score at the run over every
+    module with its 95% Wilson interval, per module what it ran, and the score after the
+    tests written for its survivors."""
+    judged = sum(r.judged for r in results)
+    caught_at_run = sum(r.detected for r in results)
+    interval = wilson(caught_at_run, judged)
+    spread = "" if interval is None else (
+        f" (95%: {_percent(interval[0])}-{_percent(interval[1])})")
+    lines = [
+        "## A fresh check: the suite as it stands",
+        "",
+        f"`{check['command']}` on commit {check['commit']} ({check['started']}, "
+        f"{check['seconds'] / 60:.0f} min): {check['note']}.",
+        "",
+        f"**At the run: {caught_at_run} of {judged} non-equivalent mutants killed, "
+        f"{_percent(total_score(results, at_run=True))}{spread}**; "
+        f"{_percent(total_score(results))} after the tests written for its survivors.",
+        "",
+        "| module | run | killed | survived | equivalent | killed by new tests | open |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        s = r.summary()
+        lines.append(f"| `{r.module}` | {s['run']} | {s['killed'] + s['timeout']} "
+                     f"| {s['survived'] + s['no_tests']} | {s['equivalent']} "
+                     f"| {s['killed_by_new_tests']} | {s['open']} |")
+    return lines
 
 
 def mutmut_diff(name: str) -> str:
@@ -372,14 +420,16 @@ def main(argv: list[str] | None = None) -> int:
     killed_by = _load(args.folder / "killed_by.json")
     runs = _load(args.folder / "runs.json")
     old = _load(args.folder / "results.json")
+    check = _load(args.folder / "check.json")
     modules = mutated_modules()
     results = collect(args.mutants, equivalent, killed_by, runs, modules, old)
+    checked = check_results(check, equivalent, killed_by)
     for r in results:
         if not r.mutated:
             print(f"note: {r.module} is no longer in [tool.mutmut] only_mutate (moved or "
                   "renamed?): its committed results are kept as they are", file=sys.stderr)
     known = {m: d for m, d in old.get("diffs", {}).items()}
-    diffs = {m: known.get(m) or mutmut_diff(m) for r in results for m in r.open}
+    diffs = {m: known.get(m) or mutmut_diff(m) for r in results + checked for m in r.open}
     args.folder.mkdir(exist_ok=True)
     (args.folder / "results.json").write_text(json.dumps({
         "tool": "mutmut", "command": args.command,
@@ -390,9 +440,14 @@ def main(argv: list[str] | None = None) -> int:
             "durations": {m: round(s, 2) for m, s in sorted(r.durations.items())},
             "function_hashes": dict(sorted(r.hashes.items())) or None,
         } for r in results},
+        "check": None if not checked else {
+            "score_at_run": total_score(checked, at_run=True), "score": total_score(checked),
+            "modules": {r.module: r.summary() for r in checked}},
         "diffs": dict(sorted(diffs.items())),
     }, indent=1, ensure_ascii=False) + "\n")
-    args.page.write_text(render(results, diffs, args.command, runs))
+    args.page.write_text(render(results, diffs, args.command, runs,
+                                render_check(check, checked) if checked else None,
+                                [m for r in checked for m in r.open]))
     print(f"wrote {args.folder / 'results.json'} and {args.page}")
     return 0
 
