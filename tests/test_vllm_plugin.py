@@ -701,14 +701,20 @@ def test_without_shadow_mode_the_same_stale_spec_goes_unnoticed(
     assert not [r for r in caplog.records if r.name == plugin.LOGGER_NAME]
 
 
-def _refusing_cpu_mla(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
-    """CPU_MLA's spec with one more precondition, which no draft step meets."""
+def _refusing(name: str) -> Any:
+    """Builder ``name``'s spec with one more precondition, which no draft step meets."""
     from draftmeta import DraftSpec, Equals
 
-    good = RELEASE.entry("CPU_MLA").make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
-    return DraftSpec(good.cls, good.rules, name="refusing", nested=good.nested,
-                     preconditions=[*good.preconditions,
-                                    Equals("num_reqs", -1, name="never_met")])
+    def factory(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+        good = RELEASE.entry(name).make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
+        return DraftSpec(good.cls, good.rules, name="refusing", nested=good.nested,
+                         preconditions=[*good.preconditions,
+                                        Equals("num_reqs", -1, name="never_met")])
+
+    return factory
+
+
+_refusing_cpu_mla = _refusing("CPU_MLA")
 
 
 @needs_older_proposer
@@ -744,19 +750,6 @@ def test_a_builder_whose_spec_refuses_at_run_time_warns_in_vllms_log_once_and_re
         assert "never_met" in warnings[0]
     finally:
         plugin.unregister()
-
-
-def _refusing(name: str) -> Any:
-    """Builder ``name``'s spec with one more precondition, which no draft step meets."""
-    from draftmeta import DraftSpec, Equals
-
-    def factory(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
-        good = RELEASE.entry(name).make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
-        return DraftSpec(good.cls, good.rules, name="refusing", nested=good.nested,
-                         preconditions=[*good.preconditions,
-                                        Equals("num_reqs", -1, name="never_met")])
-
-    return factory
 
 
 @needs_older_proposer
