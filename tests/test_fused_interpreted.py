@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,6 +40,17 @@ def _opaque(obj: object) -> bool:
     return not isinstance(obj, (torch.Tensor, int, float, bool, type(None)))
 
 
+def _alongside(step: FusedStep, spec: Any, meta: Any, state: DraftState, steps: int,
+               policy: str = "clamp") -> Iterator[int]:
+    """Steps 1..``steps``: one fused launch, and on the copy (``state``, ``meta``) the source
+    advance and the generated update; yields each step's number for the caller's checks."""
+    for n in range(1, steps + 1):
+        step()
+        advance_state(state, policy)  # type: ignore[arg-type]
+        spec.update(meta, state)
+        yield n
+
+
 def _with_dcp(state: DraftState, world: int, rank: int, interleave: int) -> DraftState:
     state.dcp_world_size, state.dcp_rank, state.dcp_interleave = world, rank, interleave
     state.dcp_local_seq_lens = torch.full_like(state.seq_lens, -5)  # stale: recomputed
@@ -60,10 +72,7 @@ def test_the_fused_kernel_steps_the_state_and_the_metadata_as_the_generated_upda
     spec = toy_spec()
     step = FusedStep(fused_state, [(spec, fused_meta)], policy=policy)  # type: ignore[arg-type]
     assert "tl.program_id" in step.source  # a real kernel, interpreted
-    for n in range(1, 7):
-        step()
-        advance_state(state, policy)  # type: ignore[arg-type]
-        spec.update(meta, state)
+    for n in _alongside(step, spec, meta, state, 6, policy):
         for name in ("positions", "seq_lens", "slot_mapping"):
             assert torch.equal(getattr(fused_state, name), getattr(state, name)), (n, name)
         assert compare_metadata(fused_meta, meta, opaque=_opaque) == [], n
@@ -104,10 +113,7 @@ def test_the_fused_kernel_copies_a_2d_table_into_its_own_buffer_and_skips_a_view
         metas.append(meta)
     fused_meta, meta = metas
     step = FusedStep(fused_state, [(spec, fused_meta)])
-    for n in range(1, 3):
-        step()
-        advance_state(state)
-        spec.update(meta, state)
+    for n in _alongside(step, spec, meta, state, 2):
         assert compare_metadata(fused_meta, meta, opaque=_opaque) == [], n
         assert fused_meta.decode is not None
         assert torch.equal(fused_meta.decode.block_table, fused_state.block_table)
@@ -127,10 +133,7 @@ def test_the_fused_kernel_skips_a_1d_field_copied_from_the_buffer_it_views() -> 
     assert fused_meta.decode is not None
     assert fused_meta.decode.seq_lens.data_ptr() == fused_state.seq_lens.data_ptr()
     step = FusedStep(fused_state, [(spec, fused_meta)])
-    for n in range(1, 3):
-        step()
-        advance_state(state)
-        spec.update(meta, state)
+    for n in _alongside(step, spec, meta, state, 2):
         assert compare_metadata(fused_meta, meta, opaque=_opaque) == [], n
 
 
