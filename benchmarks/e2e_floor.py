@@ -346,11 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"e2e_floor.py: draftmeta from {Path(draftmeta.__file__).parent}", file=sys.stderr)
     prepare_environment()
     from draftmeta.bench.report import load_average
-    from draftmeta.integrations.vllm.e2e.capture import Recorder
-    from draftmeta.integrations.vllm.e2e.compare import make_prompts
-    from draftmeta.integrations.vllm.e2e.engine import EngineSettings, open_engine
-    from draftmeta.integrations.vllm.e2e.model import reinitialized_weights, write_model
+    from draftmeta.integrations.vllm.e2e.cpu_recorder import CpuRecorder
+    from draftmeta.integrations.vllm.e2e.engine import open_engine
+    from draftmeta.integrations.vllm.e2e.platforms import CPU, EngineSettings
     from draftmeta.integrations.vllm.e2e.progress import RunProgress
+    from draftmeta.integrations.vllm.e2e.prompts import make_prompts
+    from draftmeta.integrations.vllm.e2e.shapes import write_model
+    from draftmeta.integrations.vllm.e2e.weights import reinitialized_weights
     from draftmeta.integrations.vllm.specs.amx import compute_units
 
     load_before = load_average()
@@ -373,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     with stdout_to_stderr(), tempfile.TemporaryDirectory(prefix="draftmeta-floor-") as tmp, \
             (time_around_build(around, measuring, MLACommonMetadataBuilder, AttentionGroup)
              if args.wrapper else contextlib.nullcontext()), \
-            reinitialized_weights(0), Recorder() as recorder, contextlib.ExitStack() as stack:
+            reinitialized_weights(0), CpuRecorder() as recorder, contextlib.ExitStack() as stack:
         steps = stack.enter_context(RunProgress(
             ["engine", "engine"] + ["generate"] * (len(modes) * (args.repeats + 1)),
             label="e2e_floor.py"))
@@ -382,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         for on in (False, True):
             steps.step("engine", f"starting a fresh engine, plugin {'on' if on else 'off'}")
             engines[on] = stack.enter_context(open_engine(
-                folder, EngineSettings(args.backend, args.k, plugin=on)))
+                CPU, folder, EngineSettings(args.backend, args.k, plugin=on), recorder))
         units = compute_units()  # as vLLM's CPU worker has set its threads
         reference = None
         # one warm-up generate per mode, then the modes in turn (draftmeta.noise, rule 1)
@@ -392,14 +394,15 @@ def main(argv: list[str] | None = None) -> int:
                                                   else "warm-up generate"))
             with (floor_update(args.backend) if mode == "floor"
                   else contextlib.nullcontext()):
-                generated = engines[mode == "on"].generate(prompts, args.max_tokens, recorder)
-            tokens = (generated.output_tokens, generated.record.draft_tokens)
+                generated = engines[mode == "on"].generate(prompts, args.max_tokens, recorder,
+                                                           recording=True)
+            tokens = (generated.output_tokens, generated.observed.draft_tokens)
             reference = reference or tokens
             identical = identical and tokens == reference
             if repeat == 0:
                 continue
             calls = {index: 1e6 * timing.seconds / timing.calls
-                     for index, timing in generated.record.timings.items()}
+                     for index, timing in generated.observed.record.timings.items()}
             for index, us in calls.items():
                 per_index[mode].setdefault(index, []).append(us)
             for key, first in (("in_place", 2), ("all_refreshes", 1)):

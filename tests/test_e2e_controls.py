@@ -8,6 +8,7 @@ from draftmeta.integrations.vllm.e2e.controls import (
     CAUGHT_DRAFT_SHARE,
     CAUGHT_LENGTH_DROP,
     CONTROLS,
+    controls_for,
     injected,
     verdict,
 )
@@ -28,9 +29,13 @@ def test_a_control_that_changes_nothing_to_the_bit_is_inert_not_caught() -> None
 
 
 def test_an_unknown_control_or_index_is_refused_before_vllm_is_touched() -> None:
-    assert list(CONTROLS) == ["seq-lens", "slot-mapping", "positions", "max-seq-len"]
+    assert controls_for("cpu") == ("seq-lens", "slot-mapping", "positions", "max-seq-len")
+    assert controls_for("cuda") == ("stale-scheduler",) and "stale-scheduler" in CONTROLS
     with pytest.raises(ValueError, match="unknown negative control 'lengths'"), \
             injected("lengths"):
+        pass
+    with pytest.raises(ValueError, match="unknown negative control 'stale-scheduler'"), \
+            injected("stale-scheduler"):  # a wrong spec, not an injected advance
         pass
     with pytest.raises(ValueError, match="draft index 1 is the first"), \
             injected("seq-lens", first_index=0):

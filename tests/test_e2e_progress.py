@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import itertools
 import time
-from typing import Any
 
 import pytest
 
@@ -126,18 +125,6 @@ def test_quiet_prints_nothing(fake_clock: _Clock) -> None:
 @pytest.mark.parametrize(("seconds", "shown"), [(5, "0:05"), (65.4, "1:05"), (3725, "1:02:05")])
 def test_times_are_written_as_tqdm_writes_them(seconds: float, shown: str) -> None:
     assert clock(seconds) == shown
-
-
-def test_the_plan_counts_every_engine_start_and_generate_of_the_matrix() -> None:
-    from draftmeta.integrations.vllm.e2e.compare import MatrixConfig, plan
-
-    config = MatrixConfig(backends=("CPU_MLA",), batch_sizes=(1, 4), ks=(1, 3), warmups=1,
-                          repeats=5, controls=("seq-lens",))
-    units: list[Any] = plan(config, ["CPU_MLA"])
-    assert units.count("engine") == 4  # two engines per K
-    # per K and batch size: 2 engines x 6 generates, and at K = 3 the control's one
-    assert units.count("generate b1") == units.count("generate b4") == 2 * 12 + 1
-    assert units[:4] == ["prepare", "engine", "engine", "generate b1"]
 
 
 def _elapsed(line: str) -> int | None:

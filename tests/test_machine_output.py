@@ -118,34 +118,30 @@ def test_torchs_cpp_warnings_reach_stderr_only_with_verbose() -> None:
 
 
 _E2E = textwrap.dedent("""
-    import os, sys, types
+    import os, sys
     sys.path.insert(0, {root!r})
+    import attrs
     from draftmeta.arguments import Extent
+    from draftmeta.integrations.vllm.e2e import platforms, report, runner
 
-    def run_matrix(config, progress):
+    def run(config, *, workdir, progress, checkpoint, vllm_version):
         # what the engines do: vLLM's log lines on stdout, torch's C++ warnings on stderr
         os.write(1, b"INFO 12-04 09:00:00 [core.py:1] Initializing a V1 LLM engine\\n")
         import torch
         out = torch.empty(2)
         torch.ops.aten.add.out(torch.ones(3), torch.ones(3), out=out)  # warns in C++
         progress.step("engine", "two fresh engines")
-        return None
+        return runner.RunResult(config, vllm_version, [], [], {{}}, {{}})
 
-    compare = types.ModuleType("draftmeta.integrations.vllm.e2e.compare")
-    compare.MatrixConfig = lambda **settings: types.SimpleNamespace(**settings)
-    compare.run_matrix = run_matrix
-    compare.plan = lambda config, backends: ["engine"]
-    report = types.ModuleType("draftmeta.integrations.vllm.e2e.report")
-    report.RESULT_NAME = "e2e-cpu"
+    platforms.PLATFORMS["cpu"] = attrs.evolve(platforms.CPU, prepare=lambda: "0.32.0")
+    runner.run = run
+    runner.plan = lambda config: ["engine"]
     report.planned_extent = lambda config: Extent.of([], 1)
     report.extent = lambda data: Extent.of([], 1)
-    report.summary = lambda result: {{"output_tokens_identical": True,
-                                     "draft_tokens_identical": True,
-                                     "strictly_identical": True, "negative_controls": [],
-                                     "machine": {{}}}}
-    report.write_results = lambda data, out: {{}}
+    report.summary = lambda result, **kwargs: {{
+        "decided": {{"strictly_identical": True, "controls": {{"missed": []}}}}, "failed": []}}
+    report.write_results = lambda data, out, stem, **kwargs: {{}}
     report.markdown = lambda data: "a table"
-    sys.modules.update({{m.__name__: m for m in (compare, report)}})
     from draftmeta.integrations.vllm.e2e.__main__ import main
 
     sys.exit(main(sys.argv[1:]))
@@ -162,9 +158,8 @@ def test_python_m_draftmeta_e2e_json_prints_one_json_document_and_hides_warnings
                           capture_output=True, text=True, timeout=120, check=False, env=env)
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
-    assert set(document.pop("machine")) == {"load_average"}  # the run's, added by the command
-    assert document == {"output_tokens_identical": True, "draft_tokens_identical": True,
-                        "strictly_identical": True, "negative_controls": []}, done.stdout
+    assert document == {"decided": {"strictly_identical": True, "controls": {"missed": []}},
+                        "failed": []}, done.stdout
     assert "draftmeta e2e: [1/1, 0:00 elapsed, estimating what is left] two fresh engines" \
         in done.stderr
     assert ("was resized" in done.stderr) is verbose, done.stderr

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -165,7 +167,10 @@ def _engines(**overrides: object) -> object:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     from draftmeta.integrations.vllm import plugin
-    from draftmeta.integrations.vllm.e2e.compare import MatrixConfig, run_matrix
+    from draftmeta.integrations.vllm.e2e.compare import Case
+    from draftmeta.integrations.vllm.e2e.models import resolve
+    from draftmeta.integrations.vllm.e2e.platforms import CPU
+    from draftmeta.integrations.vllm.e2e.runner import RunConfig, run
 
     plugin.unregister()  # each engine run installs the plugin as vLLM loads it
     register_with_vllm()
@@ -174,9 +179,11 @@ def _engines(**overrides: object) -> object:
     selector._cached_get_attn_backend.cache_clear()
     register_builder(ENTRY)
     try:
-        result = run_matrix(MatrixConfig(backends=("CPU_MLA",), batch_sizes=(4,), ks=(3,),
-                                         max_tokens=32, warmups=0, repeats=1,
-                                         **overrides))  # type: ignore[arg-type]
+        trained = resolve("trained")
+        result = run(RunConfig(platform=CPU, models={"trained": trained},
+                               cases=(Case("trained", "CPU_MLA", 3),), batch_sizes=(4,),
+                               max_tokens=32, warmups=0, repeats=1, **overrides),  # type: ignore[arg-type]
+                     workdir=Path(tempfile.gettempdir()))
     finally:  # later engines of this process get vLLM's own CPU_MLA again
         AttentionBackendEnum.CPU_MLA.clear_override()
         selector._cached_get_attn_backend.cache_clear()
@@ -188,24 +195,25 @@ def _engines(**overrides: object) -> object:
 
 @needs_vllm_cpu
 def test_the_example_backend_runs_in_vllms_mtp_engine_identically_with_the_plugin_on() -> None:
-    comparison: object = _engines()
-    on_stats = comparison.on.plugin_stats  # type: ignore[attr-defined]
+    comparison: Any = _engines()
+    on_stats = comparison.pairs[0].on.recorded.plugin_stats
     assert on_stats.get(ENTRY.name, {}).get("in_place", 0) > 0, on_stats  # its update ran
     assert "CPU_MLA" not in on_stats  # vLLM's own CPU_MLA builder never ran: the example's did
-    assert comparison.output_tokens_identical  # type: ignore[attr-defined]
-    assert comparison.draft_tokens_compared > 0  # type: ignore[attr-defined]
-    assert comparison.draft_tokens_identical  # type: ignore[attr-defined]
-    assert comparison.acceptance_identical  # type: ignore[attr-defined]
-    off = comparison.off.first.acceptance  # type: ignore[attr-defined]
+    assert comparison.output_tokens_identical
+    assert comparison.draft_tokens_counted[1] > 0
+    assert comparison.draft_tokens_identical
+    assert comparison.acceptance_identical
+    off = comparison.acceptance("off")
     assert off.drafts > 0 and off.per_token is not None and off.per_token > 0.5
 
 
 @needs_vllm_cpu
 def test_the_example_backend_with_its_extra_field_left_stale_changes_the_drafts() -> None:
-    comparison: object = _engines(spec_overrides={ENTRY.name: _stale_extra_field})
-    assert comparison.on.plugin_stats.get(ENTRY.name, {}).get("in_place", 0) > 0  # type: ignore[attr-defined]
+    comparison: Any = _engines(spec_overrides={ENTRY.name: _stale_extra_field})
+    stats = comparison.pairs[0].on.recorded.plugin_stats
+    assert stats.get(ENTRY.name, {}).get("in_place", 0) > 0
     # the decode reads the first step's lengths at the last draft step: its drafts go wrong
-    assert comparison.differing_draft_tokens >= 0.1 * comparison.draft_tokens_compared  # type: ignore[attr-defined]
-    off = comparison.off.first.acceptance  # type: ignore[attr-defined]
-    on = comparison.on.first.acceptance  # type: ignore[attr-defined]
+    differing, compared = comparison.draft_tokens_counted
+    assert differing >= 0.1 * compared
+    off, on = comparison.acceptance("off"), comparison.acceptance("on")
     assert on.per_position[-1] <= off.per_position[-1] - 0.25

@@ -141,20 +141,42 @@ def _drawn(draw: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     return figure
 
 
+def _e2e_labels(data: Any) -> list[str]:
+    """What the e2e plot's x axis must name: each timed configuration, by batch and K."""
+    timed = [e for e in data["configurations"] if e["speedup"] is not None]
+    several = len({(e["model"], e["backend"]) for e in timed}) > 1
+    return [(f"{e['model']} {e['backend']}\n" if several else "")
+            + f"b{e['batch_size']} K{e['k']}" + (" A/A" if e["aa"] else "") for e in timed]
+
+
 def test_the_e2e_plot_is_readable_at_page_width_and_the_committed_one_is_its_drawing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from matplotlib.image import imread
-
+    """One group per timed configuration of the committed JSON, and both committed PNGs are,
+    pixel for pixel (within anti-aliasing noise), what this code draws from that JSON."""
     from draftmeta.integrations.vllm.e2e.report import plot
 
     data = json.loads((RESULTS / "e2e-cpu.json").read_text())
     figure = _drawn(lambda: plot(data, tmp_path / "e2e.png"), monkeypatch)
     _readable(figure)
     ticks = [t.get_text() for t in figure.axes[-1].get_xticklabels()]
-    assert ticks == [f"b{c['batch_size']}\nK{c['k']}" for c in data["configurations"]]
+    assert ticks == _e2e_labels(data)
     for committed in (RESULTS / "e2e-cpu.png", ROOT / "docs" / "assets" / "e2e-cpu.png"):
-        assert imread(committed).shape == imread(tmp_path / "e2e.png").shape, committed
+        assert _rms(committed, tmp_path / "e2e.png") <= SAME_DRAWING_RMS, committed
+
+
+def test_an_e2e_plot_drawn_from_other_figures_is_not_the_committed_one(tmp_path: Path) -> None:
+    """The negative control of the test above: one pair ratio 0.05 higher is another drawing."""
+    import copy
+
+    from draftmeta.integrations.vllm.e2e.report import plot
+
+    data = copy.deepcopy(json.loads((RESULTS / "e2e-cpu.json").read_text()))
+    timed = [e for e in data["configurations"] if e["speedup"] is not None]
+    timed[0]["speedup"] = round(timed[0]["speedup"] + 0.05, 4)
+    timed[0]["pair_speedups"] = [round(r + 0.05, 4) for r in timed[0]["pair_speedups"]]
+    plot(data, tmp_path / "other.png")
+    assert _rms(RESULTS / "e2e-cpu.png", tmp_path / "other.png") > SAME_DRAWING_RMS
 
 
 def test_the_h200_draft_loop_plot_is_readable_at_page_width_with_the_measured_batches(
@@ -195,47 +217,3 @@ def _rms(committed: Path, drawn: Path) -> float:
     if a.shape != b.shape:
         return float("inf")
     return float(np.sqrt(np.mean((a.astype(np.float64) - b) ** 2)) * 255)
-
-
-def _cuda_bars(figure: Any) -> list[tuple[str, float]]:
-    """(label, ratio) of each bar of the CUDA plot, top to bottom."""
-    ax = figure.axes[0]
-    labels = [t.get_text() for t in ax.get_yticklabels()]
-    return [(label, round(bar.get_width(), 6)) for label, bar in zip(labels, ax.patches)]
-
-
-def _cuda_entries(data: Any) -> list[tuple[str, float]]:
-    """What the CUDA plot must show: (model backend K= b=, speed-up) of each timed case."""
-    return [(f"{e['model']} {e['backend']}" + (" override" if e["override_upstream"] else "")
-             + (f" {e['kv_cache_dtype']}" if e["kv_cache_dtype"] != "auto" else "")
-             + f" K={e['k']} b={e['batch_size']}", e["speedup"])
-            for e in data["configurations"] if e["speedup"] is not None]
-
-
-def test_the_cuda_e2e_plot_is_readable_at_page_width_and_the_committed_one_is_its_drawing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Each bar is a timed case of the committed JSON at its speed-up, and both committed PNGs
-    are, pixel for pixel (within anti-aliasing noise), what this code draws from that JSON."""
-    from draftmeta.integrations.vllm.e2e.cuda_report import cuda_plot
-
-    data = json.loads((RESULTS / "e2e-cuda.json").read_text())
-    figure = _drawn(lambda: cuda_plot(data, tmp_path / "cuda.png"), monkeypatch)
-    _readable(figure)
-    assert _cuda_bars(figure) == _cuda_entries(data)
-    for committed in (RESULTS / "e2e-cuda.png", ROOT / "docs" / "assets" / "e2e-cuda.png"):
-        assert _rms(committed, tmp_path / "cuda.png") <= SAME_DRAWING_RMS, committed
-
-
-def test_a_cuda_plot_drawn_from_other_figures_is_not_the_committed_one(tmp_path: Path) -> None:
-    """The negative control of the test above: one speed-up 0.05 higher (same size, same
-    number of bars) is a different drawing."""
-    import copy
-
-    from draftmeta.integrations.vllm.e2e.cuda_report import cuda_plot
-
-    data = copy.deepcopy(json.loads((RESULTS / "e2e-cuda.json").read_text()))
-    timed = [e for e in data["configurations"] if e["speedup"] is not None]
-    timed[0]["speedup"] = round(timed[0]["speedup"] + 0.05, 3)
-    cuda_plot(data, tmp_path / "other.png")
-    assert _rms(RESULTS / "e2e-cuda.png", tmp_path / "other.png") > SAME_DRAWING_RMS

@@ -37,13 +37,10 @@ def _never(*args: object, **kwargs: object) -> object:
 def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every command's run is the stand-in: reaching it raises :class:`Started`."""
     import draftmeta.bench
-    import draftmeta.integrations.vllm.e2e.compare
-    import draftmeta.integrations.vllm.e2e.cuda_matrix
-    from draftmeta.integrations.vllm import e2e
+    from draftmeta.integrations.vllm.e2e import cli
 
     monkeypatch.setattr(draftmeta.bench, "run_bench", _never)
-    monkeypatch.setattr(e2e.compare, "run_matrix", _never)
-    monkeypatch.setattr(e2e.cuda_matrix, "run_cuda_matrix", _never)
+    monkeypatch.setattr(cli, "_run", _never)
 
 
 def _bench_result(folder: Path, **config: object) -> Path:
@@ -129,24 +126,24 @@ def test_a_partial_e2e_run_does_not_replace_the_full_matrix_results(
     shutil.copy(RESULTS / "e2e-cpu.json", tmp_path)
     assert main(["e2e", "--ks", "2", "--batch-sizes", "1", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "e2e-cpu.json holds a fuller result: 7 configurations this run leaves out" in err
+    assert "e2e-cpu.json holds a fuller result: 15 configurations this run leaves out" in err
     assert "--force" in err
-    with pytest.raises(Started):  # the default matrix covers the committed run
-        main(["e2e", "--out", str(tmp_path)])
+    with pytest.raises(Started):  # the committed run's command covers it
+        main(["e2e", "--negative-control", "--out", str(tmp_path)])
     with pytest.raises(Started):
         main(["e2e", "--ks", "2", "--out", str(tmp_path), "--force"])
 
 
 @pytest.mark.usefixtures("no_runs")
-def test_a_partial_cuda_e2e_run_does_not_replace_the_full_cuda_results(
+def test_a_result_of_the_earlier_layout_is_not_replaced_without_force(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    shutil.copy(RESULTS / "e2e-cuda.json", tmp_path)
+    shutil.copy(RESULTS / "e2e-cuda.json", tmp_path)  # written before schema 2
     argv = ["e2e", "--device", "cuda", "--backends", "FLASHMLA", "--ks", "3", "--out",
             str(tmp_path)]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "e2e-cuda.json holds a fuller result" in err and "--force" in err, err
+    assert "cannot compare" in err and "earlier layout" in err and "--force" in err, err
     with pytest.raises(Started):
         main([*argv, "--force"])
 
@@ -205,36 +202,41 @@ def test_an_e2e_run_that_will_skip_amx_mla_here_does_not_replace_a_result_that_h
     data["configurations"] += [{**c, "backend": "AMX_MLA"} for c in data["configurations"]]
     (tmp_path / "e2e-cpu.json").write_text(json.dumps(data))
     monkeypatch.setattr(environment, "cpu_has_amx", lambda *args: False)
-    assert main(["e2e", "--out", str(tmp_path)]) == 2
+    assert main(["e2e", "--negative-control", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "8 configurations this run leaves out (trained AMX_MLA batch 1 K 1" in err
+    assert "8 configurations this run leaves out (trained AMX_MLA K=1 batch 1 (32 tokens)" in err
     monkeypatch.setattr(environment, "cpu_has_amx", lambda *args: True)
-    with pytest.raises(Started):  # where AMX_MLA runs, the default run covers it all
-        main(["e2e", "--out", str(tmp_path)])
+    with pytest.raises(Started):  # where AMX_MLA runs, the same command covers it all
+        main(["e2e", "--negative-control", "--out", str(tmp_path)])
 
 
-def test_a_cuda_run_whose_case_failed_writes_beside_a_fuller_result_not_over_it(
+def test_a_run_whose_case_failed_writes_beside_a_fuller_result_not_over_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from draftmeta.integrations.vllm.e2e import cuda_matrix, cuda_report
-    from draftmeta.integrations.vllm.e2e.cuda_matrix import CudaCase, CudaFailure
+    import attrs
+    from e2e_fakes import comparison
 
-    data = json.loads((RESULTS / "e2e-cuda.json").read_text())
-    data["configurations"] = [c for c in data["configurations"] if c["model"] == "tiny"
-                              and c["backend"] == "FLASHMLA" and c["k"] == 3
-                              and c["kv_cache_dtype"] == "auto" and not c["negative_control"]]
-    assert len(data["configurations"]) == 2
-    (tmp_path / "e2e-cuda.json").write_text(json.dumps(data))
-    failed = CudaFailure(CudaCase("tiny", "FLASHMLA", 3), "the engine did not start")
-    monkeypatch.setattr(cuda_matrix, "run_cuda_matrix",
-                        lambda *args, **kwargs: ([], [failed]))
-    monkeypatch.setattr(cuda_report, "cuda_summary", lambda *args, **kwargs: {
-        "configurations": [], "failed": [{"case": failed.case.label, "error": failed.error}],
-        "output_tokens_identical": True, "draft_tokens_identical": True,
-        "negative_control_caught": None})
+    from draftmeta.integrations.vllm.e2e import platforms, report, runner
+    from draftmeta.integrations.vllm.e2e.compare import Case
+    from draftmeta.integrations.vllm.e2e.models import resolve
+
+    full = [comparison(Case("tiny", "FLASHMLA", 3), batch_size=b) for b in (1, 8)]
+
+    def result(config: runner.RunConfig, comparisons: list[object],
+               failures: list[runner.Failure]) -> runner.RunResult:
+        return runner.RunResult(config, "0.34.0", comparisons, failures, {}, {})  # type: ignore[arg-type]
+
+    cuda = attrs.evolve(platforms.CUDA, prepare=lambda: "0.34.0", gpus=lambda: (1, 80.0))
+    monkeypatch.setitem(platforms.PLATFORMS, "cuda", cuda)
+    config = runner.RunConfig(platform=cuda, models={"tiny": resolve("tiny")},
+                              cases=(Case("tiny", "FLASHMLA", 3),), batch_sizes=(1, 8),
+                              max_tokens=256)
+    (tmp_path / "e2e-cuda.json").write_text(json.dumps(report.summary(result(config, full, []))))
+    failed = runner.Failure(Case("tiny", "FLASHMLA", 3), "the engine did not start")
+    monkeypatch.setattr(runner, "run", lambda config, **kwargs: result(config, [], [failed]))
     written: list[str] = []
-    monkeypatch.setattr(cuda_report, "write_cuda_results",
-                        lambda data, out, stem="e2e-cuda": written.append(stem) or {})
+    monkeypatch.setattr(report, "write_results",
+                        lambda data, out, stem, **kwargs: written.append(stem) or {})
     argv = ["e2e", "--device", "cuda", "--backends", "FLASHMLA", "--ks", "3", "--json",
             "--out", str(tmp_path)]
     assert main(argv) == 1

@@ -94,9 +94,11 @@ def reference_run(reference: Reference) -> DraftStats:
 @pytest.fixture(scope="module")
 def llm() -> Iterator[Any]:
     if _GPU:
-        from draftmeta.integrations.vllm.e2e.cuda_engine import prepare_cuda_environment
+        import os
 
-        prepare_cuda_environment()
+        from draftmeta.integrations.vllm.e2e.platforms import CUDA_ENVIRONMENT
+
+        os.environ.update(CUDA_ENVIRONMENT)
         import vllm
 
         engine = _engine(vllm)
@@ -173,7 +175,7 @@ def vllm_run(llm: Any) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from draftmeta.integrations.vllm.e2e.capture import Recorder
+    from draftmeta.integrations.vllm.e2e.cpu_recorder import CpuRecorder
 
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     before = _spec_counters(llm)
@@ -182,10 +184,11 @@ def vllm_run(llm: Any) -> dict[str, Any]:
             outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts()],
                                    params, use_tqdm=False)
     else:
-        with Recorder() as recorder:
-            record = recorder.start()
+        with CpuRecorder() as recorder:
+            recorder.start(recording=True)
             outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts()],
                                    params, use_tqdm=False)
+            record = recorder.finish()
     after = _spec_counters(llm)
     delta = {name: ([a - b for a, b in zip(after[name], before.get(name, [0] * len(after[name])))]
                     if isinstance(after[name], list) else after[name] - before.get(name, 0))

@@ -22,15 +22,24 @@
 #                symmetric-memory gathers off: the stand-in has no process group to probe)
 #   flashinfer   flashinfer_probe.py: whether vLLM can use FLASHINFER_MLA here (FlashInfer is
 #                not carried; vLLM 0.34 declares the backend for compute capability 10.x only)
-# Production depth (issue 34; vLLM's INFO lines kept in each log, tqdm bars left out):
-#   trained      the trained model (issue 33: its checkpoint, vLLM's default loader):
-#                FLASH_ATTN_MLA and FLASHMLA, K = 3, batch 1 and 8, plugin off vs on, and the
-#                negative controls (each backend's scheduler left stale); then the check that
-#                vLLM 0.34 computes what the training code computes (tests/test_trained_model_vllm.py)
-#   tinyk3       the tiny model's K = 3 rows again, PAIRS (default 3) fresh engine pairs
-#   v3rank       one rank of DeepSeek-V3 under TP8 (61 layers, FP8): BACKENDS (default
+# Production depth and the limit (issues 34, 45; vLLM's INFO lines kept in each log, tqdm
+# bars left out; every row with the GPU's busy time and the limit, an A/A pair where no K = 1
+# runs):
+#   trained      the trained model (its checkpoint, vLLM's default loader): FLASH_ATTN_MLA and
+#                FLASHMLA, K = 3, batch 1 and 8, plugin off vs on, and the negative controls
+#                (each backend's scheduler left stale; FlashMLA's judged where a loop crossed a
+#                tile)
+#   trainedcheck vLLM 0.34 computes what the training code computes
+#                (tests/test_trained_model_vllm.py)
+#   tinyk3       the tiny model's K = 3 rows, PAIRS (default 2) fresh engine pairs, batch 1 8,
+#                and the negative controls
+#   v3rank       one rank of DeepSeek-V3 under TP8 (61 layers, FP8; an H200): BACKENDS (default
 #                FLASH_ATTN_MLA), KS (default 3), batch 1 8 32, PAIRS (default 3) pairs
-#   v2lite       the Moonlight-shaped MLA MoE: FLASH_ATTN_MLA and FLASHMLA, K = 3, PAIRS (1)
+#   v2lite       the Moonlight-shaped MLA MoE: BACKENDS (default FLASH_ATTN_MLA FLASHMLA), K = 3,
+#                batch 1 and 16, PAIRS (1)
+#   glm          GLM-4.7-Flash's published config.json (benchmarks/models/glm-4.7-flash, 47
+#                layers, 30 billion parameters) with dummy weights through --model PATH:
+#                FLASH_ATTN_MLA, K = 3, batch 1 and 16, one engine at a time on an H100
 set -u
 . /root/vllm034/env.sh
 export PYTHONPATH=$PWD:$PYTHONPATH
@@ -88,20 +97,23 @@ for stage in "$@"; do
         | tail -40
       echo "== pluginlog rc ${PIPESTATUS[0]}";;
     trained) e2e_info trained "${TRAINED_TIMEOUT:-300}" --models trained \
-               --backends FLASH_ATTN_MLA FLASHMLA --ks 3 --batch-sizes 1 8 --negative-control
+               --backends FLASH_ATTN_MLA FLASHMLA --ks 3 --batch-sizes 1 8 --negative-control;;
+    trainedcheck)
              timeout "${CHECK_TIMEOUT:-200}" python3 -m pytest -q -rs \
                -p no:cacheprovider tests/test_trained_model_vllm.py 2>&1 \
                | tee "$OUT/h200-trained-check.log"
              echo "== trained check rc ${PIPESTATUS[0]}";;
     tinyk3) e2e_info tiny-k3 "${TINY_TIMEOUT:-400}" --backends FLASH_ATTN_MLA FLASHMLA \
-              --negative-control \
-              --ks 3 --pairs "${PAIRS:-3}";;
+              --negative-control --ks 3 --batch-sizes 1 8 --pairs "${PAIRS:-2}";;
     v3rank) e2e_info "v3rank${NAME:-}" "${V3_TIMEOUT:-580}" --models v3-rank \
               --backends ${BACKENDS:-FLASH_ATTN_MLA} --ks ${KS:-3} --batch-sizes 1 8 32 \
-              --pairs "${PAIRS:-3}" --max-tokens "${MAX_TOKENS:-128}" ${LIMIT:+--limit};;
+              --pairs "${PAIRS:-3}" --max-tokens "${MAX_TOKENS:-128}";;
     v2lite) e2e_info "v2lite${NAME:-}" "${V2_TIMEOUT:-580}" --models v2-lite \
               --backends ${BACKENDS:-FLASH_ATTN_MLA FLASHMLA} --ks ${KS:-3} \
-              --batch-sizes 1 8 32 --pairs "${PAIRS:-1}" --max-tokens "${MAX_TOKENS:-128}";;
+              --batch-sizes 1 16 --pairs "${PAIRS:-1}" --max-tokens "${MAX_TOKENS:-128}";;
+    glm) e2e_info "glm${NAME:-}" "${GLM_TIMEOUT:-580}" --model benchmarks/models/glm-4.7-flash \
+           --dummy-weights --max-model-len 1024 --backends ${BACKENDS:-FLASH_ATTN_MLA} \
+           --ks ${KS:-3} --batch-sizes 1 16 --max-tokens "${MAX_TOKENS:-128}";;
     *) echo "unknown stage $stage"; exit 2;;
   esac
 done

@@ -22,7 +22,8 @@ from typing import Any
 
 import attrs
 
-__all__ = ["ALPHAS", "BestK", "best_k", "expected_tokens_per_step", "step_times"]
+__all__ = ["ALPHAS", "BestK", "best_k", "best_k_table", "expected_tokens_per_step",
+           "step_times"]
 
 ALPHAS = (0.6, 0.7, 0.8, 0.9)
 """The per-token acceptance rates the report evaluates the best K at."""
@@ -90,16 +91,34 @@ def best_k(step_ms: Mapping[int, tuple[float, float]], batch_size: int,
 
 def step_times(configurations: Sequence[Mapping[str, Any]]
                ) -> dict[tuple[str, str, int], dict[int, tuple[float, float]]]:
-    """From a CUDA run's configurations (:func:`~draftmeta.integrations.vllm.e2e.cuda_report.
-    cuda_summary`), the step times by (model, backend, batch size) and K: the timed cases with
-    a step time on both sides (no limit row, no negative control, no eager engines)."""
+    """From a run's configurations (:func:`~draftmeta.integrations.vllm.e2e.report.summary`),
+    the step times by (model, backend, batch size) and K: the plugin's timed cases with a step
+    time on both sides (no A/A control, no eager engines, no replaced upstream hook, no FP8
+    cache)."""
     out: dict[tuple[str, str, int], dict[int, tuple[float, float]]] = {}
     for e in configurations:
         step = e.get("step_ms") or {}
-        if (e.get("limit") or e["negative_control"] or e.get("eager")
+        if (e.get("aa") or e.get("control") or e.get("eager")
                 or e["override_upstream"] or e["kv_cache_dtype"] != "auto"
                 or step.get("off") is None or step.get("on") is None):
             continue
         key = (e["model"], e["backend"], e["batch_size"])
         out.setdefault(key, {})[e["k"]] = (step["off"], step["on"])
     return out
+
+
+def best_k_table(configurations: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per model, backend and batch size measured at two or more K: the best K and its
+    expected tok/s, plugin off and on, at each acceptance rate of :data:`ALPHAS`
+    (:func:`best_k` from the measured step times)."""
+    rows = []
+    for (model, backend, batch), times in step_times(configurations).items():
+        if len(times) < 2:
+            continue
+        for b in best_k(times, batch):
+            rows.append({"model": model, "backend": backend, "batch_size": batch,
+                         "ks": sorted(times), "alpha": b.alpha, "k_off": b.k_off,
+                         "tokens_per_s_off": round(b.tokens_per_s_off, 1), "k_on": b.k_on,
+                         "tokens_per_s_on": round(b.tokens_per_s_on, 1),
+                         "gain": round(b.gain, 3)})
+    return rows

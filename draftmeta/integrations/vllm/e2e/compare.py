@@ -1,150 +1,55 @@
-"""The matrix: each backend and K, plugin off against plugin on, at each batch size.
+"""Plugin off against plugin on: what one case showed at one batch size, over its engine pairs.
 
-For every (backend, K) two fresh engines run the same prompt batches with the same seeds, one
-with draftmeta's plugin off, one with it on (and, for the negative control, a spec factory
-replacing the shipped spec), their generates alternating. Each batch size then gives one
-:class:`Comparison`.
-Backends this machine cannot run (``AMX_MLA`` without AMX) are skipped with the reason.
+A :class:`Case` is one engine pair's configuration (model, backend, K, and what sets it apart:
+vLLM's own hook replaced, an FP8 cache, no CUDA graphs, the A/A control, a negative control).
+Each engine of a pair gives a :class:`Side` at each batch size: one *recorded* generate (draft
+tokens and hidden states read back), then the *measured* ones (timed, taking turns with the
+other engine's) and, on a GPU, one *profiled* one (the GPU's busy time). A :class:`Comparison`
+holds a case's sides at one batch size over every pair and says what they show:
+
+* identity: every pair's plugin-on recorded generate, and every later pair's plugin-off one,
+  against the first pair's plugin-off one: output tokens, draft tokens (how many differ, of how
+  many compared), the draft hidden states (the largest absolute difference) and vLLM's accepted
+  drafts per position;
+* speed: tok/s of the measured generates, each pair's ratio of medians, the per-generate pairs
+  (generate ``i`` of both engines ran in turn), the step time ``T`` (a verification and its draft
+  loop), the host time on draft metadata per draft loop, and the GPU's busy time per step.
 """
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
-import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import attrs
-import torch
 
-from draftmeta.integrations.vllm.e2e.capture import Recorder
-from draftmeta.integrations.vllm.e2e.engine import (
-    BatchRun,
-    EngineSettings,
-    SpecOverride,
-    batch_run,
-    measure_side_by_side,
-    open_engine,
-)
-from draftmeta.integrations.vllm.e2e.environment import (
-    BACKENDS,
-    CPU_MODELS,
-    backend_unavailable_reason,
-    prepare_environment,
-    require_vllm_cpu,
-)
-from draftmeta.integrations.vllm.e2e.errors import E2EUnavailable
-from draftmeta.integrations.vllm.e2e.model import (
-    TRAINED,
-    model_folder,
-    reinitialized_weights,
-)
-from draftmeta.integrations.vllm.e2e.progress import RunProgress
-from draftmeta.integrations.vllm.e2e.trained import vllm_cpu_rope_fix
+from draftmeta.integrations.vllm.e2e.acceptance import Acceptance, total_acceptance
+from draftmeta.integrations.vllm.e2e.engine import Generated
+from draftmeta.integrations.vllm.e2e.observed import EngineShape
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
+    "Case",
     "Comparison",
-    "MatrixConfig",
-    "MatrixResult",
-    "differing_draft_tokens",
+    "Pair",
+    "Side",
     "draft_token_difference",
     "flat_draft_tokens",
     "hidden_max_abs_difference",
-    "make_prompts",
-    "model_prompts",
-    "plan",
-    "run_matrix",
 ]
 
 
-def _positive(name: str) -> Callable[[object, attrs.Attribute[int], int], None]:
-    def check(_: object, __: attrs.Attribute[int], value: int) -> None:
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
-
-    return check
-
-
-def _ks(_: object, __: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
-    bad = [k for k in value if not 1 <= k <= 8]
-    if not value or bad:
-        raise ValueError(f"K must be between 1 and 8 (num_speculative_tokens), got {list(value)}")
-
-
-def _backends(_: object, __: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
-    bad = [b for b in value if b not in BACKENDS]
-    if not value or bad:
-        raise ValueError(f"unknown backend(s) {bad}; choose from {', '.join(BACKENDS)}")
-
-
-def _batch_sizes(_: object, __: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
-                 ) -> None:
-    if not value or min(value) < 1:
-        raise ValueError(f"batch sizes must be at least 1, got {list(value)}")
-
-
-TRAINED_MAX_MODEL_LEN = 128
-"""The trained model's engines' context limit: its prompts (at most 32 tokens) and what is
-generated stay within the 64 positions it was trained on."""
-
-
-def _controls(_: object, __: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
-    from draftmeta.integrations.vllm.e2e.controls import CONTROLS
-
-    bad = [c for c in value if c not in CONTROLS]
-    if bad:
-        raise ValueError(f"unknown negative control(s) {bad}; choose from {', '.join(CONTROLS)}")
-
-
-@attrs.frozen
-class MatrixConfig:
-    """What :func:`run_matrix` runs.
-
-    Attributes:
-        backends: vLLM attention backends (``CPU_MLA``, ``AMX_MLA``).
-        batch_sizes: prompts per generate; batch ``b`` is the first ``b`` of one prompt pool.
-        ks: draft tokens per step (``num_speculative_tokens``).
-        max_tokens: tokens generated per prompt.
-        warmups: unmeasured generates per batch before the measured ones.
-        repeats: measured generates per batch (medians are reported).
-        seed: engine seed, weight seed and prompt seed.
-        spec_overrides: applied to the plugin-on engines (the negative control).
-        model: ``"trained"`` (the trained checkpoint and its task's prompts) or ``"tiny"``
-            (random weights, random prompts).
-        controls: negative controls (:data:`~draftmeta.integrations.vllm.e2e.controls.CONTROLS`)
-            each run once per batch size and K >= 3 (where a draft loop has a draft index 2)
-            on the plugin-on engine, against the plugin-off engine's first measured generate.
-    """
-
-    backends: tuple[str, ...] = attrs.field(default=BACKENDS, validator=_backends)
-    batch_sizes: tuple[int, ...] = attrs.field(default=(1, 4), validator=_batch_sizes)
-    ks: tuple[int, ...] = attrs.field(default=(1, 2, 3, 4), validator=_ks)
-    max_tokens: int = attrs.field(default=64, validator=_positive("max_tokens"))
-    warmups: int = attrs.field(default=1)
-    repeats: int = attrs.field(default=5, validator=_positive("repeats"))
-    seed: int = 0
-    spec_overrides: Mapping[str, SpecOverride] | None = None
-    controls: tuple[str, ...] = attrs.field(default=(), validator=_controls)
-    model: str = attrs.field(default=TRAINED, validator=attrs.validators.in_(CPU_MODELS))
-
-
-def make_prompts(count: int, seed: int) -> tuple[tuple[int, ...], ...]:
-    """``count`` prompts of token ids in ``[2, 2048)`` with mixed lengths (16 to 95 tokens)."""
-    generator = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(16, 96, (count,), generator=generator).tolist()
-    return tuple(tuple(torch.randint(2, 2048, (n,), generator=generator).tolist())
-                 for n in lengths)
-
-
-def flat_draft_tokens(drafts: list[list[list[int]]]) -> list[int]:
+def flat_draft_tokens(drafts: Sequence[Sequence[Sequence[int]]]) -> list[int]:
     """Every draft token id of a run's ``propose`` calls (``[call][request][draft step]``), in
     order."""
     return [t for call in drafts for row in call for t in row]
 
 
-def draft_token_difference(a: list[list[list[int]]], b: list[list[list[int]]]
-                           ) -> tuple[int, int]:
+def draft_token_difference(a: Sequence[Sequence[Sequence[int]]],
+                           b: Sequence[Sequence[Sequence[int]]]) -> tuple[int, int]:
     """How many draft token ids of two runs differ, call by call and position by position, and
     how many were compared (the longer run's count: a draft only one run made differs)."""
     flat_a, flat_b = flat_draft_tokens(a), flat_draft_tokens(b)
@@ -152,23 +57,7 @@ def draft_token_difference(a: list[list[list[int]]], b: list[list[list[int]]]
     return differing, max(len(flat_a), len(flat_b))
 
 
-def model_prompts(name: str, count: int, seed: int) -> tuple[tuple[int, ...], ...]:
-    """``count`` prompts for the model ``name``: the trained model's task prompts, else random
-    token ids (:func:`make_prompts`)."""
-    if name == TRAINED:
-        from draftmeta.integrations.vllm.e2e.trained import prompts
-
-        return prompts(count, seed)
-    return make_prompts(count, seed)
-
-
-def differing_draft_tokens(off: BatchRun, on: BatchRun) -> int:
-    """How many draft token ids differ between two runs of the same batch (extra or missing
-    ``propose`` calls count every token they hold)."""
-    return draft_token_difference(off.first.draft_tokens, on.first.draft_tokens)[0]
-
-
-def hidden_max_abs_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+def hidden_max_abs_difference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     """The largest absolute difference between two runs' draft hidden states, step by step
     (``inf`` where the numbers of steps or a step's shapes differ; 0.0 for two empty runs)."""
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
@@ -177,184 +66,272 @@ def hidden_max_abs_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> f
 
 
 @attrs.frozen
-class Comparison:
-    """One (backend, batch size, K): the plugin-off run against the plugin-on run.
+class Case:
+    """One engine pair's configuration.
 
     Attributes:
-        backend: the attention backend.
-        batch_size: prompts per generate.
+        model: the model's name (a key of the run's models).
+        backend: vLLM's attention backend.
         k: draft tokens per step.
-        off: the run with the plugin off.
-        on: the run with the plugin on.
-        control: the negative control injected into the plugin-on run, if any.
+        override_upstream: plugin on replaces vLLM's own hook (``TRITON_MLA``).
+        kv_cache_dtype: vLLM's ``kv_cache_dtype``.
+        eager: both engines without CUDA graphs.
+        aa: the A/A control: both engines with the plugin off, timed like any case (its ratio
+            is the machine's noise).
+        control: a negative control on the plugin-on engine (not timed; a key of
+            :data:`~draftmeta.integrations.vllm.e2e.controls.CONTROLS`).
     """
 
+    model: str
     backend: str
-    batch_size: int
     k: int
-    off: BatchRun
-    on: BatchRun
+    override_upstream: bool = False
+    kv_cache_dtype: str = "auto"
+    eager: bool = False
+    aa: bool = False
     control: str | None = None
 
     @property
-    def output_tokens_identical(self) -> bool:
-        """Every prompt generated the same tokens both ways."""
-        return self.off.output_tokens == self.on.output_tokens
+    def timed(self) -> bool:
+        """Whether its generates are timed (a negative control's are not)."""
+        return self.control is None
 
     @property
-    def draft_tokens_identical(self) -> bool:
-        """Every ``propose`` call returned the same draft tokens both ways."""
-        return self.off.first.draft_tokens == self.on.first.draft_tokens
-
-    @property
-    def hidden_states_identical(self) -> bool:
-        """The draft hidden states sampled from were bitwise the same at every draft step."""
-        return self.off.first.hidden_digests == self.on.first.hidden_digests
-
-    @property
-    def differing_draft_tokens(self) -> int:
-        """How many draft token ids differ (0 when identical)."""
-        return differing_draft_tokens(self.off, self.on)
-
-    @property
-    def draft_tokens_compared(self) -> int:
-        """How many draft token ids were compared, call by call and position by position (the
-        longer run's count: a draft one run made and the other did not counts as differing)."""
-        return draft_token_difference(self.off.first.draft_tokens,
-                                      self.on.first.draft_tokens)[1]
-
-    @property
-    def hidden_max_abs_difference(self) -> float:
-        """The largest absolute difference between the draft hidden states sampled from, off
-        against on, over every draft step (``inf`` where the steps or shapes differ)."""
-        return hidden_max_abs_difference(self.off.first.hidden_states,
-                                         self.on.first.hidden_states)
-
-    @property
-    def acceptance_identical(self) -> bool:
-        """vLLM accepted the same number of draft tokens at every draft position, off and on."""
-        return self.off.first.acceptance == self.on.first.acceptance
+    def label(self) -> str:
+        """``tiny FLASHMLA K=3`` (with ``override``, ``fp8``, ``eager``, ``A/A``, the control as
+        they apply)."""
+        extra = [x for x, on in (("override", self.override_upstream),
+                                 (self.kv_cache_dtype, self.kv_cache_dtype != "auto"),
+                                 ("eager", self.eager), ("A/A: both off", self.aa),
+                                 (f"control {self.control}", self.control is not None)) if on]
+        return " ".join([self.model, self.backend, f"K={self.k}", *extra])
 
 
 @attrs.frozen
-class MatrixResult:
-    """Everything one :func:`run_matrix` measured.
+class Side:
+    """One engine of a pair at one batch size.
 
     Attributes:
-        config: what was run.
-        vllm_version: the installed ``vllm-cpu`` version.
-        comparisons: one per backend, K and batch size that ran.
-        skipped: backends that did not run, with the reason.
-        startup_seconds: each engine's creation time, in order.
-        plugin_builders: the builders the plugin updated in place (catalogue names).
-        wall_seconds: the whole matrix, engines included.
+        recorded: the generate whose draft tokens and hidden states were read back.
+        measured: the timed generates, in order (generate ``i`` took turns with the other
+            engine's generate ``i``).
+        profiled: the generate the GPU's busy time was measured over (GPU runs only).
+        startup_seconds: the engine's creation time.
     """
 
-    config: MatrixConfig
-    vllm_version: str
-    comparisons: list[Comparison]
-    skipped: dict[str, str]
-    startup_seconds: list[float]
-    plugin_builders: tuple[str, ...]
-    wall_seconds: float
+    recorded: Generated
+    measured: tuple[Generated, ...] = ()
+    profiled: Generated | None = None
+    startup_seconds: float = 0.0
+
+    @property
+    def median_rate(self) -> float:
+        """The measured generates' median tok/s."""
+        return statistics.median(g.tokens_per_s for g in self.measured)
+
+    @property
+    def deterministic(self) -> bool:
+        """Every generate of this engine gave the recorded one's output tokens."""
+        others = [*self.measured, *([self.profiled] if self.profiled else [])]
+        return all(g.output_tokens == self.recorded.output_tokens for g in others)
 
 
-def plan(config: MatrixConfig, backends: Sequence[str]) -> list[str]:
-    """The units of work :func:`run_matrix` does for ``backends``, in order, by kind: the
-    model and prompts made ready (``prepare``), each engine start (``engine``) and each
-    generate (``generate b<batch size>``: warm-ups, measured ones and negative controls), for
-    its progress."""
-    units: list[str] = ["prepare"]
-    for _ in backends:
-        for k in config.ks:
-            units += ["engine", "engine"]
-            for size in config.batch_sizes:
-                units += [f"generate b{size}"] * (2 * (config.warmups + config.repeats)
-                                                  + (len(config.controls) if k >= 3 else 0))
-    return units
+@attrs.frozen
+class Pair:
+    """Both engines of one pair at one batch size (``on`` is the control's run for a negative
+    control, and plugin off for the A/A control)."""
+
+    off: Side
+    on: Side
+
+    def side(self, name: str) -> Side:
+        """The ``"off"`` or ``"on"`` side."""
+        if name not in ("off", "on"):
+            raise ValueError(f"a pair's sides are 'off' and 'on', not {name!r}")
+        return self.off if name == "off" else self.on
 
 
-def run_matrix(config: MatrixConfig, *, model_dir: Path | None = None,
-               progress: RunProgress | None = None) -> MatrixResult:
-    """Run every configuration of ``config`` off and on; see the module docs.
+def _sum_loops(generates: Sequence[Generated]) -> int:
+    return sum(g.observed.loops for g in generates)
 
-    Args:
-        config: the matrix.
-        model_dir: the folder to write the tiny model's config under (default: a temporary
-            folder, removed afterwards); the trained model is read from its checkpoint.
-        progress: told of each engine start and each generate as it begins (its plan:
-            :func:`plan` for the backends that run here).
 
-    Raises:
-        E2EUnavailable: this environment has no supported ``vllm-cpu``, or no requested
-            backend can run on this CPU.
-        E2EError: an engine failed, or the plugin did not install.
+@attrs.frozen
+class Comparison:
+    """One case at one batch size, over every engine pair (module docs).
+
+    Attributes:
+        case: the configuration.
+        batch_size: prompts per generate.
+        pairs: per engine pair, both sides.
+        shapes: what vLLM configured in the (off, on) engines' draft loops.
     """
-    version = require_vllm_cpu()
-    prepare_environment()
-    skipped = {b: r for b in config.backends if (r := backend_unavailable_reason(b)) is not None}
-    backends = [b for b in config.backends if b not in skipped]
-    if not backends:
-        reasons = "; ".join(f"{b}: {r}" for b, r in skipped.items())
-        raise E2EUnavailable(f"no requested backend can run on this machine ({reasons}); "
-                             "ask for CPU_MLA, which every x86 CPU runs")
-    start = time.perf_counter()
 
-    def step(kind: str, what: str) -> None:
-        if progress is not None:
-            progress.step(kind, what)
+    case: Case
+    batch_size: int
+    pairs: tuple[Pair, ...]
+    shapes: tuple[EngineShape, EngineShape]
 
-    step("prepare", f"the {config.model} model's folder and prompts")
-    pool = model_prompts(config.model, max(config.batch_sizes), config.seed)
-    trained = config.model == TRAINED
-    comparisons: list[Comparison] = []
-    startups: list[float] = []
-    builders: dict[str, None] = {}
+    @property
+    def reference(self) -> Generated:
+        """The first pair's plugin-off recorded generate: what every other is compared with."""
+        return self.pairs[0].off.recorded
 
-    with tempfile.TemporaryDirectory(prefix="draftmeta-e2e-model-") as tmp:
-        folder, load_format = model_folder(config.model, model_dir or Path(tmp))
-        for backend in backends:
-            for k in config.ks:
-                off_settings = EngineSettings(backend=backend, k=k, plugin=False,
-                                              seed=config.seed, load_format=load_format,
-                                              max_model_len=TRAINED_MAX_MODEL_LEN if trained
-                                              else 1024)
-                on_settings = attrs.evolve(off_settings, plugin=True,
-                                           spec_overrides=config.spec_overrides)
-                # the trained model's real weights need vllm-cpu's RoPE kernel bypassed (it
-                # mis-rotates MLA's keys; see trained.vllm_cpu_rope_fix), random ones get
-                # re-initialised
-                weights = (vllm_cpu_rope_fix() if trained
-                           else reinitialized_weights(config.seed))
-                with contextlib.ExitStack() as stack:
-                    stack.enter_context(weights)
-                    recorder = stack.enter_context(Recorder())
-                    step("engine", f"{backend} K={k}: starting a fresh engine, plugin off")
-                    off = stack.enter_context(open_engine(folder, off_settings))
-                    step("engine", f"{backend} K={k}: starting a fresh engine, plugin on")
-                    on = stack.enter_context(open_engine(folder, on_settings))
-                    startups += [off.startup_seconds, on.startup_seconds]
-                    builders.update(dict.fromkeys(on.plugin_builders))
-                    for size in config.batch_sizes:
-                        where = f"{backend} K={k} batch {size}"
+    @property
+    def against(self) -> list[Generated]:
+        """The recorded generates compared with :attr:`reference`: every pair's plugin-on one,
+        then every later pair's plugin-off one (they must all agree)."""
+        return [p.on.recorded for p in self.pairs] + [p.off.recorded for p in self.pairs[1:]]
 
-                        def generating(what: str, where: str = where, size: int = size) -> None:
-                            step(f"generate b{size}", f"{where}: {what}")
+    @property
+    def output_tokens_identical(self) -> bool:
+        """Every prompt generated the same tokens in every recorded generate."""
+        return all(g.output_tokens == self.reference.output_tokens for g in self.against)
 
-                        off_run, on_run = measure_side_by_side(
-                            off, on, pool[:size], max_tokens=config.max_tokens,
-                            warmups=config.warmups, repeats=config.repeats, recorder=recorder,
-                            on_generate=generating,
-                        )
-                        comparisons.append(Comparison(backend, size, k, off_run, on_run))
-                        # a control leaves state stale from draft index 2: K >= 3 has one
-                        for control in config.controls if k >= 3 else ():
-                            generating(f"negative control {control}, plugin on")
-                            wrong = on.generate(pool[:size], config.max_tokens, recorder,
-                                                control=control)
-                            comparisons.append(Comparison(backend, size, k, off_run,
-                                                          batch_run([wrong], 0), control))
-    if progress is not None:
-        progress.finish()
-    return MatrixResult(config, version, comparisons, skipped, startups, tuple(builders),
-                        time.perf_counter() - start)
+    @property
+    def draft_tokens_identical(self) -> bool:
+        """Every ``propose`` returned the same draft tokens in every recorded generate."""
+        return all(g.observed.draft_tokens == self.reference.observed.draft_tokens
+                   for g in self.against)
+
+    @property
+    def draft_tokens_counted(self) -> tuple[int, int]:
+        """How many draft token ids differ from the reference, and how many were compared, over
+        every recorded generate compared."""
+        counts = [draft_token_difference(self.reference.observed.draft_tokens,
+                                         g.observed.draft_tokens) for g in self.against]
+        return sum(d for d, _ in counts), sum(c for _, c in counts)
+
+    @property
+    def hidden_max_abs_difference(self) -> float:
+        """The largest absolute difference of any compared generate's draft hidden states from
+        the reference's (``inf`` where steps or shapes differ)."""
+        return max((hidden_max_abs_difference(self.reference.observed.hidden, g.observed.hidden)
+                    for g in self.against), default=0.0)
+
+    @property
+    def acceptance_identical(self) -> bool:
+        """vLLM accepted as many drafts at every position in every recorded generate."""
+        return all(g.observed.acceptance == self.reference.observed.acceptance
+                   for g in self.against)
+
+    def tile_crossings(self, tile: int) -> tuple[int, int]:
+        """Over the drafts a stale kernel schedule can change (a draft step after the loop's
+        first at which the request's sequence has entered a new tile of ``tile`` tokens since
+        that first step, per the reference's loop lengths), how many differ from the reference
+        in the compared generates, and how many there were."""
+        reference = self.reference.observed
+        differing = compared = 0
+        for generate in self.against:
+            calls = generate.observed.draft_tokens
+            for call, (lengths, ref_rows) in enumerate(zip(reference.loop_lengths,
+                                                          reference.draft_tokens)):
+                rows = calls[call] if call < len(calls) else []
+                for request, (first, ref_row) in enumerate(zip(lengths, ref_rows)):
+                    row = rows[request] if request < len(rows) else []
+                    for step in range(2, len(ref_row)):
+                        if -(-(first + step - 1) // tile) > -(-first // tile):
+                            compared += 1
+                            differing += step >= len(row) or row[step] != ref_row[step]
+        return differing, compared
+
+    @property
+    def deterministic(self) -> tuple[bool, bool]:
+        """(off, on): every generate of every engine gave its recorded output tokens."""
+        return (all(p.off.deterministic for p in self.pairs),
+                all(p.on.deterministic for p in self.pairs))
+
+    @property
+    def strictly_identical(self) -> bool:
+        """Off and on agree in everything compared, and some drafts were compared: output
+        tokens, draft tokens, hidden states to the bit, accepted drafts per position."""
+        return (self.output_tokens_identical and self.draft_tokens_identical
+                and self.draft_tokens_counted[1] > 0 and self.hidden_max_abs_difference == 0.0
+                and self.acceptance_identical)
+
+    def acceptance(self, side: str) -> Acceptance:
+        """vLLM's acceptance counts of ``side``'s (``"off"``/``"on"``) recorded generates, over
+        every pair."""
+        return total_acceptance([p.side(side).recorded.observed.acceptance
+                                 for p in self.pairs])
+
+    def measured(self, side: str) -> list[Generated]:
+        """``side``'s timed generates over every pair, pair by pair."""
+        return [g for p in self.pairs for g in p.side(side).measured]
+
+    @property
+    def timed(self) -> bool:
+        """Whether both sides have timed generates in every pair."""
+        return all(p.off.measured and p.on.measured for p in self.pairs)
+
+    @property
+    def pair_speedups(self) -> list[float]:
+        """Per engine pair, its median tok/s on over its median tok/s off (empty untimed)."""
+        if not self.timed:
+            return []
+        return [p.on.median_rate / p.off.median_rate for p in self.pairs]
+
+    @property
+    def speedup(self) -> float | None:
+        """The median of :attr:`pair_speedups`; ``None`` untimed."""
+        return float(statistics.median(self.pair_speedups)) if self.timed else None
+
+    @property
+    def generate_seconds(self) -> tuple[list[float], list[float]]:
+        """(off, on): every timed generate's seconds; generate ``i`` of both sides ran in turn
+        (the per-generate pairs of :mod:`draftmeta.noise`)."""
+        return ([g.seconds for g in self.measured("off")],
+                [g.seconds for g in self.measured("on")])
+
+    def step_ms(self, side: str) -> float | None:
+        """Wall time per engine step (a verification and its draft loop) over ``side``'s timed
+        generates, ms; ``None`` without draft loops."""
+        generates = self.measured(side)
+        loops = _sum_loops(generates)
+        return 1e3 * sum(g.seconds for g in generates) / loops if loops else None
+
+    def host_us_per_loop(self, side: str) -> float | None:
+        """Host time on draft metadata per draft loop that ran on the host, over ``side``'s
+        timed generates, us; ``None`` where none ran on the host (every loop replayed a
+        graph)."""
+        generates = self.measured(side)
+        loops = sum(g.observed.host_loops for g in generates)
+        if not loops:
+            return None
+        return 1e6 * sum(g.observed.host_seconds for g in generates) / loops
+
+    def host_us_per_step(self, side: str) -> float | None:
+        """Host time on draft metadata per engine step (every draft loop counted, those that
+        replayed a graph with none), us: the ``s`` of ``s / T``."""
+        generates = self.measured(side)
+        loops = _sum_loops(generates)
+        if not loops:
+            return None
+        return 1e6 * sum(g.observed.host_seconds for g in generates) / loops
+
+    def gpu_busy_ms_per_step(self, side: str) -> float | None:
+        """The GPU's busy time per engine step over ``side``'s profiled generates, ms; ``None``
+        where none was profiled."""
+        profiled = [g for p in self.pairs if (g := p.side(side).profiled) is not None
+                    and g.gpu_busy_seconds is not None]
+        loops = sum(g.observed.loops for g in profiled)
+        if not loops:
+            return None
+        return 1e3 * sum(g.gpu_busy_seconds or 0.0 for g in profiled) / loops
+
+    @property
+    def limit(self) -> float | None:
+        """The most the plugin can gain here: ``T`` off over the plugin-on engine's GPU busy
+        time per step (a step cannot take less than its GPU work); ``None`` unprofiled."""
+        t_off, busy_on = self.step_ms("off"), self.gpu_busy_ms_per_step("on")
+        if t_off is None or not busy_on:
+            return None
+        return t_off / busy_on
+
+    @property
+    def gpu_idle_ms_off(self) -> float | None:
+        """Per step, the time the plugin-off engine's GPU stood idle: ``T`` off less its GPU
+        busy time, ms."""
+        t_off, busy_off = self.step_ms("off"), self.gpu_busy_ms_per_step("off")
+        if t_off is None or busy_off is None:
+            return None
+        return t_off - busy_off

