@@ -260,6 +260,17 @@ def _registry_builders() -> dict[str, type | str]:
     return found
 
 
+def _import_problem(ref: ClassRef) -> str:
+    """Why ``ref``'s class does not import here, as the import said it."""
+    from draftmeta.integrations.vllm.classes import import_class
+
+    try:
+        import_class(ref)
+    except Exception as exc:  # the reason, whatever its type
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    return "it imports now, not when the plan was made"
+
+
 def _registry_backend(name: str) -> Any:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -311,7 +322,7 @@ def hooked_builders(*, plugin: bool = True, device: Device = "cpu"
         recipe = None
         runs_here: str | None
         if cls is None:
-            runs_here = f"does not import here ({decision.reason})" + (
+            runs_here = f"does not import here ({_import_problem(entry.builder)})" + (
                 "" if cuda else f"; on a GPU machine run {gpu_command(entry.name)}")
         elif entry.harness is not None or (cuda and entry.gpu_harness is not None):
             runs_here = None
@@ -519,6 +530,7 @@ def audit(
     device: Device | None = None,
     dcp: Sequence[int] = (1, 2),
     command: str = "",
+    controls: Sequence[Control] | None = None,
 ) -> AuditReport:
     """Audit the draft hooks of the installed vLLM (see the module's description).
 
@@ -538,6 +550,8 @@ def audit(
         dcp: decode context parallelism: 1 audits every hook without it; N > 1 the hooks that
             serve DCP, for one rank of a stand-in group of N ranks (rank ``seed % N``).
         command: the command line to record (the JSON's ``command``).
+        controls: the negative controls ``negative_control`` runs (default: :data:`CONTROLS`,
+            and on CUDA :data:`GPU_CONTROLS`); those marked ``cuda`` run only there.
 
     Raises:
         ValueError: ``names`` has a builder without a hook here (the message lists those with
@@ -576,14 +590,15 @@ def audit(
                 echo(f"auditing {_label(hooked.name, kv, world)} on {where}, {batches} batches "
                      f"({i}/{len(work)})")
             rows.append(_audit_one(hooked, batches, seed, where, kv, world))
-        controls = []
-        chosen = [c for c in (*CONTROLS, *GPU_CONTROLS) if not c.cuda or where == "cuda"]
+        results = []
+        chosen = [c for c in (controls if controls is not None else (*CONTROLS, *GPU_CONTROLS))
+                  if not c.cuda or where == "cuda"]
         for control in chosen if negative_control else ():
             if echo is not None:
                 echo(f"negative control: {control.backend}: {control.name}")
-            controls.append(_run_control(control, batches, seed, where))
+            results.append(_run_control(control, batches, seed, where))
     return AuditReport(str(installed_version()), current_release().version, active,
-                       tuple(rows), tuple(controls), command=command, commit=commit(),
+                       tuple(rows), tuple(results), command=command, commit=commit(),
                        device=f"{where}: {device_name(where)}", date=started)
 
 

@@ -196,15 +196,15 @@ CONTROLS: tuple[Control, ...] = (
             "TRITON_ATTN", "seq_lens", write_wrong("seq_lens")),
     Control("the hook increments decode.seq_lens instead of refreshing it", "INDEXER",
             "decode.seq_lens", increment("decode.seq_lens"), criterion="idempotent"),
-    Control("the hook refreshes all but decode.block_table (unchanged between steps)",
-            "INDEXER", "decode.block_table", skip_refresh("decode.block_table"),
-            criterion="first step"),
+    Control("the hook refreshes all but decode.seq_lens_i64", "AMX_MLA",
+            "decode.seq_lens_i64", skip_refresh("decode.seq_lens_i64"), criterion="first step"),
 )
 """The negative controls of ``draftmeta audit --negative-control`` that run on a CPU too:
 vLLM's own hooks of the GLM K-pool tail and the DeepSeek-V3.2 indexer (``refresh`` hooks whose
-builders construct on a CPU) and of Triton attention (a no-op, built for a tiny Llama) with one
-deliberate bug each; the audit must name the field each one leaves wrong, under its
-criterion."""
+builders construct on a CPU) and of Triton attention (a no-op, built for a tiny Llama), and
+draftmeta's hook of ``AMX_MLA`` (whose ``decode.seq_lens_i64`` is a builder buffer the hook
+refills), with one deliberate bug each; the audit must name the field each one leaves wrong,
+under its criterion."""
 
 _STALE = "decode.scheduler_metadata"
 

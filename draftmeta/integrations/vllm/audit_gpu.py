@@ -188,7 +188,7 @@ def crossing_lengths(generator: torch.Generator, batch: int, max_model_len: int,
     Raises:
         ValueError: no length up to ``max_model_len - steps`` does that (raise the limit).
     """
-    lengths = torch.arange(TILE, max_model_len - steps + 1, dtype=torch.int32)
+    lengths = torch.arange(TILE, max(TILE, max_model_len - steps + 1), dtype=torch.int32)
     local, after = lengths, lengths + 1
     if local_lens is not None:
         local, after = local_lens(lengths).cpu(), local_lens(lengths + 1).cpu()

@@ -108,6 +108,7 @@ def use_device(device: str) -> None:
     """
     if device not in _ENVIRONMENTS:
         raise ValueError(f"the harness runs vLLM on 'cpu' or 'cuda', not {device!r}")
+    _check_platform(device)  # before anything changes
     _target[0] = device
     prepare_environment()
 
@@ -131,22 +132,26 @@ def prepare_environment() -> None:
             process, so the variables come too late.
     """
     device = _target[0]
+    _check_platform(device)
     for name, value in _ENVIRONMENTS[device].items():
         if os.environ.get(name) != value:
             os.environ[name] = value
     # vLLM loads general plugins when a config is made; the harness measures vLLM's own
     # builders, so draftmeta's plugin stays off here unless asked for explicitly
     os.environ.setdefault("DRAFTMETA_VLLM_PLUGIN", "0")
+
+
+def _check_platform(device: str) -> None:
+    """Raise where vLLM already resolved a platform other than ``device``'s in this process."""
     platforms = sys.modules.get("vllm.platforms")
-    if platforms is not None:
-        current = vars(platforms).get("_current_platform")
-        fits = current is None or (current.is_cpu() if device == "cpu" else current.is_cuda())
-        if not fits:
-            raise RuntimeError(
-                f"vLLM already resolved the platform {type(current).__name__} in this process, "
-                f"not the {device} one; call use_device({device!r}) or prepare_environment() "
-                "before anything touches vllm.platforms."
-            )
+    current = None if platforms is None else vars(platforms).get("_current_platform")
+    if current is not None and not (current.is_cpu() if device == "cpu" else current.is_cuda()):
+        raise RuntimeError(
+            f"vLLM already resolved the platform {type(current).__name__} in this process, not "
+            f"the {device} one (vLLM keeps one per process): call use_device({device!r}) or "
+            "prepare_environment() before anything touches vllm.platforms, or run in a fresh "
+            "process."
+        )
 
 
 def _model_config_json(max_position_embeddings: int) -> dict[str, Any]:
