@@ -477,6 +477,9 @@ def _run_control(control: Control, batches: int, seed: int, device: Device = "cp
                 found = drive(target, s, placed=control.placed)
             except NotConstructed as exc:
                 return attrs.evolve(result, note=f"its builder does not construct here ({exc})")
+            if found.owner == "none":
+                return attrs.evolve(result, note="its builder has no hook here to put a bug in "
+                                    "(its flag is off; with draftmeta's plugin off?)")
             ran += 1
             paths = [f.path for f in _findings(found, control)]
             reported.update(dict.fromkeys(paths))
