@@ -649,8 +649,8 @@ def audit_table(report: AuditReport, *, width: int = 100) -> str:
             + ([f"controls missed: {', '.join(missed)}"] if missed else [])))
     else:
         caught = [c for c in report.controls if c.ran]
-        lines.append(f"audit: {len(audited)} hooks equal to vLLM's rebuild, idempotent, and "
-                     "equal at the first step"
+        lines.append(f"audit: {len(audited)} hook{'s' * (len(audited) != 1)} equal to vLLM's "
+                     "rebuild, idempotent, and equal at the first step"
                      + (f", {len(caught)} negative controls caught" if caught else "")
                      + f"; {len(report.rows) - len(audited)} not run here")
     return "\n".join(lines)
