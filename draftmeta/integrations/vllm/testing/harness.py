@@ -642,9 +642,36 @@ def make_attention_builder(
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=64,
                              dtype=torch.bfloat16)
     with set_current_vllm_config(config):
-        builder: AttentionMetadataBuilder[Any] = backend_cls.get_builder_cls()(
-            spec, ["draftmeta_harness.layers.0.self_attn.attn"], config, torch.device(device))
+        name, problem = _attention_layer(config, backend, backend_cls)
+        try:
+            builder: AttentionMetadataBuilder[Any] = backend_cls.get_builder_cls()(
+                spec, [name], config, torch.device(device))
+        except Exception as exc:
+            if problem is None:
+                raise
+            raise RuntimeError(f"its attention layer does not construct here ({problem})"
+                               ) from exc
     return builder
+
+
+def _attention_layer(config: VllmConfig, backend: str, backend_cls: Any
+                     ) -> tuple[str, str | None]:
+    """The name of the tiny Llama's attention layer for ``backend`` in ``config``, created and
+    registered once (builders that read their layers' parameters, FlashInfer's, find it), and
+    ``None``; where the layer does not construct here, a bare name and why (the builder may
+    not need it)."""
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    name = f"draftmeta_harness.layers.0.self_attn.attn.{backend.lower()}"
+    if name in config.compilation_config.static_forward_context:
+        return name, None
+    try:
+        Attention(num_heads=4, head_size=64, scale=64 ** -0.5, num_kv_heads=2,
+                  cache_config=config.cache_config, prefix=name, attn_backend=backend_cls)
+    except Exception as exc:  # its impl needs what this machine lacks: the builder may not
+        said = (str(exc).splitlines() or [""])[0]
+        return "draftmeta_harness.layers.0.self_attn.attn", f"{type(exc).__name__}: {said}"
+    return name, None
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
