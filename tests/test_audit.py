@@ -304,6 +304,70 @@ def test_a_control_whose_builder_does_not_construct_is_not_run_and_fails_nothing
     assert AuditReport("0.34.0", "0.34", True, (), (result,)).ok
 
 
+@attrs.define
+class _Graph:
+    """A CUDA graph stand-in: replaying runs the captured hook again (or, broken, nothing)."""
+
+    hook: Callable[[], None]
+    runs: bool = True
+
+    def replay(self) -> None:
+        if self.runs:
+            self.hook()
+
+
+@pytest.fixture
+def cuda_branch_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
+    """The driver's CUDA branch with its tensors and builders on the CPU and capture emulated
+    (the graph's replay calls the hook again); called with ``False``, replays do nothing."""
+    import torch
+
+    import draftmeta.testing as testing
+    from draftmeta.integrations.vllm import audit_gpu
+    from draftmeta.integrations.vllm.testing import harness
+
+    def on_cpu(function: Callable[..., Any]) -> Callable[..., Any]:
+        return lambda *a, **k: function(*a, **{**k, "device": "cpu"})
+
+    for module, name in ((testing, "random_state"), (testing, "state_for_lengths"),
+                         (harness, "make_builder"), (harness, "make_attention_builder")):
+        monkeypatch.setattr(module, name, on_cpu(getattr(module, name)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def replays(runs: bool) -> None:
+        def capture(hook: Callable[[], None], kernel: Any) -> tuple[_Graph, list[Any]]:
+            hook()
+            return _Graph(hook, runs), []
+        monkeypatch.setattr(audit_gpu, "capture", capture)
+    return replays
+
+
+@pytest.mark.usefixtures("plugin_on")
+def test_the_cuda_branch_places_every_fourth_batch_and_replays_every_one(
+    cuda_branch_on_cpu: Callable[[bool], None],
+) -> None:
+    from draftmeta.integrations.vllm.audit_drive import Target, drive
+
+    cuda_branch_on_cpu(True)
+    for target in (Target("INDEXER", "cuda"), Target("KPOOL_TAIL", "cuda"),
+                   Target("TRITON_MLA", "cuda", dcp_world=2)):
+        found = [drive(target, seed) for seed in range(4)]
+        assert [f.crossing for f in found] == [False, False, False, True]
+        assert all(f.replayed and f.equal == [] and f.idempotent == [] for f in found), found
+        assert all(f.schedule_changed is None for f in found)  # no FA3 schedule here
+
+
+@pytest.mark.usefixtures("plugin_on")
+def test_a_replay_that_leaves_the_hooks_buffer_stale_is_reported_after_replay(
+    cuda_branch_on_cpu: Callable[[bool], None],
+) -> None:
+    from draftmeta.integrations.vllm.audit_drive import Target, drive
+
+    cuda_branch_on_cpu(False)  # the K-pool tail's slot mapping is a buffer its hook refills
+    found = drive(Target("KPOOL_TAIL", "cuda"), 0)
+    assert [f.path for f in found.equal] == ["after replay: slot_mapping"]
+
+
 # -- the command --------------------------------------------------------------------------------
 
 

@@ -114,12 +114,14 @@ def fa3_schedule(metadata: object, batch: int) -> torch.Tensor | None:
 
 
 def deep_gemm_installed() -> bool:
-    """Whether vLLM finds DeepGEMM here (the indexer then computes its schedule on CUDA)."""
+    """Whether vLLM runs on CUDA here and finds DeepGEMM: the indexer's condition for
+    computing its schedule."""
     try:
+        from vllm.platforms import current_platform
         from vllm.utils.deep_gemm import has_deep_gemm
     except ImportError:
         return False
-    return bool(has_deep_gemm())
+    return bool(current_platform.is_cuda() and has_deep_gemm())
 
 
 def compare_on_cuda(metadata: object, rebuilt: object, *, batch: int,
