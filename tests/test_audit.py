@@ -172,6 +172,24 @@ def test_audit_refuses_a_builder_without_a_hook_and_names_those_with_one() -> No
         audit(["CPU_MLA"], batches=1, plugin=False)  # without the plugin vLLM gives it none
 
 
+def test_dcp_sizes_alone_audit_only_the_hooks_that_serve_dcp() -> None:
+    report = audit(["TRITON_MLA", "INDEXER"], batches=1, plugin=True, dcp=(2,))
+    assert [r.backend for r in report.rows] == ["TRITON_MLA (DCP 2)"]
+    with pytest.raises(ValueError, match="DCP sizes must be at least 1"):
+        audit(["INDEXER"], batches=1, dcp=(0,))
+
+
+@pytest.mark.usefixtures("no_hook_patch")
+def test_a_control_whose_hook_raises_ran_and_was_not_caught_and_says_what_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(audit_module, "drive", _fake_drive({
+        0: BatchFindings("vllm", 2), 1: TypeError("decode.scheduler_metadata is a str")}))
+    result = audit_module._run_control(CONTROLS[0], 3, 0)
+    assert (result.ran, result.caught, result.batches) == (True, False, 2)
+    assert result.note == "seed 1: TypeError: decode.scheduler_metadata is a str"
+
+
 def test_audit_on_cuda_in_a_process_whose_vllm_runs_on_the_cpu_is_refused() -> None:
     with pytest.raises(RuntimeError, match="vLLM keeps one per process"):
         audit(["INDEXER"], batches=1, device="cuda")

@@ -45,6 +45,12 @@ from typing import Any, Literal
 
 import attrs
 
+from draftmeta.integrations.vllm.audit_builders import (
+    HookedBuilder,
+    gpu_command,
+    hooked_builders,
+    registry_backend,
+)
 from draftmeta.integrations.vllm.audit_controls import (
     CONTROLS,
     GPU_CONTROLS,
@@ -62,8 +68,6 @@ from draftmeta.integrations.vllm.audit_drive import (
     Target,
     drive,
 )
-from draftmeta.integrations.vllm.catalogue import HarnessRecipe
-from draftmeta.integrations.vllm.classes import ClassRef
 from draftmeta.integrations.vllm.plan import CoveredBy
 
 __all__ = [
@@ -95,44 +99,6 @@ FirstStep = Literal["equal", "mismatch", "not run"]
 """Whether the hook alone turned the metadata built for capture into the first step's."""
 
 _SHOWN = 3  # findings kept per row and criterion (the counts say how many there were)
-
-
-def gpu_command(*names: str) -> str:
-    """The command that audits ``names`` (every hook, without names) on a GPU machine with
-    this vLLM: what a row that needs a GPU says to run."""
-    return " ".join(["draftmeta audit --device cuda", *names])
-
-
-@attrs.frozen
-class HookedBuilder:
-    """A builder of the installed vLLM whose draft hook the audit knows of.
-
-    Attributes:
-        name: vLLM's attention-backend name (the catalogue's name where it has one).
-        builder: the builder class's qualified name.
-        owner: whose hook vLLM would call, as far as the class tells (an instance may still
-            turn its flag off: under DCP, without full CUDA graphs).
-        runs_here: ``None`` where the audit builds it on this device, else why not.
-        dcp: audit it under decode context parallelism too: draftmeta's hook serves it there
-            (where vLLM declares none, or where draftmeta's is the only one).
-        standard: a standard-attention backend outside the catalogue, built for a tiny Llama
-            (:func:`~draftmeta.integrations.vllm.testing.harness.make_attention_builder`);
-            where it does not construct here, its row says why.
-        recipe: how to build it where its catalogue entry has no recipe for this device (an
-            MLA backend of vLLM's registry, built with its own layer, on a GPU).
-        kv_cache_dtypes: the KV caches it is audited with (FlashMLA: bf16 and FP8, on a GPU).
-        flashmla: FlashMLA's dense decode checks its schedule (on a GPU).
-    """
-
-    name: str
-    builder: str
-    owner: Owner
-    runs_here: str | None
-    dcp: bool = False
-    standard: bool = False
-    recipe: HarnessRecipe | None = None
-    kv_cache_dtypes: tuple[str, ...] = ("auto",)
-    flashmla: bool = False
 
 
 @attrs.frozen
@@ -228,138 +194,6 @@ class AuditReport:
         return {**attrs.asdict(self, recurse=True), "ok": self.ok}
 
 
-_PLUGIN_HOOKS = "draftmeta.integrations.vllm.hook"
-"""The module whose functions the plugin installs as hooks."""
-
-
-def _declares_hook(cls: type) -> bool:
-    """Whether vLLM's own code gives ``cls`` a hook: the nearest definition in its class
-    hierarchy that is not draftmeta's (the plugin's replacement serves only the exact class it
-    patched, and the catalogue lists those) is not the base class's."""
-    from vllm.v1.attention.backend import AttentionMetadataBuilder
-
-    for klass in cls.__mro__:
-        hook = klass.__dict__.get("update_draft_decode_metadata")
-        if hook is None or getattr(hook, "__module__", "") == _PLUGIN_HOOKS:
-            continue
-        return klass is not AttentionMetadataBuilder
-    return False
-
-
-def _registry_builders() -> dict[str, type | str]:
-    """vLLM's attention backends by name: the builder class, or why it does not load here."""
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    found: dict[str, type | str] = {}
-    for member in AttentionBackendEnum:
-        try:
-            found[member.name] = member.get_class().get_builder_cls()
-        except Exception as exc:  # a backend that does not load here: said in its row
-            said = (str(exc).splitlines() or [""])[0]
-            found[member.name] = f"{type(exc).__name__}: {said}"
-    return found
-
-
-def _import_problem(ref: ClassRef) -> str:
-    """Why ``ref``'s class does not import here, as the import said it."""
-    from draftmeta.integrations.vllm.classes import import_class
-
-    try:
-        import_class(ref)
-    except Exception as exc:  # the reason, whatever its type
-        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-    return "it imports now, not when the plan was made"
-
-
-def _registry_backend(name: str) -> Any:
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    try:
-        return AttentionBackendEnum[name].get_class()
-    except Exception:  # does not load here: the caller lists it as not run
-        return None
-
-
-def _registry_recipe(name: str) -> HarnessRecipe | None:
-    """A recipe that builds ``name``'s MLA builder with its own backend's layer (block size
-    64, which every MLA kernel takes), where vLLM's registry loads it here."""
-    backend = _registry_backend(name)
-    if backend is None or not backend.is_mla():
-        return None
-    return HarnessRecipe("mla", ClassRef(backend.__module__, backend.__qualname__),
-                         block_size=64)
-
-
-def hooked_builders(*, plugin: bool = True, device: Device = "cpu"
-                    ) -> tuple[HookedBuilder, ...]:
-    """Every builder of the installed vLLM with a draft hook: the catalogue's builders whose
-    class declares one or to which draftmeta's plan (with ``plugin`` active) gives one, then
-    every other backend of vLLM's registry whose builder class declares one; each with whether
-    it builds on ``device`` (a CPU runs the catalogue's CPU recipes and the standard backends
-    that construct there; a GPU every builder whose class loads)."""
-    from draftmeta.integrations.vllm.catalogue import current_release
-    from draftmeta.integrations.vllm.plan import make_plan
-    from draftmeta.integrations.vllm.release import installed_version
-
-    version = installed_version()
-    if version is None:
-        raise RuntimeError("vLLM is not installed")
-    release = current_release()
-    if "hook" not in release.paths:
-        raise RuntimeError(f"vLLM {version} has no draft hook (update_draft_decode_metadata): "
-                           "its draft loop rebuilds or takes the older proposer's path, so "
-                           "there is no hook to audit")
-    cuda = device == "cuda"
-    rows: list[HookedBuilder] = []
-    for decision in make_plan(version).on("hook"):
-        entry, cls = decision.entry, decision.cls
-        ours = plugin and decision.covered_by == "draftmeta"
-        # vLLM's own hook: its class declares one, or (a class that does not import here)
-        # the catalogue says it does
-        theirs = _declares_hook(cls) if cls is not None else entry.hook != "none"
-        if not (ours or theirs or (plugin and decision.dcp_only)):
-            continue
-        recipe = None
-        runs_here: str | None
-        if cls is None:
-            runs_here = f"does not import here ({_import_problem(entry.builder)})" + (
-                "" if cuda else f"; on a GPU machine run {gpu_command(entry.name)}")
-        elif entry.harness is not None or (cuda and entry.gpu_harness is not None):
-            runs_here = None
-        elif cuda:
-            recipe = _registry_recipe(entry.name)
-            runs_here = None if recipe is not None else "vLLM's registry does not load it here"
-        else:
-            runs_here = (f"its builder constructs only on a GPU: on a GPU machine run "
-                         f"{gpu_command(entry.name)}")
-        flashmla = getattr(entry.spec, "family", None) == "flashmla"
-        rows.append(HookedBuilder(
-            entry.name, entry.builder.qualname, "draftmeta" if ours else "vllm", runs_here,
-            dcp=plugin and runs_here is None and (
-                decision.dcp_only or (ours and entry.harness is None)),
-            recipe=recipe, flashmla=flashmla,
-            kv_cache_dtypes=("auto", "fp8") if flashmla and cuda else ("auto",)))
-    known = set(release.names)
-    for name, loaded in _registry_builders().items():
-        if name in known or isinstance(loaded, str):  # a str: it does not load here
-            continue
-        if not _declares_hook(loaded):
-            continue
-        backend = _registry_backend(name)
-        standard = backend is not None and not backend.is_mla()
-        recipe = None if standard or not cuda else _registry_recipe(name)
-        if standard or recipe is not None:
-            runs_here = None
-        elif cuda:
-            runs_here = "vLLM's registry does not load it here"
-        else:
-            runs_here = ("an MLA backend outside draftmeta's catalogue, built only on a GPU: "
-                         f"on a GPU machine run {gpu_command(name)}")
-        rows.append(HookedBuilder(name, loaded.__qualname__, "vllm", runs_here,
-                                  standard=standard, recipe=recipe))
-    return tuple(rows)
-
-
 @contextlib.contextmanager
 def _hook_replaced(backend: str, wrap: HookWrapper) -> Iterator[None]:
     from draftmeta.integrations.patching import Patches
@@ -369,7 +203,7 @@ def _hook_replaced(backend: str, wrap: HookWrapper) -> Iterator[None]:
     name = "update_draft_decode_metadata"
     release = current_release()
     cls = (import_class(release.entry(backend).builder) if backend in release.names
-           else _registry_backend(backend).get_builder_cls())
+           else registry_backend(backend).get_builder_cls())
     with Patches() as patches:  # restored exactly, an inherited hook included
         patches.replace(cls, name, wrap(getattr(cls, name)))
         yield
@@ -477,6 +311,11 @@ def _run_control(control: Control, batches: int, seed: int, device: Device = "cp
                 found = drive(target, s, placed=control.placed)
             except NotConstructed as exc:
                 return attrs.evolve(result, note=f"its builder does not construct here ({exc})")
+            except Exception as exc:  # the buggy hook raised: a control that ran, not caught
+                said = (str(exc).splitlines() or [""])[0]
+                return attrs.evolve(result, batches=ran + 1, informative=informative,
+                                    missed=missed, reported=tuple(reported),
+                                    note=f"seed {s}: {type(exc).__name__}: {said}")
             if found.owner == "none":
                 return attrs.evolve(result, note="its builder has no hook here to put a bug in "
                                     "(its flag is off; with draftmeta's plugin off?)")
