@@ -349,16 +349,47 @@ def _coverage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit_command(args: argparse.Namespace, device: str) -> str:
+    """The audit's command line with every option spelled out: what its JSON records."""
+    import shlex
+
+    words = ["draftmeta", "audit", *args.backends, "--device", device, "--batches",
+             str(args.batches), "--seed", str(args.seed), "--dcp", *map(str, args.dcp)]
+    if args.plugin is not None:
+        words += ["--plugin", args.plugin]
+    if args.negative_control:
+        words.append("--negative-control")
+    if args.json:
+        words.append("--json")
+    if args.out is not None:
+        words += ["--out", str(args.out)]
+    return shlex.join(words)
+
+
 def _audit(args: argparse.Namespace) -> int:
     import json
 
     from draftmeta.integrations.vllm.plugin import enabled_by_environment
     from draftmeta.integrations.vllm.release import import_problem
-    from draftmeta.integrations.vllm.testing.harness import prepare_environment
+    from draftmeta.integrations.vllm.testing.harness import use_device
 
     # the user's plugin setting, read before the harness's environment turns it off for itself
     plugin = enabled_by_environment() if args.plugin is None else args.plugin == "on"
-    prepare_environment()  # vLLM on its CPU platform, before anything imports it
+    device = args.device
+    if device != "cpu":
+        import torch
+
+        if torch.cuda.is_available():
+            device = "cuda"
+        elif device == "cuda":
+            raise UsageError("--device cuda needs a CUDA device (torch sees none); --device "
+                             "cpu audits the hooks whose builders construct on a CPU")
+        else:
+            device = "cpu"
+    try:
+        use_device(device)  # vLLM on that platform, before anything imports it
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from exc
     if (missing := import_problem()) is not None:
         raise UsageError(f"it drives the installed vLLM's own builders and hooks, and vLLM does "
                          f"not import here ({missing}); install it first: pip install "
@@ -374,13 +405,15 @@ def _audit(args: argparse.Namespace) -> int:
         try:
             report = audit(args.backends or None, batches=args.batches, seed=args.seed,
                            plugin=plugin, negative_control=args.negative_control,
-                           echo=progress.update)
+                           echo=progress.update, device=device, dcp=args.dcp,
+                           command=_audit_command(args, device))
         except (ValueError, RuntimeError) as exc:
             raise UsageError(str(exc)) from exc
     data = report.to_json()
     print(json.dumps(data, indent=1) if args.json else audit_table(report))
     if args.out is not None:
-        path = args.out / f"audit-vllm-{report.release}.json"
+        suffix = "" if device == "cpu" else f"-{device}"
+        path = args.out / f"audit-vllm-{report.release}{suffix}.json"
         path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0 if report.ok else 1
@@ -542,29 +575,43 @@ def parser() -> argparse.ArgumentParser:
         help="check every draft hook of the installed vLLM against vLLM's own rebuild",
         description="Find every metadata builder whose update_draft_decode_metadata hook vLLM's "
                     "runner calls between draft steps (vLLM's own, and those draftmeta's "
-                    "plugin gives one), drive each hook as vLLM 0.34's fused draft loop does "
-                    "over random decode batches (inputs advanced in place, then the hook) and "
-                    "compare the metadata field by field with vLLM's own rebuild of the same "
-                    "state. Builders that construct only on a GPU are listed with why they were "
-                    "not run. Exit 1 on any mismatch or an uncaught negative control. About a "
-                    "minute on CPU with the defaults.",
+                    "plugin gives one), build it with vLLM's own code on this machine's device "
+                    "and drive its hook over random decode batches against three criteria: "
+                    "update == rebuild as vLLM 0.34's fused draft loop drives it (inputs "
+                    "advanced in place, then the hook, compared field by field with vLLM's "
+                    "rebuild of the same state), idempotent (a second call for one step changes "
+                    "nothing) and first step (from the metadata built for capture, the hook "
+                    "alone gives the first step's, as vLLM's next draft loop needs). On a GPU "
+                    "the builders that need one run too: kernel schedules compared as their "
+                    "kernels read them, FlashMLA's decode run on both sides, every hook "
+                    "captured in a CUDA graph and replayed. A builder that cannot run here is a "
+                    "row saying why (on a CPU, with the command for a GPU machine). Exit 1 on "
+                    "any failure or an uncaught negative control. About two minutes on a CPU "
+                    "with the defaults.",
     )
     a.add_argument("backends", nargs="*", metavar="BACKEND",
                    help="builders to audit (vLLM's backend names, INDEXER, KPOOL_TAIL); "
                         "default: every one with a hook")
     a.add_argument("--batches", type=positive, default=16, help="random batches per builder")
     a.add_argument("--seed", type=seed, default=0, help="the first batch's seed")
+    a.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where vLLM builds and the hooks run (auto: cuda where torch sees a "
+                        "CUDA device, else cpu)")
+    a.add_argument("--dcp", type=positive, nargs="+", default=[1, 2], metavar="N",
+                   help="decode context parallelism: 1 audits every hook without it, N > 1 the "
+                        "hooks that serve DCP, for one rank of a stand-in group of N ranks "
+                        "(default: 1 2)")
     a.add_argument("--plugin", choices=["on", "off"], default=None,
                    help="audit with draftmeta's plugin active (its hooks too) or off (default: "
                         "as DRAFTMETA_VLLM_PLUGIN says: on unless 0)")
     a.add_argument("--negative-control", action="store_true",
-                   help="also run vLLM's indexer and K-pool-tail hooks with a deliberate bug "
-                        "each (a skipped refresh, a wrong value written): each must be reported "
-                        "with its field")
+                   help="also run hooks with a deliberate bug each (a skipped refresh, a wrong "
+                        "value written, an increment where a refresh belongs; on a GPU a "
+                        "scheduler left stale): each must be reported with its field")
     a.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     a.add_argument("--out", type=Path, default=None, metavar="FOLDER",
-                   help="also write audit-vllm-RELEASE.json there (default: no file, the "
-                        "table or --json on stdout only)")
+                   help="also write audit-vllm-RELEASE.json there (audit-vllm-RELEASE-cuda.json "
+                        "on a GPU; default: no file, the table or --json on stdout only)")
     _add_common(a)
     a.set_defaults(run=_audit)
 

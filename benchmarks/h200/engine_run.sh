@@ -5,7 +5,9 @@
 # (PYTHONPATH), the carried wheel only supplies vLLM's plugin entry point.
 #   bash benchmarks/h200/engine_run.sh STAGE...
 # Stages:
-#   equivalence  hook_equivalence.py: update == vLLM's rebuild on CUDA, captured and replayed
+#   equivalence  draftmeta audit --device cuda --negative-control: every draft hook whose builder
+#                constructs on the GPU (vLLM's and draftmeta's) against vLLM's rebuild, idempotent
+#                and equal at the first step, captured and replayed; audit-vllm-*-cuda.json
 #   hopper       draftmeta e2e --device cuda: FLASH_ATTN_MLA, FLASHMLA, tiny model,
 #                K = 2 3 4, batch 1 and 8, and the negative control
 #   fp8          FLASHMLA with an FP8 KV cache, tiny model, K = 3
@@ -64,8 +66,9 @@ e2e_info() {  # NAME TIMEOUT ARGS...: e2e with vLLM's INFO lines in the log
 for stage in "$@"; do
   case $stage in
     equivalence)
-      timeout "${EQ_TIMEOUT:-240}" python3 benchmarks/h200/hook_equivalence.py \
-        --batches "${EQ_BATCHES:-30}" --out "$OUT" 2>&1 | tee "$OUT/h200-hook-equivalence.log"
+      timeout "${EQ_TIMEOUT:-560}" python3 -m draftmeta audit --device cuda --negative-control \
+        --batches "${EQ_BATCHES:-16}" --out "$OUT" 2>&1 | grep -v -e "^INFO" -e "^(MainProcess" \
+        | tee "$OUT/h200-audit-cuda.log"
       echo "== equivalence rc ${PIPESTATUS[0]}";;
     hopper) e2e hopper "${HOPPER_TIMEOUT:-560}" --backends FLASH_ATTN_MLA FLASHMLA \
               --ks ${KS:-2 3 4} --negative-control;;

@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from draftmeta.advance import HostBound, OverflowPolicy, advance_state
-from draftmeta.integrations.vllm.catalogue import BuilderEntry
+from draftmeta.integrations.vllm.catalogue import BuilderEntry, HarnessRecipe
 from draftmeta.integrations.vllm.testing import harness
 from draftmeta.spec import DraftSpec
 from draftmeta.testing import Mismatch, compare_metadata, random_state
@@ -114,16 +114,25 @@ class BatchResult:
         return not self.mismatches
 
 
-def random_case(builder: str, seed: int, *, max_steps: int = 8) -> CaseConfig:
-    """A random batch configuration for ``builder`` from ``seed`` (batch 1..64, K 2..8, ...)."""
+def random_case(builder: str, seed: int, *, max_steps: int = 8,
+                recipe: HarnessRecipe | None = None) -> CaseConfig:
+    """A random batch configuration for ``builder`` from ``seed`` (batch 1..64, K 2..8, ...).
+
+    The block size is the recipe's (a builder that needs 64 gets 64), or 64 or the recipe's at
+    random; the recipe is ``recipe`` where given, else the catalogue entry's (its CPU one, or
+    its GPU one where it has none), else block sizes 16 or 64."""
     g = torch.Generator().manual_seed(seed)
 
     def pick(options: list[Any]) -> Any:
         return options[int(torch.randint(len(options), (1,), generator=g))]
 
-    from draftmeta.integrations.vllm.catalogue import current_release
+    if recipe is None:
+        from draftmeta.integrations.vllm.catalogue import current_release
 
-    recipe = current_release().entry(builder).harness
+        release = current_release()
+        if builder in release.names:
+            entry = release.entry(builder)
+            recipe = entry.harness or entry.gpu_harness
     smallest = recipe.block_size if recipe is not None else 16
     block_size = 64 if smallest == 64 else pick([smallest, 64])
     batch = pick([1, 1, 2, 3, 7, 16, 31, 64, int(torch.randint(1, 65, (1,), generator=g))])

@@ -1,13 +1,17 @@
-"""Construct vLLM's real attention metadata builders on a CPU-only machine.
+"""Construct vLLM's real attention metadata builders on a CPU-only machine, or on a GPU.
 
 Tests and benchmarks use this module to run vLLM's own ``build()`` code, not imitations
 of it. It creates a tiny DeepSeek-V3-style :class:`~vllm.config.VllmConfig` offline, constructs
 the builders that work without a GPU (``CPU_MLA``, ``AMX_MLA``, ``TRITON_MLA``, the DeepSeek-V3.2
 indexer), describes a decode-only batch (query length 1 per request) as a vLLM
 ``CommonAttentionMetadata`` that aliases the caller's tensors, and builds metadata from it.
+After :func:`use_device` ``("cuda")`` the same functions run vLLM on its CUDA platform, where the
+builders that need a GPU construct too (``FLASHMLA``, ``FLASH_ATTN_MLA``; any MLA backend of
+vLLM's registry through a :class:`~draftmeta.integrations.vllm.catalogue.HarnessRecipe`).
 
 Importing this module does not import vLLM. Every function that needs vLLM first calls
-:func:`prepare_environment`, which sets the variables vLLM needs on a machine without a GPU.
+:func:`prepare_environment`, which sets the variables vLLM needs on the device it targets (the
+CPU unless :func:`use_device` said otherwise).
 
 >>> cfg = make_vllm_config(max_model_len=1024, block_size=16)  # doctest: +SKIP
 >>> builder = make_builder("TRITON_MLA", cfg, block_size=16)  # doctest: +SKIP
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INDEXER_BLOCK_SIZE",
+    "build_for_capture",
     "build_metadata",
     "builder_names",
     "cached_vllm_config",
@@ -57,17 +62,22 @@ __all__ = [
     "make_vllm_config",
     "prepare_environment",
     "say_draft_tokens",
+    "target_device",
+    "use_device",
 ]
 
 INDEXER_BLOCK_SIZE: Final = 64
 """The block size DeepSeek-V3.2 runs its indexer KV cache with (FlashMLA-sparse forces 64)."""
 
-_ENVIRONMENT: Final[Mapping[str, str]] = {
+_ENVIRONMENTS: Final[Mapping[str, Mapping[str, str]]] = {
     # The CUDA wheel otherwise picks no usable platform ("Device string must not be empty").
-    "VLLM_TARGET_DEVICE": "cpu",
-    "HF_HUB_OFFLINE": "1",
-    "CUDA_VISIBLE_DEVICES": "",
+    "cpu": {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""},
+    # on a GPU machine: vLLM's CUDA platform (TVM's DLPack bridge off: the H200 and H100 images'
+    # torch lacks the symbol FlashInfer's TVM FFI looks for)
+    "cuda": {"VLLM_TARGET_DEVICE": "cuda", "HF_HUB_OFFLINE": "1",
+             "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1"},
 }
+_target: list[str] = ["cpu"]  # the device the harness points vLLM at (use_device)
 
 # The tiny model: MLA head size kv_lora_rank + qk_rope_head_dim = 576 (the only size the CPU MLA
 # backend accepts); the V3.2 index_* fields make vLLM treat it as a sparse (indexer) model.
@@ -84,34 +94,64 @@ _MLA_LAYER_PREFIX: Final = "draftmeta_harness.layers.0.self_attn.attn"
 _INDEXER_LAYER_NAME: Final = "draftmeta_harness.layers.0.self_attn.indexer.k_cache"
 
 _model_dirs: dict[int, str] = {}
-_config_cache: dict[tuple[int, int, int, int, int, str | None], VllmConfig] = {}
+_config_cache: dict[tuple[int, int, int, int, int, str | None, str], VllmConfig] = {}
+
+
+def use_device(device: str) -> None:
+    """Point the harness (and vLLM, in this process) at ``device``: ``"cpu"`` (the default)
+    or ``"cuda"``, then :func:`prepare_environment`. Call it before anything imports vLLM's
+    platform: vLLM resolves its platform once per process.
+
+    Raises:
+        ValueError: ``device`` is neither ``"cpu"`` nor ``"cuda"``.
+        RuntimeError: vLLM already resolved another platform in this process.
+    """
+    if device not in _ENVIRONMENTS:
+        raise ValueError(f"the harness runs vLLM on 'cpu' or 'cuda', not {device!r}")
+    _check_platform(device)  # before anything changes
+    _target[0] = device
+    prepare_environment()
+
+
+def target_device() -> str:
+    """The device the harness points vLLM at: ``"cpu"`` unless :func:`use_device` said
+    ``"cuda"``."""
+    return _target[0]
 
 
 def prepare_environment() -> None:
-    """Set the environment vLLM needs on a machine without a GPU.
+    """Set the environment vLLM needs on the device the harness targets.
 
-    Sets ``VLLM_TARGET_DEVICE=cpu``, ``HF_HUB_OFFLINE=1`` and ``CUDA_VISIBLE_DEVICES=""``. Call it
-    before vLLM is imported; every function of this module that imports vLLM calls it first.
-    Calling it again is cheap.
+    On the CPU (the default) sets ``VLLM_TARGET_DEVICE=cpu``, ``HF_HUB_OFFLINE=1`` and
+    ``CUDA_VISIBLE_DEVICES=""``; after :func:`use_device` ``("cuda")``, ``VLLM_TARGET_DEVICE=cuda``
+    and ``HF_HUB_OFFLINE=1``. Call it before vLLM is imported; every function of this module
+    that imports vLLM calls it first. Calling it again is cheap.
 
     Raises:
-        RuntimeError: vLLM has already resolved a platform other than the CPU one in this
+        RuntimeError: vLLM has already resolved a platform other than the targeted one in this
             process, so the variables come too late.
     """
-    for name, value in _ENVIRONMENT.items():
+    device = _target[0]
+    _check_platform(device)
+    for name, value in _ENVIRONMENTS[device].items():
         if os.environ.get(name) != value:
             os.environ[name] = value
     # vLLM loads general plugins when a config is made; the harness measures vLLM's own
     # builders, so draftmeta's plugin stays off here unless asked for explicitly
     os.environ.setdefault("DRAFTMETA_VLLM_PLUGIN", "0")
+
+
+def _check_platform(device: str) -> None:
+    """Raise where vLLM already resolved a platform other than ``device``'s in this process."""
     platforms = sys.modules.get("vllm.platforms")
-    if platforms is not None:
-        current = vars(platforms).get("_current_platform")
-        if current is not None and not current.is_cpu():
-            raise RuntimeError(
-                f"vLLM already resolved the platform {type(current).__name__} in this process; "
-                "call prepare_environment() before anything touches vllm.platforms."
-            )
+    current = None if platforms is None else vars(platforms).get("_current_platform")
+    if current is not None and not (current.is_cpu() if device == "cpu" else current.is_cuda()):
+        raise RuntimeError(
+            f"vLLM already resolved the platform {type(current).__name__} in this process, not "
+            f"the {device} one (vLLM keeps one per process): call use_device({device!r}) or "
+            "prepare_environment() before anything touches vllm.platforms, or run in a fresh "
+            "process."
+        )
 
 
 def _model_config_json(max_position_embeddings: int) -> dict[str, Any]:
@@ -174,6 +214,7 @@ def make_vllm_config(
     dcp_world_size: int = 1,
     dcp_interleave: int = 1,
     cudagraph_mode: str | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> VllmConfig:
     """Create a fresh ``VllmConfig`` for a tiny DeepSeek-V3.2-style model, offline.
 
@@ -201,7 +242,11 @@ def make_vllm_config(
         cudagraph_mode: a ``CUDAGraphMode`` name for ``compilation_config.cudagraph_mode``,
             set after the config is made (vLLM's CPU platform forces ``NONE``):
             ``"FULL_DECODE_ONLY"`` configures builders as vLLM's GPU runner does when it
-            captures its draft loop, where the plugin offers its hook; ``None`` keeps ``NONE``.
+            captures its draft loop, where the plugin offers its hook (the largest captured
+            batch is then ``max_num_seqs``, as FlashAttention's builders read it); ``None``
+            keeps ``NONE``.
+        kv_cache_dtype: ``cache_config.cache_dtype`` (``"fp8"``: FlashMLA's FP8 KV cache), set
+            after the config is made.
     """
     if min(max_model_len, block_size, max_num_seqs, dcp_world_size, dcp_interleave) <= 0:
         raise ValueError(
@@ -228,15 +273,27 @@ def make_vllm_config(
     config.parallel_config.decode_context_parallel_size = dcp_world_size
     config.parallel_config.cp_kv_cache_interleave_size = dcp_interleave
     if cudagraph_mode is not None:
-        from vllm.config.compilation import CUDAGraphMode
-
-        config.compilation_config.cudagraph_mode = CUDAGraphMode[cudagraph_mode]
+        _set_cudagraph_mode(config, cudagraph_mode, max_num_seqs)
+    config.cache_config.cache_dtype = kv_cache_dtype
     return config
+
+
+def _set_cudagraph_mode(config: VllmConfig, mode: str, largest: int) -> None:
+    """``mode`` as the config's CUDA graph mode, with the batch sizes captured as vLLM's
+    defaults space them (1, 2, 4, then every 8) up to ``largest``: what its builders read
+    where graphs are on (Triton attention picks its kernel's threshold among them, FlashAttention
+    sizes its schedule buffer by the largest)."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
+    sizes = [s for s in (1, 2, 4, *range(8, largest + 1, 8)) if s <= largest]
+    config.compilation_config.cudagraph_capture_sizes = sizes
+    config.compilation_config.max_cudagraph_capture_size = sizes[-1]
 
 
 def cached_vllm_config(
     *, max_model_len: int, block_size: int, max_num_seqs: int = 256, dcp_world_size: int = 1,
-    dcp_interleave: int = 1, cudagraph_mode: str | None = None,
+    dcp_interleave: int = 1, cudagraph_mode: str | None = None, kv_cache_dtype: str = "auto",
 ) -> VllmConfig:
     """Like :func:`make_vllm_config`, but return one shared config per argument tuple.
 
@@ -244,13 +301,13 @@ def cached_vllm_config(
     ``compilation_config.static_forward_context`` (once); do not change it otherwise.
     """
     key = (max_model_len, block_size, max_num_seqs, dcp_world_size, dcp_interleave,
-           cudagraph_mode)
+           cudagraph_mode, kv_cache_dtype)
     config = _config_cache.get(key)
     if config is None:
         config = make_vllm_config(
             max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
             dcp_world_size=dcp_world_size, dcp_interleave=dcp_interleave,
-            cudagraph_mode=cudagraph_mode,
+            cudagraph_mode=cudagraph_mode, kv_cache_dtype=kv_cache_dtype,
         )
         _config_cache[key] = config
     return config
@@ -339,21 +396,23 @@ def builder_names() -> tuple[str, ...]:
     return tuple(b.name for b in current_release().builders if b.harness is not None)
 
 
-def _mla_backend(name: str) -> Any:
+def _mla_backend(name: str, recipe: HarnessRecipe) -> Any:
     import importlib
 
-    backend = _recipe(name).backend
+    backend = recipe.backend
     if backend is None:
         raise ValueError(f"{name}'s harness recipe names no attention backend")
     return getattr(importlib.import_module(backend.module), backend.qualname)
 
 
-def _mla_layer(config: VllmConfig, name: str) -> Any:
+def _mla_layer(config: VllmConfig, name: str, backend: Any, device: torch.device) -> Any:
     """Return the config's MLA layer for backend ``name``, creating and registering it once.
 
     The constructor registers the layer in ``config.compilation_config.static_forward_context``
     (the builders read its MLA dims and prefill backend from there) and reads the current
-    vLLM config, so the caller must hold ``set_current_vllm_config(config)``.
+    vLLM config, so the caller must hold ``set_current_vllm_config(config)``. A sparse backend
+    (``is_sparse()``, DeepSeek-V3.2's) gets the shared top-k index buffer its layer reads, as
+    vLLM's model makes it (``max_num_batched_tokens`` x ``index_topk``, int32, on ``device``).
     """
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 
@@ -367,6 +426,11 @@ def _mla_layer(config: VllmConfig, name: str) -> Any:
     qk_nope, v_head = int(hf.qk_nope_head_dim), int(hf.v_head_dim)
     qk_rope = int(hf.qk_rope_head_dim)
     kv_lora_rank = int(hf.kv_lora_rank)
+    sparse: dict[str, Any] = {}
+    if backend.is_sparse():
+        tokens = config.scheduler_config.max_num_batched_tokens
+        sparse = {"use_sparse": True, "topk_indices_buffer": torch.empty(
+            tokens, int(hf.index_topk), dtype=torch.int32, device=device)}
     # A plain Linear serves as kv_b_proj: no weights are loaded and no forward runs.
     kv_b_proj = torch.nn.Linear(kv_lora_rank, num_heads * (qk_nope + v_head), bias=False)
     return MLAAttention(
@@ -380,7 +444,8 @@ def _mla_layer(config: VllmConfig, name: str) -> Any:
         kv_b_proj=kv_b_proj,
         cache_config=config.cache_config,
         prefix=prefix,
-        attn_backend=_mla_backend(name),
+        attn_backend=backend,
+        **sparse,
     )
 
 
@@ -431,10 +496,12 @@ def make_builder(
     block_table_width: int | None = None,
     device: torch.device | str = "cpu",
     dcp_rank: int = 0,
+    recipe: HarnessRecipe | None = None,
 ) -> AttentionMetadataBuilder[Any]:
     """Construct vLLM's real metadata builder ``name`` for ``config``.
 
-    ``name`` is a catalogue name whose entry has a harness recipe (:func:`builder_names`):
+    ``name`` is a catalogue name whose entry has a harness recipe (:func:`builder_names`; on
+    CUDA, after :func:`use_device`, its GPU recipe too), or any name with ``recipe`` given:
     for MLA builders (``CPU_MLA``, ``AMX_MLA``, ``TRITON_MLA``) an ``MLAAttention`` layer with
     the recipe's backend is created (once per config and name, under
     ``set_current_vllm_config(config)``) and its kv-cache spec taken, with ``block_size`` put
@@ -452,12 +519,15 @@ def make_builder(
         dcp_rank: this builder's rank among the config's
             ``parallel_config.decode_context_parallel_size`` DCP ranks (:func:`dcp_group`
             answers for the group while the builder is constructed).
+        recipe: how to build it, in place of its catalogue entry's (a backend of vLLM's
+            registry outside the catalogue, or without a recipe there).
 
     Raises:
         ValueError: an unknown name, one that needs a GPU, a non-positive block size, or a
             rank outside the DCP group.
     """
-    kind = _recipe(name).kind
+    recipe = recipe if recipe is not None else _recipe(name)
+    kind = recipe.kind
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     prepare_environment()
@@ -484,7 +554,7 @@ def make_builder(
                 dev,
                 block_table_width=block_table_width,
             )
-        layer = _mla_layer(config, name)
+        layer = _mla_layer(config, name, _mla_backend(name, recipe), dev)
         spec = layer.get_kv_cache_spec(config)
         if spec.block_size != block_size:
             spec = dataclasses.replace(spec, block_size=block_size)
@@ -534,9 +604,7 @@ def _attention_config(max_model_len: int, block_size: int, cudagraph_mode: str |
     if config.cache_config.block_size != block_size:
         config.cache_config.block_size = block_size
     if cudagraph_mode is not None:
-        from vllm.config.compilation import CUDAGraphMode
-
-        config.compilation_config.cudagraph_mode = CUDAGraphMode[cudagraph_mode]
+        _set_cudagraph_mode(config, cudagraph_mode, 256)
     _attention_configs[key] = config
     return config
 
@@ -547,10 +615,12 @@ def make_attention_builder(
     max_model_len: int,
     block_size: int,
     cudagraph_mode: str | None = None,
+    device: torch.device | str = "cpu",
 ) -> AttentionMetadataBuilder[Any]:
     """Construct the metadata builder of vLLM's standard (non-MLA) attention backend
     ``backend`` (a name of vLLM's backend registry, ``TRITON_ATTN``) for a tiny Llama, with a
-    full-attention KV-cache spec of ``block_size``; configs are shared per argument tuple.
+    full-attention KV-cache spec of ``block_size``, on ``device``; configs are shared per
+    argument tuple.
 
     Raises:
         ValueError: ``backend`` is an MLA backend, or not in vLLM's registry.
@@ -572,9 +642,36 @@ def make_attention_builder(
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=64,
                              dtype=torch.bfloat16)
     with set_current_vllm_config(config):
-        builder: AttentionMetadataBuilder[Any] = backend_cls.get_builder_cls()(
-            spec, ["draftmeta_harness.layers.0.self_attn.attn"], config, torch.device("cpu"))
+        name, problem = _attention_layer(config, backend, backend_cls)
+        try:
+            builder: AttentionMetadataBuilder[Any] = backend_cls.get_builder_cls()(
+                spec, [name], config, torch.device(device))
+        except Exception as exc:
+            if problem is None:
+                raise
+            raise RuntimeError(f"its attention layer does not construct here ({problem})"
+                               ) from exc
     return builder
+
+
+def _attention_layer(config: VllmConfig, backend: str, backend_cls: Any
+                     ) -> tuple[str, str | None]:
+    """The name of the tiny Llama's attention layer for ``backend`` in ``config``, created and
+    registered once (builders that read their layers' parameters, FlashInfer's, find it), and
+    ``None``; where the layer does not construct here, a bare name and why (the builder may
+    not need it)."""
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    name = f"draftmeta_harness.layers.0.self_attn.attn.{backend.lower()}"
+    if name in config.compilation_config.static_forward_context:
+        return name, None
+    try:
+        Attention(num_heads=4, head_size=64, scale=64 ** -0.5, num_kv_heads=2,
+                  cache_config=config.cache_config, prefix=name, attn_backend=backend_cls)
+    except Exception as exc:  # its impl needs what this machine lacks: the builder may not
+        said = (str(exc).splitlines() or [""])[0]
+        return "draftmeta_harness.layers.0.self_attn.attn", f"{type(exc).__name__}: {said}"
+    return name, None
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -600,6 +697,17 @@ common_metadata_for = _after_prepare_environment(common_metadata.common_metadata
 """vLLM's common metadata over a draft state's buffers (aliased): the one adapter's
 :func:`~draftmeta.integrations.vllm.common_metadata.common_metadata_of`, after
 :func:`prepare_environment`."""
+
+
+def build_for_capture(builder: AttentionMetadataBuilder[Any], cad: CommonAttentionMetadata
+                      ) -> Any:
+    """Build metadata for ``cad`` as vLLM's runner does before it captures a full CUDA graph
+    (``build_for_cudagraph_capture``: a builder may set up what a captured kernel reads, or
+    fill the lengths with dummies); ``build()`` where the release has no such method."""
+    capture = getattr(builder, "build_for_cudagraph_capture", None)
+    if capture is None:
+        return builder.build(common_prefix_len=0, common_attn_metadata=cad)
+    return capture(cad)
 
 
 def build_metadata(
