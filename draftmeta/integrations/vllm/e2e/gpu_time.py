@@ -50,8 +50,11 @@ def _device_intervals(profile: object) -> list[tuple[float, float]]:
 
     results = getattr(getattr(profile, "profiler", None), "kineto_results", None)
     if results is not None:
-        return [(float(e.start_ns()), float(e.start_ns() + e.duration_ns()))
-                for e in results.events() if e.device_type() == DeviceType.CUDA]
+        try:
+            return [(float(e.start_ns()), float(e.start_ns() + e.duration_ns()))
+                    for e in results.events() if e.device_type() == DeviceType.CUDA]
+        except AttributeError:  # a torch whose kineto events lack these: the slower reading
+            pass
     events = profile.events()  # type: ignore[attr-defined]
     return [(1e3 * e.time_range.start, 1e3 * e.time_range.end) for e in events
             if e.device_type == DeviceType.CUDA]

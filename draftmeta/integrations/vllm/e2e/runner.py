@@ -250,11 +250,21 @@ class _Runner:
                 generated = self._generate(engines[s], s, case, batch, which, recording=False)
                 if index >= config.warmups:
                     measured[s].append(generated)
-        profiled = {s: (self._generate(engines[s], s, case, batch, "profiled generate (GPU "
-                                       "busy time)", recording=False, profile=True)
+        profiled = {s: (self._profiled(engines[s], s, case, batch)
                         if config.platform.profiles_gpu else None) for s in order}
         return {s: Side(recorded[s], tuple(measured[s]), profiled[s],
                         engines[s].startup_seconds) for s in order}
+
+    def _profiled(self, engine: Engine, side: str, case: Case, batch: int) -> Generated | None:
+        """One more generate under the CUDA profiler, for the GPU's busy time; ``None`` (said on
+        the progress) where the profiler fails: the rest of the case stands without it."""
+        try:
+            return self._generate(engine, side, case, batch, "profiled generate (GPU busy time)",
+                                  recording=False, profile=True)
+        except Exception as exc:
+            self.step.line(f"{case.label} batch {batch}: the GPU's busy time could not be "
+                           f"measured ({type(exc).__name__}: {exc}); no limit for this row")
+            return None
 
     # -- engines -----------------------------------------------------------------------------
 
