@@ -237,6 +237,22 @@ def test_skipping_a_refresh_puts_back_a_replaced_object_and_its_values() -> None
     assert int(tiles.sum()) == 16 and meta.decode.seq_lens.tolist() == [6, 8, 10]
 
 
+def test_skipping_a_refresh_in_place_puts_back_the_objects_flag_and_values() -> None:
+    tiles = torch.ones(2, 8, dtype=torch.int32)
+    meta = _metadata(Scheduler(tiles, torch.zeros(3, dtype=torch.int32), True))
+    sched = meta.decode.scheduler_metadata
+
+    def refill_in_place(builder: object, metadata: Metadata) -> None:  # FlashMLA FP8's way
+        metadata.decode.scheduler_metadata.have_initialized = False
+        metadata.decode.scheduler_metadata.tile_scheduler_metadata.fill_(7)
+        metadata.decode.scheduler_metadata.num_splits = torch.ones(3, dtype=torch.int32)
+
+    skip_refresh("decode.scheduler_metadata")(refill_in_place)(None, meta)
+    assert meta.decode.scheduler_metadata is sched and sched.have_initialized
+    assert int(tiles.sum()) == 16 and sched.tile_scheduler_metadata is tiles
+    assert sched.num_splits is not None and int(sched.num_splits.sum()) == 0
+
+
 def test_a_wrong_write_adds_one_to_the_first_entry_of_its_field() -> None:
     meta = _metadata()
     write_wrong("decode.seq_lens")(_refresh)(None, meta)

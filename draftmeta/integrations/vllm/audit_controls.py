@@ -126,37 +126,36 @@ def _field(metadata: Any, path: str) -> torch.Tensor:
     return value
 
 
-def _kept(value: Any) -> Any:
-    """What :func:`skip_refresh` puts back: a tensor's values, or a record's object and its
-    tensors' values."""
+def _kept(value: Any) -> tuple[Any, Any]:
+    """What :func:`skip_refresh` puts back: the object a field held, and a tensor's values or
+    a record's fields kept the same way."""
     from draftmeta.fields import record_items
 
     if isinstance(value, torch.Tensor):
-        return value.clone()
+        return value, value.clone()
     return value, [(name, _kept(v)) for name, v in record_items(value) or ()]
 
 
-def _put_back(parent: Any, name: str, value: Any, kept: Any) -> None:
-    object.__setattr__(parent, name, value)  # the object the field held (a hook may replace it)
-    if isinstance(value, torch.Tensor):
-        value.copy_(kept)  # in place: a captured kernel reads the same buffer
+def _put_back(parent: Any, name: str, kept: tuple[Any, Any]) -> None:
+    original, inner = kept
+    object.__setattr__(parent, name, original)  # the object it held (a hook may replace it)
+    if isinstance(original, torch.Tensor):
+        original.copy_(inner)  # in place: a captured kernel reads the same buffer
         return
-    _, fields = kept
-    for field_name, field_kept in fields:
-        _put_back(value, field_name, getattr(value, field_name), field_kept)
+    for field_name, field_kept in inner:
+        _put_back(original, field_name, field_kept)
 
 
 def skip_refresh(field: str) -> HookWrapper:
     """A hook that runs the original, then puts ``field`` back as it was: the refresh skipped.
     A tensor gets its values back in place; an object (FlashMLA's scheduler) is put back, its
-    tensors' values too."""
+    fields too (a flag reset, a tensor refilled or replaced)."""
     def wrap(hook: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
         def skipping(builder: Any, metadata: Any) -> None:
             parent, name = _parent(metadata, field)
-            value = getattr(parent, name)
-            kept = _kept(value)
+            kept = _kept(getattr(parent, name))
             hook(builder, metadata)
-            _put_back(parent, name, value, kept)
+            _put_back(parent, name, kept)
         return skipping
     return wrap
 
