@@ -110,6 +110,8 @@ class SourceWriter:
             self.fields_by_line[len(self.lines)] = owner
 
     def emit(self, line: str = "", depth: int = 1) -> None:
+        """Write ``line`` at ``depth`` (four spaces a level; an empty line unindented), after
+        the deferred lines pending, each for the field it was deferred for."""
         for deferred, owner in self.pending:
             self._append(deferred, owner)
         self.pending.clear()
@@ -136,7 +138,9 @@ class SourceWriter:
             self.owner = None
 
     def comment(self, text: str, depth: int = 1) -> None:
+        """Write ``text`` as a comment line (made safe by :func:`one_line`)."""
         self.emit(f"# {one_line(text)}", depth)
 
     def source(self) -> str:
+        """The lines written, as the function's source text."""
         return "\n".join(self.lines) + "\n"
