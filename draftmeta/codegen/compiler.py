@@ -32,9 +32,8 @@ def compile_spec(
 
     ``part="check"`` gives a function running only the preconditions and structure checks;
     ``part="finish"`` one running the rest, without the tensor writes of the paths in ``skip``
-    (done by a fused kernel). Prefer :attr:`DraftSpec.update
-    <draftmeta.spec.DraftSpec.update>` for the whole update, which
-    compiles once and caches the result.
+    (done by a fused kernel). Prefer :attr:`DraftSpec.update <draftmeta.spec.DraftSpec.update>`
+    for the whole update, which compiles once and caches the result.
     """
     return cast("UpdateFunction[M]", _compile(spec, part, skip))
 

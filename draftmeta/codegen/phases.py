@@ -1,12 +1,13 @@
 """The phases of a generated function, and the five functions a spec gives as a table of them.
 
-:func:`generate` writes one function of a spec (:data:`Part`) by running the phases of its
-variant in order (the ``_VARIANTS`` table: its name, docstring, phases and flags), each phase
-a method of the generator, which is a :class:`~draftmeta.codegen.writer.SourceWriter`. Phases
-0-3 check, 4 writes tensors, 5 stores host values (:mod:`draftmeta.codegen` lists them); the
-lines that depend on a rule come from the rule's own ``lower_*`` methods, written through the
-:class:`~draftmeta.rules.Emitter` implemented here. The result is a
-:class:`~draftmeta.codegen.product.GeneratedUpdate`; nothing is compiled here.
+:func:`generate` writes one function of a spec (:data:`~draftmeta.codegen.product.Part`) by
+running the phases of its variant in order (the ``_VARIANTS`` table: its name, docstring,
+phases and flags), each phase a method of the generator, which is a
+:class:`~draftmeta.codegen.writer.SourceWriter`. Phases 0-3 check, 4 writes tensors, 5 stores
+host values (:mod:`draftmeta.codegen` lists them); the lines that depend on a rule come from the
+rule's own ``lower_*`` methods, written through the :class:`~draftmeta.rules.Emitter`
+implemented here. The result is a :class:`~draftmeta.codegen.product.GeneratedUpdate`; nothing
+is compiled here.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from draftmeta.state import DraftState
 __all__ = ["allowed_attributes", "generate"]
 
 M = TypeVar("M")
+
 
 @dataclass(frozen=True)
 class _Variant:
