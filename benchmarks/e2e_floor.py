@@ -185,8 +185,9 @@ def instrument_phases(samples: dict[str, list[float]], *, lines: bool = False
     ``later`` the calls after it. The last stamp is taken once the function has returned, so
     the last phase or statement includes its ``return`` expression (a seal's)."""
     import draftmeta.codegen as codegen
+    import draftmeta.codegen.compiler as compiler  # _compile: the one compile path
 
-    original = codegen._compile
+    original = compiler._compile
 
     def compile_part(spec: Any, part: Any, skip: Any = frozenset()) -> Any:
         generated = codegen.generate(spec, part, skip)
@@ -232,10 +233,10 @@ def instrument_phases(samples: dict[str, list[float]], *, lines: bool = False
 
         return timed
 
-    codegen._compile = compile_part
+    compiler._compile = compile_part
 
     def undo() -> None:
-        codegen._compile = original
+        compiler._compile = original
 
     return undo
 

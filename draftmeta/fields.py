@@ -38,11 +38,6 @@ class FieldKind(enum.Enum):
     OBJECT = "object"
     """Any other host object (a scheduler object, an enum, a union of kinds, ...)."""
 
-    @property
-    def is_host_scalar(self) -> bool:
-        """Whether the kind is a host ``int``, ``bool`` or ``float``."""
-        return self in (FieldKind.INT, FieldKind.BOOL, FieldKind.FLOAT)
-
 
 @attrs.frozen
 class FieldInfo:

@@ -11,13 +11,17 @@ first proves the loop capture-safe, then records it:
 
 A violation raises :class:`CaptureError` naming the group, field or step. A :class:`CapturedLoop`
 replays the graph for the batch shape it was captured for.
+
+The capture reads a loop through :class:`CapturableLoop` (its state, groups and statistics, its
+``refresh`` and ``metadata``), which :class:`~draftmeta.loop.DraftLoop` satisfies: the loop calls
+the capture, and the capture never imports the loop.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -27,14 +31,60 @@ from draftmeta.protocol import spec_of
 from draftmeta.record_walk import host_leaves, tensor_leaves
 from draftmeta.state import DraftState
 
-if TYPE_CHECKING:
-    from draftmeta.loop import DraftLoop, StepFunction
-
-__all__ = ["CaptureError", "CapturedLoop", "capture_loop"]
+__all__ = ["CapturableLoop", "CaptureError", "CapturedLoop", "LoopFallbacks", "LoopGroup",
+           "capture_loop"]
 
 
 class CaptureError(DraftMetaError):
     """The draft loop cannot be captured in a CUDA graph; the message names the culprit."""
+
+
+class LoopGroup(Protocol):
+    """What the capture reads of one group of a loop (an
+    :class:`~draftmeta.loop.AttentionGroup` is one)."""
+
+    @property
+    def name(self) -> str:
+        """The group's name, in messages."""
+
+    @property
+    def builder(self) -> object:
+        """The metadata builder: its spec (:func:`~draftmeta.protocol.spec_of`) must be
+        capture-safe."""
+
+    @property
+    def metadata(self) -> Any:
+        """The group's metadata: every tensor in it must keep its address."""
+
+
+class LoopFallbacks(Protocol):
+    """What the capture reads of a loop's statistics (a :class:`~draftmeta.loop.LoopStats`)."""
+
+    def fallbacks(self) -> Mapping[str, str]:
+        """``{group: reason}`` for every group that rebuilds."""
+
+
+class CapturableLoop(Protocol):
+    """What the capture reads and runs of a draft loop: :class:`~draftmeta.loop.DraftLoop` is
+    one. The capture depends on this, not on the loop's class, so the loop can call it."""
+
+    @property
+    def state(self) -> DraftState:
+        """The draft state the loop advances: its buffers are the graph's."""
+
+    @property
+    def groups(self) -> Sequence[LoopGroup]:
+        """The loop's attention groups."""
+
+    @property
+    def stats(self) -> LoopFallbacks:
+        """The loop's statistics: which groups rebuild."""
+
+    def refresh(self, draft_index: int) -> None:
+        """Advance the state once and update each group's metadata."""
+
+    def metadata(self) -> Mapping[str, Any]:
+        """The current metadata of every group, by name."""
 
 
 @attrs.define(eq=False)
@@ -49,7 +99,7 @@ class CapturedLoop:
     """
 
     graph: torch.cuda.CUDAGraph
-    loop: DraftLoop
+    loop: CapturableLoop
     num_steps: int
     batch_size: int
 
@@ -72,9 +122,12 @@ class CapturedLoop:
 
 
 def capture_loop(
-    loop: DraftLoop, step_fn: StepFunction, num_steps: int, *, warmup: int = 1
+    loop: CapturableLoop, step_fn: Callable[[int, Mapping[str, Any]], None], num_steps: int,
+    *, warmup: int = 1,
 ) -> CapturedLoop:
-    """Capture ``num_steps`` refresh-and-step iterations of ``loop`` in one CUDA graph.
+    """Capture ``num_steps`` refresh-and-step iterations of ``loop`` in one CUDA graph,
+    calling ``step_fn(draft_index, metadata_by_group)`` (the loop's
+    :data:`~draftmeta.loop.StepFunction`) once per iteration.
 
     Every group must update in place. Before capture, ``warmup + 1`` (at least two) eager
     iterations run under ``torch.cuda.set_sync_debug_mode("error")`` (a device sync raises);
@@ -130,7 +183,7 @@ def capture_loop(
 # -- capture-safety checks --------------------------------------------------------------------
 
 
-def _tensors(loop: DraftLoop) -> Iterator[tuple[str, torch.Tensor]]:
+def _tensors(loop: CapturableLoop) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor a captured graph would read: the state's buffers, then each group's."""
     for name in ("positions", "seq_lens", "slot_mapping", "block_table", "query_start_loc",
                  "dcp_local_seq_lens"):
@@ -141,7 +194,7 @@ def _tensors(loop: DraftLoop) -> Iterator[tuple[str, torch.Tensor]]:
         yield from tensor_leaves(group.metadata, group.name)
 
 
-def _addresses(loop: DraftLoop) -> dict[str, int]:
+def _addresses(loop: CapturableLoop) -> dict[str, int]:
     return {path: t.data_ptr() for path, t in _tensors(loop)}
 
 
@@ -155,7 +208,7 @@ def _first_change(
     return None
 
 
-def _same_addresses(loop: DraftLoop, before: Mapping[str, int]) -> None:
+def _same_addresses(loop: CapturableLoop, before: Mapping[str, int]) -> None:
     changed = _first_change(before, _addresses(loop))
     if changed is not None:
         path = changed[0]
@@ -165,14 +218,14 @@ def _same_addresses(loop: DraftLoop, before: Mapping[str, int]) -> None:
         )
 
 
-def _host_values(loop: DraftLoop) -> dict[str, object]:
+def _host_values(loop: CapturableLoop) -> dict[str, object]:
     values: dict[str, object] = {"state.max_seq_len": loop.state.max_seq_len}
     for group in loop.groups:
         values.update(host_leaves(group.metadata, group.name))
     return values
 
 
-def _same_host_values(loop: DraftLoop, before: Mapping[str, object]) -> None:
+def _same_host_values(loop: CapturableLoop, before: Mapping[str, object]) -> None:
     after = _host_values(loop)
     changed = _first_change(before, after)
     if changed is not None:

@@ -2,30 +2,27 @@
 
 Each module's imports are read with ``ast`` (nothing is imported). An import of ``a.b.c`` is an
 edge to ``a.b.c`` and to the packages ``a`` and ``a.b`` that Python imports first, except the
-packages that enclose the importing module itself (Python has imported them already). Imports
-under ``if TYPE_CHECKING:`` are left out: they never run.
+packages that enclose the importing module itself (Python has imported them already).
 
-Two graphs are checked:
-
-* the *import-time* graph (module-level imports): no cycle at all;
-* the *whole* graph, with the imports inside functions too: exactly the cycles pinned in
-  :data:`KNOWN_LAZY_CYCLES`, each broken at import time by a function-level import. A new cycle
-  fails, and so does a pinned one that is gone (so the list only shrinks).
+The graph checked for cycles is the *whole* one: the imports at module level, those inside
+functions (which run later, so a cycle through one fails no import, but it ties two modules to
+each other all the same) and those under ``if TYPE_CHECKING:`` (which never run, but a type
+names the module it comes from). A cycle through any of them fails, so two modules never need
+each other, the way ``spec.py`` and ``codegen.py`` once did (a function-level import one way, a
+type-checking import the other). The run-time checks further down read the graph without the
+type-checking imports, which load nothing.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "draftmeta"
-
-KNOWN_LAZY_CYCLES: dict[frozenset[str], str] = {}
-"""Cycles that exist only through function-level imports, with the reason each is there."""
-
 
 def _modules(root: Path) -> dict[str, Path]:
     modules: dict[str, Path] = {}
@@ -43,13 +40,14 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imported(name: str, path: Path, lazy: bool) -> Iterator[str]:
-    """The modules ``name`` (at ``path``) imports: at import time, or also inside functions."""
+def _imported(name: str, path: Path, lazy: bool, typing: bool = False) -> Iterator[str]:
+    """The modules ``name`` (at ``path``) imports: at import time, or also inside functions
+    (``lazy``), and also under ``if TYPE_CHECKING:`` (``typing``)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
 
     def visit(node: ast.AST) -> Iterator[str]:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if isinstance(child, ast.If) and _is_type_checking(child) and not typing:
                 yield from (m for c in child.orelse for m in visit(ast.Module([c], [])))
                 continue
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) \
@@ -71,14 +69,15 @@ def _imported(name: str, path: Path, lazy: bool) -> Iterator[str]:
     yield from visit(ast.parse(path.read_text(encoding="utf-8")))
 
 
-def import_graph(root: Path, *, lazy: bool) -> dict[str, set[str]]:
-    """``{module: modules it imports}`` within the package at ``root``."""
+def import_graph(root: Path, *, lazy: bool, typing: bool = False) -> dict[str, set[str]]:
+    """``{module: modules it imports}`` within the package at ``root``: at import time, or also
+    inside functions (``lazy``), and also under ``if TYPE_CHECKING:`` (``typing``)."""
     modules = _modules(root)
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         enclosing = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
         edges: set[str] = set()
-        for target in _imported(name, path, lazy):
+        for target in _imported(name, path, lazy, typing):
             parts = target.split(".")
             for i in range(1, len(parts) + 1):
                 prefix = ".".join(parts[:i])
@@ -127,17 +126,45 @@ def _describe(found: set[frozenset[str]]) -> list[list[str]]:
     return sorted(sorted(c) for c in found)
 
 
-def test_no_module_imports_itself_back_at_import_time() -> None:
-    graph = import_graph(PACKAGE, lazy=False)
-    assert "draftmeta.loop" in graph and "draftmeta.loop_capture" in graph["draftmeta.loop"]
+def whole_graph(root: Path) -> dict[str, set[str]]:
+    """Every import of the package at ``root``: module-level, function-level, type-checking."""
+    return import_graph(root, lazy=True, typing=True)
+
+
+def test_no_module_imports_itself_back_even_through_function_level_or_type_checking_imports(
+) -> None:
+    graph = whole_graph(PACKAGE)
+    # the reader sees all three kinds of import in the package itself
+    assert "draftmeta.loop_capture" in graph["draftmeta.loop"]  # module level
+    assert "draftmeta.step_graph" in graph["draftmeta.loop"]  # inside DraftLoop._refresh_fused
+    assert "draftmeta.spec" in graph["draftmeta"]  # the exports, under TYPE_CHECKING
+    assert "draftmeta.spec" not in import_graph(PACKAGE, lazy=True)["draftmeta"]
     assert _describe(cycles(graph)) == []
 
 
-def test_the_only_cycles_through_function_level_imports_are_the_pinned_ones() -> None:
-    found = cycles(import_graph(PACKAGE, lazy=True))
-    assert _describe(found - set(KNOWN_LAZY_CYCLES)) == [], "a new import cycle"
-    assert _describe(set(KNOWN_LAZY_CYCLES) - found) == [], \
-        "a pinned cycle is gone: remove it from KNOWN_LAZY_CYCLES"
+def _planted(tmp_path: Path, module: str, line: str) -> Path:
+    """A copy of the package with ``line`` appended to ``module`` (a path under it)."""
+    root = tmp_path / "draftmeta"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__", "*.txt",
+                                                                 "*.json", "*.pt"))
+    path = root / module
+    path.write_text(path.read_text(encoding="utf-8") + line, encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize(("line", "kind"), [
+    ("\n\ndef _compile_here():\n    from draftmeta.spec import DraftSpec\n", "function-level"),
+    ("\nif TYPE_CHECKING:\n    from draftmeta.spec import DraftSpec\n", "type-checking"),
+], ids=["function-level", "type-checking"])
+def test_a_circle_planted_in_the_package_through_a_function_level_or_typing_import_is_reported(
+    tmp_path: Path, line: str, kind: str,
+) -> None:
+    # negative control: the code generator's phases importing the spec back, as codegen.py
+    # once did (the spec imports the code generator), in a copy of the package
+    root = _planted(tmp_path, "codegen/phases.py", line)
+    found = _describe(cycles(whole_graph(root)))
+    assert len(found) == 1 and {"draftmeta.spec", "draftmeta.codegen.phases"} <= set(found[0])
+    assert _describe(cycles(import_graph(root, lazy=False))) == [], kind  # none at import time
 
 
 # -- the reader itself, on a package written for the test ----------------------------------------
@@ -185,6 +212,25 @@ def test_the_reader_finds_cycles_and_only_cycles(
     tmp_path: Path, files: Mapping[str, str], lazy: bool, want: list[list[str]]
 ) -> None:
     assert _describe(cycles(import_graph(_package(tmp_path, files), lazy=lazy))) == want
+
+
+@pytest.mark.parametrize(("b", "want"), [
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n",
+     [["pkg.a", "pkg.b"]]),
+    ("import typing\nif typing.TYPE_CHECKING:\n    from pkg import a\n", [["pkg.a", "pkg.b"]]),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    import pkg.a\n",
+     [["pkg.a", "pkg.b"]]),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.c\n", []),
+], ids=["type-checking", "typing-attribute", "else-branch", "elsewhere"])
+def test_the_whole_graph_closes_a_cycle_through_a_type_checking_import(
+    tmp_path: Path, b: str, want: list[list[str]]
+) -> None:
+    # a.py imports b.py inside a function (as spec.py imported codegen.py), b.py imports a.py
+    # back for its types (as codegen.py imported spec.py): a cycle of the whole graph only
+    root = _package(tmp_path, {"__init__.py": "", "a.py": "def f():\n    from pkg.b import x\n",
+                               "b.py": b, "c.py": ""})
+    assert _describe(cycles(whole_graph(root))) == want
+    assert _describe(cycles(import_graph(root, lazy=True))) == (want if "else" in b else [])
 
 
 # -- test support never imports vLLM on import --------------------------------------------------

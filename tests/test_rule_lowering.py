@@ -20,11 +20,20 @@ import pytest
 import torch
 
 import draftmeta.codegen
+import draftmeta.codegen.compiler
+import draftmeta.codegen.describe
+import draftmeta.codegen.phases
+import draftmeta.codegen.product
+import draftmeta.codegen.runtime
+import draftmeta.codegen.spec_view
+import draftmeta.codegen.writer
 import draftmeta.fused
 import draftmeta.loop
 import draftmeta.loop_capture
 import draftmeta.rules
 import draftmeta.spec
+import draftmeta.spec_tree
+import draftmeta.spec_validation
 import draftmeta.step_graph
 from draftmeta import (
     Alias,
@@ -386,7 +395,10 @@ def _rule_classes() -> set[str]:
 
 @pytest.mark.parametrize(
     "module",
-    [draftmeta.codegen, draftmeta.fused, draftmeta.loop, draftmeta.loop_capture, draftmeta.spec,
+    [draftmeta.codegen, draftmeta.codegen.compiler, draftmeta.codegen.describe,
+     draftmeta.codegen.phases, draftmeta.codegen.product, draftmeta.codegen.runtime,
+     draftmeta.codegen.spec_view, draftmeta.codegen.writer, draftmeta.fused, draftmeta.loop,
+     draftmeta.loop_capture, draftmeta.spec, draftmeta.spec_tree, draftmeta.spec_validation,
      draftmeta.step_graph],
     ids=lambda m: m.__name__,
 )

@@ -1576,16 +1576,3 @@ def test_the_in_place_step_reads_every_field_of_the_steps_common_metadata_as_reb
     before = {f.name: getattr(stale, f.name) for f in attrs.fields(type(stale))}
     rebind(stale, fresh)
     assert {n for n, v in before.items() if getattr(stale, n) is not v} == set(_REBOUND)
-
-
-def test_the_plan_names_the_builders_that_keep_the_draft_loop_from_full_capture() -> None:
-    """On the hook path, a builder nobody updates (``covered_by == "none"``) sends every group
-    back to rebuilding; the plan lists exactly those, and none from the older-proposer path."""
-    from draftmeta.integrations.vllm.plan import make_plan
-
-    plan = make_plan(RELEASE.version)
-    blocking = plan.blocking_full_capture()
-    assert blocking == tuple(d.entry.name for d in plan.decisions
-                             if d.path == "hook" and d.covered_by == "none")
-    assert "FLASHINFER_MLA" in blocking
-    assert "CPU_MLA" not in blocking and "TRITON_MLA" not in blocking

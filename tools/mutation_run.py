@@ -77,7 +77,9 @@ against vLLM's own builders, their views, hooks and kernels, and the plugin that
 
 MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "draftmeta/spec.py": CORE_TESTS,
-    "draftmeta/codegen.py": (*CORE_TESTS, "tests/test_generated_update.py"),
+    "draftmeta/spec_tree.py": CORE_TESTS,
+    "draftmeta/spec_validation.py": CORE_TESTS,
+    "draftmeta/codegen/*": (*CORE_TESTS, "tests/test_generated_update.py"),
     "draftmeta/rules/*": CORE_TESTS,
     "draftmeta/derivations.py": CORE_TESTS,
     "draftmeta/layout.py": CORE_TESTS,

@@ -20,7 +20,7 @@ import torch
 
 from draftmeta.arguments import Extent
 from draftmeta.bench.config import BASELINES, CONTROLS, BenchConfig, Pairing, Sample
-from draftmeta.noise import Control, Ratios, Verdict, pair_ratios, verdict
+from draftmeta.noise import Control, Ratios, pair_ratios, verdict
 
 __all__ = ["PLOT_FONT_PT", "PLOT_WIDTH_IN", "extent", "figure", "markdown_table",
            "pair_summary", "plot", "result_name", "summarize", "table", "write_results"]
@@ -107,12 +107,6 @@ def pair_summary(samples: Iterable[Sample], device: str) -> dict[str, Any] | Non
                 f"{backend} {batch}": Ratios.pooled(ratios).as_json()
                 for (backend, batch), ratios in control_pairs.items()},
             "comparisons": comparisons}
-
-
-def _verdict_of(entry: Mapping[str, Any]) -> Verdict:
-    """A comparison of :func:`pair_summary` back as a :class:`~draftmeta.noise.Verdict`."""
-    return Verdict(entry["verdict"], Ratios.from_json(entry["ratio"]), entry["noise"],
-                   entry["too_noisy_by"])
 
 
 def _environment(config: BenchConfig) -> dict[str, Any]:

@@ -112,11 +112,6 @@ class Plan:
         """The decisions of one draft path."""
         return tuple(d for d in self.decisions if d.path == path)
 
-    def blocking_full_capture(self) -> tuple[str, ...]:
-        """Builders that keep vLLM's new runner from updating (and capturing) the draft loop:
-        one group without the hook sends every group back to rebuilding."""
-        return tuple(d.entry.name for d in self.on("hook") if d.covered_by == "none")
-
 
 class Unsupported(Exception):
     """The installed vLLM cannot be planned for at all (the message says why)."""
