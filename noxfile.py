@@ -39,7 +39,7 @@ RELEASE_SESSIONS = [f"vllm-{version}" for version in supported() if version != D
 nox.options.sessions = RELEASE_SESSIONS
 
 TEST_REQUIREMENTS = ("attrs>=23.1", "typing-extensions>=4.8", "pytest>=8", "hypothesis>=6.100",
-                     "mypy>=1.10", "numpy", "matplotlib>=3.7", "tqdm>=4.60")
+                     "mypy>=1.10", "numpy", "matplotlib>=3.7", "tqdm>=4.60", "hatchling>=1.21")
 """draftmeta's own requirements and its test tools, without vLLM (each session brings one)."""
 
 CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
