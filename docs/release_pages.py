@@ -63,7 +63,7 @@ def release_table() -> str:
 
 def install_section(r: Release) -> str:
     """One release's section of the Install page."""
-    title = f"## vLLM {r.version}" + (f" ({r.install.title})" if r.install.title else "")
+    title = f"### vLLM {r.version}" + (f" ({r.install.title})" if r.install.title else "")
     commands = [f"python3 -m venv {r.venv}", *r.install_commands(f"{r.venv}/bin/pip")]
     parts = [title, r.install.about, "```bash\n" + "\n".join(commands) + "\n```"]
     return "\n\n".join(p for p in parts if p)

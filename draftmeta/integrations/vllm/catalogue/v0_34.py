@@ -78,10 +78,14 @@ RELEASE: Release = v0_33.RELEASE.evolve(
     install=Install(
         requirements_of="0.33.0",
         about=(
-            "vLLM 0.34.0 pins a FlashInfer release (`flashinfer-python==0.7.3`) that some "
-            "package registries do not serve. Install 0.33's requirements first, then 0.34 "
-            "without its dependencies; nothing draftmeta or its tests run imports the newer "
-            "FlashInfer."
+            "Where your package index serves vLLM 0.34.0 and its pins, install vLLM as its own "
+            "documentation says (`pip install vllm==0.34.0`) and add draftmeta [as for the vLLM "
+            "you already run](#into-the-vllm-you-already-run). vLLM 0.34.0 pins a FlashInfer "
+            "release (`flashinfer-python==0.7.3`) that some registries, this project's among "
+            "them, do not serve; the commands below are this project's CI workaround for that, "
+            "not vLLM's install: 0.33's requirements first, then 0.34 without its dependencies, "
+            "which leaves FlashInfer one release behind what vLLM 0.34 pins (nothing draftmeta "
+            "or its tests run imports the newer FlashInfer)."
         ),
     ),
     replace={
