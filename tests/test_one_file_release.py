@@ -132,22 +132,32 @@ def test_the_installed_package_has_the_vllm_extra_its_build_writes_from_the_cata
 
 
 class RecordingSession:
-    """What a nox session function asks of its session, without running anything."""
+    """What a nox session function asks of its session, without running anything: its calls,
+    their keyword arguments (``options``, one per call) and its log lines; its environment is
+    the folder given."""
 
     def __init__(self, site_packages: Path) -> None:
         self.calls: list[tuple[str, tuple[str, ...]]] = []
+        self.options: list[dict[str, Any]] = []
+        self.logged: list[str] = []
         self.posargs: list[str] = []
         self._site_packages = site_packages
+        self.virtualenv = type("VirtualEnv", (), {"location": str(site_packages)})()
 
-    def install(self, *args: str, **_: Any) -> None:
+    def install(self, *args: str, **options: Any) -> None:
         self.calls.append(("install", args))
+        self.options.append(options)
 
-    def run(self, *args: str, **_: Any) -> str:
+    def run(self, *args: str, **options: Any) -> str:
         self.calls.append(("run", args))
+        self.options.append(options)
         return str(self._site_packages)
 
-    def log(self, *_: Any) -> None:
-        pass
+    def log(self, *args: Any) -> None:
+        self.logged.append(" ".join(map(str, args)))
+
+    def error(self, *args: Any) -> None:
+        raise RuntimeError(" ".join(map(str, args)))
 
 
 def _noxfile(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, Any]]:
@@ -188,7 +198,8 @@ def test_each_release_session_installs_its_release_as_its_catalogue_module_says(
         assert calls[-1][1][:3] == ("python", "-m", "pytest")
     cpu = noxfile.CPU_BUILD
     for name in ("e2e", "e2e-floor"):  # draftmeta e2e's engine: the CPU build, as its module says
-        calls = _session_calls(sessions[name], tmp_path)
+        (tmp_path / name).mkdir()  # each session's own environment, made afresh
+        calls = _session_calls(sessions[name], tmp_path / name)
         assert ("install", (cpu.pin,)) in calls, calls
         assert any(set(cpu.install.remove) <= set(args) for kind, args in calls
                    if kind == "run" and "uninstall" in args), calls
