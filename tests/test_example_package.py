@@ -10,7 +10,6 @@ environment untouched); vLLM and draftmeta then find it through its entry points
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import zipfile

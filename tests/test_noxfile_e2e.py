@@ -67,7 +67,7 @@ def test_a_stamp_from_an_install_cut_short_is_not_taken_for_a_finished_one(
 def test_every_install_step_is_announced_and_its_output_goes_to_stderr(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    noxfile, sessions = _noxfile(monkeypatch)
+    _, sessions = _noxfile(monkeypatch)
     made = _run(sessions["e2e"], tmp_path)
     steps = [line for line in made.logged if line.startswith("step ")]
     assert [s.split(":")[0] for s in steps] == ["step 1 of 3", "step 2 of 3", "step 3 of 3"]

@@ -120,7 +120,8 @@ def test_what_is_installed_where(active: plugin.Installed) -> None:
     assert ("TRITON_MLA" in active.hook) == triton.dcp_only  # patched for DCP > 1 only
     # FlashMLA's kernel fills the fresh scheduler object on the device: capture-safe; its hook
     # is installed where a recorded GPU run proved it against the release's builder (0.34)
-    assert ("FLASHMLA" in active.hook) == (RELEASE.entry("FLASHMLA").proof_on(RELEASE.version) == "GPU")
+    proven = RELEASE.entry("FLASHMLA").proof_on(RELEASE.version) == "GPU"
+    assert ("FLASHMLA" in active.hook) == proven
     assert "FLASHINFER_MLA" not in active.hook  # its Invalidate rules are not capture-safe
     reasons = " ".join(active.skipped.values())
     assert "FlashAttnMLAMetadataBuilder does not import here" in reasons

@@ -81,10 +81,10 @@ def coverage() -> dict[str, Any]:
     ``path``, ``covered_by`` (what runs now: ``draftmeta`` only while the plugin is active),
     ``with_plugin`` (what would run with it active), ``reason``, ``proven`` (a key of
     :data:`PROOF`), ``proven_by`` (the recorded runs that prove it on this release: ``result``,
-    ``command``, ``commit``, ``device``, ``vllm``, ``log``)), ``blocking_full_capture`` (builders that keep vLLM's new runner
-    rebuilding every group, and so from capturing the whole draft loop), ``hook_engines``
-    (which engines a ``hook`` row covered by draftmeta applies to: :data:`HOOK_ENGINES`, or
-    ``None`` where the release has no hook path) and ``older_proposer_engines`` (the same for
+    ``command``, ``commit``, ``device``, ``vllm``, ``log``)), ``blocking_full_capture``
+    (builders that keep vLLM's new runner rebuilding every group, and so from capturing the
+    whole draft loop), ``hook_engines`` (which engines a ``hook`` row covered by draftmeta
+    applies to: :data:`HOOK_ENGINES`, or ``None`` where the release has no hook path) and ``older_proposer_engines`` (the same for
     ``older_proposer`` rows: :data:`OLDER_PROPOSER_ENGINES`, or ``None`` where the release has
     no older proposer path).
     """
