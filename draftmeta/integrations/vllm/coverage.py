@@ -84,9 +84,9 @@ def coverage() -> dict[str, Any]:
     ``command``, ``commit``, ``device``, ``vllm``, ``log``)), ``blocking_full_capture``
     (builders that keep vLLM's new runner rebuilding every group, and so from capturing the
     whole draft loop), ``hook_engines`` (which engines a ``hook`` row covered by draftmeta
-    applies to: :data:`HOOK_ENGINES`, or ``None`` where the release has no hook path) and ``older_proposer_engines`` (the same for
-    ``older_proposer`` rows: :data:`OLDER_PROPOSER_ENGINES`, or ``None`` where the release has
-    no older proposer path).
+    applies to: :data:`HOOK_ENGINES`, or ``None`` where the release has no hook path) and
+    ``older_proposer_engines`` (the same for ``older_proposer`` rows:
+    :data:`OLDER_PROPOSER_ENGINES`, or ``None`` where the release has no older proposer path).
     """
     from draftmeta.integrations.vllm.catalogue import releases
     from draftmeta.integrations.vllm.plan import Unsupported, make_plan
