@@ -1,20 +1,24 @@
-"""The pages' release texts, generated from the vLLM catalogue and written into the pages.
+"""The pages' generated texts, made from the vLLM catalogue and the command line's parser and
+written into the pages.
 
 A page holds each one between two markers, HTML comments that GitHub's view of the page leaves
 out, so the raw Markdown reads as the site does:
 
-- ``<!-- releases: table -->``: the vLLM guide's table, one row per supported release (its
+- ``<!-- generated: table -->``: the vLLM guide's table, one row per supported release (its
   install commands and the draft paths draftmeta serves);
-- ``<!-- releases: install -->``: the Install page's section per release (heading, why it installs
-  that way, the commands), README's release (``DEFAULT_RELEASE``) first, then oldest first;
-- ``<!-- releases: coverage -->``: the first two lines ``draftmeta coverage`` prints, with the
+- ``<!-- generated: install -->``: the Install page's section per release (heading, why it
+  installs that way, the commands), README's release (``DEFAULT_RELEASE``) first, then oldest
+  first;
+- ``<!-- generated: coverage -->``: the first two lines ``draftmeta coverage`` prints, with the
   supported releases as it lists them;
+- ``<!-- generated: cli -->``: the command-line reference, every command and option with its
+  default (:func:`draftmeta.cli.markdown_reference`);
 
-each followed by its text and ``<!-- /releases -->``. Everything comes from the catalogue's
-release modules (:func:`draftmeta.integrations.vllm.catalogue.releases`, each release's
-``install``): after a release module is added (or one's ``install`` changed), one command
-rewrites every page, and ``--check`` (run by ``tests/test_docs_generated.py``) says which page
-is stale::
+each followed by its text and ``<!-- /generated -->``. The release texts come from the
+catalogue's release modules (:func:`draftmeta.integrations.vllm.catalogue.releases`, each
+release's ``install``). After a release module is added (or one's ``install`` changed, or a
+command's option), one command rewrites every page, and ``--check`` (run by
+``tests/test_docs_generated.py``) says which page is stale::
 
     python docs/release_pages.py --write    # regenerate the texts in README.md and docs/*.md
     python docs/release_pages.py --check    # exit 1 naming each page whose text is stale
@@ -38,11 +42,15 @@ if str(ROOT) not in sys.path:  # this checkout's catalogue, not an installed cop
 from draftmeta.integrations.vllm.catalogue import DEFAULT_RELEASE, releases  # noqa: E402
 from draftmeta.integrations.vllm.catalogue.model import Release  # noqa: E402
 
-MARKER = re.compile(r"<!-- releases: (?P<name>[\w-]+) -->(?P<text>.*?)<!-- /releases -->", re.S)
+MARKER = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->(?P<text>.*?)<!-- /generated -->",
+                    re.S)
 """A generated text in a page: its name and its current text."""
 
-OPENING = re.compile(r"<!-- releases: (?P<name>[\w-]+) -->")
-"""A generated text's opening marker (each needs its closing ``<!-- /releases -->``)."""
+OPENING = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->")
+"""A generated text's opening marker (each needs its closing ``<!-- /generated -->``)."""
+
+CLOSING = "<!-- /generated -->"
+"""A generated text's closing marker."""
 
 PAGES = ("README.md", "docs/*.md")
 """The pages that may hold generated texts, relative to the repository root."""
@@ -89,7 +97,15 @@ def coverage_head() -> str:
             "in every process\n```")
 
 
-GENERATED = {"table": release_table, "install": install_sections, "coverage": coverage_head}
+def command_line() -> str:
+    """The command-line reference: every command, option and default, from the parser."""
+    from draftmeta.cli import markdown_reference
+
+    return markdown_reference()
+
+
+GENERATED = {"table": release_table, "install": install_sections, "coverage": coverage_head,
+             "cli": command_line}
 """Each generated text's name and what makes it."""
 
 
@@ -98,20 +114,20 @@ def expand(markdown: str, page: str = "a page") -> str:
 
     Raises:
         ValueError: a marker names no generated text (the message lists the names), or an
-            opening marker has no closing ``<!-- /releases -->``.
+            opening marker has no closing ``<!-- /generated -->``.
     """
     opened = len(OPENING.findall(markdown))
-    closed = markdown.count("<!-- /releases -->")
+    closed = markdown.count(CLOSING)
     if opened != closed or opened != len(MARKER.findall(markdown)):
-        raise ValueError(f"{page}: {opened} opening <!-- releases: NAME --> markers and {closed} "
-                         "closing <!-- /releases --> markers; each generated text needs both")
+        raise ValueError(f"{page}: {opened} opening <!-- generated: NAME --> markers and "
+                         f"{closed} closing {CLOSING} markers; each generated text needs both")
 
     def replace(match: re.Match[str]) -> str:
         make = GENERATED.get(match["name"])
         if make is None:
-            raise ValueError(f"{page}: <!-- releases: {match['name']} --> names no generated "
-                             f"release text; use one of: {', '.join(GENERATED)}")
-        return f"<!-- releases: {match['name']} -->\n\n{make()}\n\n<!-- /releases -->"
+            raise ValueError(f"{page}: <!-- generated: {match['name']} --> names no generated "
+                             f"text; use one of: {', '.join(GENERATED)}")
+        return f"<!-- generated: {match['name']} -->\n\n{make()}\n\n{CLOSING}"
 
     return MARKER.sub(replace, markdown)
 
@@ -119,7 +135,7 @@ def expand(markdown: str, page: str = "a page") -> str:
 def without_generated(markdown: str) -> str:
     """``markdown`` with its generated texts left out (the markers kept): what was written by
     hand."""
-    return MARKER.sub(lambda m: f"<!-- releases: {m['name']} --><!-- /releases -->", markdown)
+    return MARKER.sub(lambda m: f"<!-- generated: {m['name']} -->{CLOSING}", markdown)
 
 
 def pages(root: Path = ROOT) -> list[Path]:
@@ -139,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python docs/release_pages.py",
-                                     description="The release texts of README.md and docs/*.md, "
-                                     "generated from the vLLM catalogue.")
+                                     description="The generated texts of README.md and "
+                                     "docs/*.md: releases from the vLLM catalogue, the command "
+                                     "line from its parser.")
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help="regenerate them in the pages")
     action.add_argument("--check", action="store_true",
@@ -149,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         out_of_date = stale()
         for page in out_of_date:
-            print(f"{page}: its release texts are stale; run python docs/release_pages.py "
+            print(f"{page}: its generated texts are stale; run python docs/release_pages.py "
                   "--write", file=sys.stderr)
         return 1 if out_of_date else 0
     for page in pages():
@@ -157,12 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         new = expand(text, page.name)
         if new != text:
             page.write_text(new)
-            print(f"{page.relative_to(ROOT).as_posix()}: release texts regenerated")
+            print(f"{page.relative_to(ROOT).as_posix()}: generated texts regenerated")
     return 0
 
 
 def on_page_markdown(markdown: str, *, page: Any, **_: Any) -> str:
-    """mkdocs' hook: a page's Markdown with its release texts generated afresh."""
+    """mkdocs' hook: a page's Markdown with its generated texts made afresh."""
     return expand(markdown, page.file.src_uri)
 
 

@@ -1,12 +1,17 @@
-"""The release texts generated from the catalogue are written into the pages themselves, so the
-raw Markdown (what GitHub shows) reads as the site does, and they are up to date
-(``python docs/release_pages.py --write`` regenerates them, ``--check`` names a stale page)."""
+"""The texts generated from the catalogue and the command line's parser are written into the
+pages themselves, so the raw Markdown (what GitHub shows) reads as the site does, and they are
+up to date (``python docs/release_pages.py --write`` regenerates them, ``--check`` names a stale
+page); the overview's examples show what they print, as they print it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -19,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_generated_release_text_in_the_pages_is_up_to_date() -> None:
     pages = release_pages()
     assert {p.relative_to(ROOT).as_posix() for p in pages.pages()} == {
-        "docs/index.md", "docs/install.md", "docs/vllm.md"}
+        "docs/cli.md", "docs/index.md", "docs/install.md", "docs/vllm.md"}
     assert pages.stale() == [], "run python docs/release_pages.py --write"
 
 
@@ -50,9 +55,9 @@ def test_a_page_whose_generated_text_was_edited_by_hand_is_stale(tmp_path: Path)
 def test_a_marker_without_its_closing_marker_or_with_an_unknown_name_is_refused() -> None:
     pages = release_pages()
     with pytest.raises(ValueError, match="each generated text needs both"):
-        pages.expand("<!-- releases: table -->\n\ntext\n", "page.md")
-    with pytest.raises(ValueError, match="names no generated release text; use one of"):
-        pages.expand("<!-- releases: tabel -->\n<!-- /releases -->\n", "page.md")
+        pages.expand("<!-- generated: table -->\n\ntext\n", "page.md")
+    with pytest.raises(ValueError, match="names no generated text; use one of"):
+        pages.expand("<!-- generated: tabel -->\n<!-- /generated -->\n", "page.md")
 
 
 def test_the_check_command_exits_1_on_a_stale_page_and_write_makes_it_current(
@@ -66,7 +71,44 @@ def test_the_check_command_exits_1_on_a_stale_page_and_write_makes_it_current(
     index.write_text(index.read_text().replace("(supported: ", "(supported: 0.31, ", 1))
     run = [sys.executable, "docs/release_pages.py"]
     check = subprocess.run([*run, "--check"], cwd=root, capture_output=True, text=True)
-    assert check.returncode == 1 and "docs/index.md: its release texts are stale" in check.stderr
+    assert check.returncode == 1 and "docs/index.md: its generated texts are stale" in check.stderr
     subprocess.run([*run, "--write"], cwd=root, check=True, capture_output=True)
     assert subprocess.run([*run, "--check"], cwd=root).returncode == 0
     assert index.read_text() == (ROOT / "docs" / "index.md").read_text()
+
+
+def run_and_compare(page: str) -> list[tuple[str, str]]:
+    """``(printed, shown)`` for each ```python block of ``page`` that a ```text block follows:
+    what the block prints, its page's blocks run in order in one namespace as a script
+    (``__main__``), and the text the page shows under it."""
+    blocks = re.findall(r"```python\n(.*?)```(\s*(?:prints\s*)?```text\n(.*?)```)?", page, re.S)
+    module = types.ModuleType("__main__")
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = module  # dataclasses look their module up
+    pairs = []
+    try:
+        for code, follows, shown in blocks:
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(compile(code, "overview.py", "exec", dont_inherit=True), module.__dict__)
+            if follows:
+                pairs.append((printed.getvalue(), shown))
+    finally:
+        sys.modules["__main__"] = main
+    return pairs
+
+
+def test_the_overviews_examples_show_what_they_print() -> None:
+    pairs = run_and_compare((ROOT / "docs" / "index.md").read_text())
+    assert len(pairs) == 2
+    for printed, shown in pairs:
+        assert printed == shown, "docs/index.md: paste what the example above prints"
+
+
+def test_an_example_whose_shown_output_is_stale_is_caught() -> None:
+    # negative control: the page's first example with one line of its output changed
+    page = (ROOT / "docs" / "index.md").read_text()
+    stale = page.replace("def draft_update_", "def draft_update_old_", 1)
+    assert stale != page
+    printed, shown = run_and_compare(stale)[0]
+    assert printed != shown
