@@ -58,7 +58,8 @@ def run_problems(run: RecordedRun, name: str, release: str) -> list[str]:
             problems.append(f"{run.log}: its first line ({header!r}) is not vLLM {run.vllm} "
                             f"on {run.device}")
     else:  # draftmeta audit --json, its run record at the top level
-        recorded = {k: str(data.get(k)) for k in ("command", "commit", "device", "vllm")}
+        recorded = {k: str(data.get(k)) for k in ("command", "commit", "device")}
+        recorded["vllm"] = str(data.get("vllm_version"))
         declared = {k: getattr(run, k) for k in recorded}
         if recorded != declared:
             problems.append(f"{run.result} records {recorded}, the catalogue says {declared}")

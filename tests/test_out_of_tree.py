@@ -74,28 +74,31 @@ def test_a_registered_builder_claiming_draftmetas_ci_is_refused_with_the_fix() -
 
 def _recorded(tmp_path: Path, rows: list[dict[str, object]], release: str,
               **record: str) -> Path:
-    """A ``draftmeta audit --json`` document with its run record, written to ``tmp_path``."""
-    document = {"command": "draftmeta audit OOT_CPU_MLA --json", "commit": "0123abc",
-                "device": "cpu", "vllm": f"{release}.0", "date": "2026-12-07",
-                "release": release, "rows": rows, **record}
+    """A ``draftmeta audit --json`` document with its run record (``command``, ``commit``,
+    ``device``, ``vllm_version``, ``date`` at the top level), written to ``tmp_path``."""
+    document = {"vllm_version": f"{release}.0", "release": release, "plugin": True,
+                "rows": rows, "controls": [], "command": "draftmeta audit OOT_CPU_MLA --json",
+                "commit": "0123abc", "device": "AMD EPYC 9B14", "date": "2026-12-07T02:00:00Z",
+                "ok": True, **record}
     path = tmp_path / f"audit-vllm-{release}.json"
     path.write_text(json.dumps(document))
     return path
 
 
 EQUAL = {"backend": ENTRY.name, "builder": "OotMLAMetadataBuilder", "owner": "draftmeta",
-         "verdict": "equal"}
+         "verdict": "equal", "idempotent": "yes", "first_step": "equal", "device": "cpu"}
 
 
 def test_a_recorded_audit_proves_the_entry_on_its_own_release_only(tmp_path: Path) -> None:
     version = current_release().version
     (run,) = recorded_audits([_recorded(tmp_path, [EQUAL], version)], ENTRY.name)
-    assert (run.command, run.commit, run.device, run.vllm) == (
-        "draftmeta audit OOT_CPU_MLA --json", "0123abc", "cpu", f"{version}.0")
+    assert (run.command, run.commit, run.device, run.vllm, run.on_gpu) == (
+        "draftmeta audit OOT_CPU_MLA --json", "0123abc", "AMD EPYC 9B14", f"{version}.0", False)
     proven = attrs.evolve(ENTRY, proven_by=(run,))
     assert proven.proof_on(version) == "CPU"
-    gpu = attrs.evolve(ENTRY, proven_by=(attrs.evolve(run, device="NVIDIA H100 80GB HBM3"),))
-    assert gpu.proof_on(version) == "GPU"
+    on_gpu = _recorded(tmp_path, [{**EQUAL, "device": "cuda"}], version, device="NVIDIA H100")
+    (gpu,) = recorded_audits([on_gpu], ENTRY.name)
+    assert attrs.evolve(ENTRY, proven_by=(gpu,)).proof_on(version) == "GPU"
     other = next(r.version for r in catalogue.releases() if r.version != version)
     assert proven.proof_on(other) is None  # recorded on another release: proves nothing here
 
@@ -103,9 +106,12 @@ def test_a_recorded_audit_proves_the_entry_on_its_own_release_only(tmp_path: Pat
 @pytest.mark.parametrize("change, refusal", [
     ({"commit": ""}, r"no run record \(commit missing"),
     ({"device": ""}, r"no run record \(device missing"),
+    ({"vllm_version": ""}, r"no run record \(vllm_version missing"),
     ({"rows": [{**EQUAL, "verdict": "mismatch"}]}, r"no row of OOT_CPU_MLA with draftmeta's hook "
                                                    r"found equal \(owner draftmeta, verdict "
-                                                   r"mismatch\)"),
+                                                   r"mismatch"),
+    ({"rows": [{**EQUAL, "idempotent": "no"}]}, r"verdict equal, idempotent no"),
+    ({"rows": [{**EQUAL, "first_step": "mismatch"}]}, r"first step mismatch"),
     ({"rows": [{**EQUAL, "owner": "vllm"}]}, r"owner vllm, verdict equal.*UNPROVEN=1"),
     ({"rows": []}, r"\(no row\)"),
 ])
@@ -116,41 +122,6 @@ def test_a_recorded_audit_without_its_record_or_an_equal_row_proves_nothing(
     path = _recorded(tmp_path, rows, current_release().version, **change)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=refusal):
         recorded_audits([path], ENTRY.name)
-
-
-def test_a_name_the_catalogue_already_has_is_refused_with_the_fix() -> None:
-    register_builder(attrs.evolve(ENTRY, name="CPU_MLA"))
-    try:
-        with pytest.raises(RuntimeError, match="CPU_MLA; register them under names of their own"):
-            current_release()
-    finally:
-        unregister_builder("CPU_MLA")
-    with pytest.raises(ValueError, match="already registered"):
-        register_builder(ENTRY)
-        register_builder(attrs.evolve(ENTRY, harness=None))
-    unregister_builder(ENTRY.name)
-
-
-def test_an_entry_point_of_the_group_registers_it_and_a_broken_one_is_named(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    good = importlib.metadata.EntryPoint(ENTRY.name, "draftmeta_example_oot.spec:ENTRY",
-                                         ENTRY_POINT_GROUP)
-    broken = importlib.metadata.EntryPoint("BROKEN", "draftmeta_example_oot.spec:NOTHING",
-                                           ENTRY_POINT_GROUP)
-    for points, expect in (([good], None), ([good, broken], "'BROKEN'")):
-        monkeypatch.setattr(importlib.metadata, "entry_points",
-                            lambda group, points=points: points if group == ENTRY_POINT_GROUP
-                            else [])
-        catalogue._entry_point_builders.cache_clear()
-        try:
-            if expect is None:
-                assert current_release().entry(ENTRY.name) == ENTRY
-            else:
-                with pytest.raises(RuntimeError, match=f"entry point {expect}.*does not load"):
-                    current_release()
-        finally:
-            catalogue._entry_point_builders.cache_clear()
 
 
 @needs_vllm

@@ -95,8 +95,9 @@ class RecordedRun:
             (``benchmarks/results/hook-equivalence.json``), or a file of the package that does.
         command: the command that ran (``draftmeta audit --json``).
         commit: the commit whose code ran (a git hash).
-        device: ``cpu``, or the GPU it ran on (``NVIDIA H200``).
+        device: the machine it ran on: the GPU's name (``NVIDIA H200``), or the CPU's.
         vllm: the vLLM version it ran against (``0.34.0``): the proof holds for that release.
+        on_gpu: whether the builder ran on a GPU (``proven: GPU``) or on the CPU (``CPU``).
         log: the run's log, where its result file does not record the device and the vLLM
             version itself (its first line names both), or ``None``.
     """
@@ -106,12 +107,8 @@ class RecordedRun:
     commit: str
     device: str
     vllm: str
+    on_gpu: bool
     log: str | None = None
-
-    @property
-    def on_gpu(self) -> bool:
-        """Whether it ran on a GPU."""
-        return self.device.strip().lower() != "cpu"
 
     @property
     def label(self) -> Proof:
@@ -123,21 +120,31 @@ class RecordedRun:
         return f"{self.device}, vLLM {self.vllm}: {self.command} at {self.commit} ({self.result})"
 
 
-RUN_RECORD = ("command", "commit", "device", "vllm")
-"""The keys of a recorded run at the top level of ``draftmeta audit --json``'s document."""
+RUN_RECORD = ("command", "commit", "device", "vllm_version")
+"""The keys of the run record at the top level of ``draftmeta audit --json``'s document."""
+
+
+def _proving_row(row: Any, name: str) -> bool:
+    """Whether an audit row shows draftmeta's hook for ``name`` equal to the rebuild and failing
+    no other criterion the audit checked (idempotence, the first step)."""
+    return (row.get("backend") == name and row.get("owner") == "draftmeta"
+            and row.get("verdict") == "equal" and row.get("idempotent") != "no"
+            and row.get("first_step") != "mismatch")
 
 
 def recorded_audits(paths: Iterable[Any], name: str) -> tuple[RecordedRun, ...]:
     """The recorded runs of builder ``name`` in committed ``draftmeta audit --json`` documents
     (``paths``: files, or anything whose ``read_text()`` gives one, such as
     ``importlib.resources.files(__package__) / "audit-vllm-0.34.json"``): one per document whose
-    row for ``name`` found draftmeta's hook equal to the builder's rebuild. What an out-of-tree
-    entry declares as its :attr:`BuilderEntry.proven_by`.
+    row for ``name`` found draftmeta's hook equal to the builder's rebuild (and not failing the
+    audit's other criteria). What an out-of-tree entry declares as its
+    :attr:`BuilderEntry.proven_by`; the row's ``device`` (``cuda`` or ``cpu``) says whether it
+    proves the builder on a GPU.
 
     Raises:
         ValueError: a document has no run record (``command``, ``commit``, ``device``,
-            ``vllm`` at its top level: written by a ``draftmeta audit`` older than the record),
-            or no row for ``name`` was run by draftmeta's hook and found equal.
+            ``vllm_version`` at its top level: written by a ``draftmeta audit`` older than the
+            record), or no row for ``name`` was run by draftmeta's hook and found equal.
     """
     import json
     from pathlib import Path
@@ -152,12 +159,17 @@ def recorded_audits(paths: Iterable[Any], name: str) -> tuple[RecordedRun, ...]:
             raise ValueError(f"{where}: no run record ({', '.join(missing)} missing at the top "
                              "level): run draftmeta audit --json again and commit its output")
         rows = [r for r in document.get("rows", ()) if r.get("backend") == name]
-        if not any(r.get("owner") == "draftmeta" and r.get("verdict") == "equal" for r in rows):
-            said = "; ".join(f"owner {r.get('owner')}, verdict {r.get('verdict')}" for r in rows)
+        proving = [r for r in rows if _proving_row(r, name)]
+        if not proving:
+            said = "; ".join(f"owner {r.get('owner')}, verdict {r.get('verdict')}, idempotent "
+                             f"{r.get('idempotent', '-')}, first step {r.get('first_step', '-')}"
+                             for r in rows)
             raise ValueError(f"{where}: no row of {name} with draftmeta's hook found equal "
                              f"({said or 'no row'}); a builder left to vLLM is audited with "
                              "DRAFTMETA_VLLM_UNPROVEN=1")
-        found.append(RecordedRun(where, *(str(document[k]) for k in RUN_RECORD)))
+        found.append(RecordedRun(where, str(document["command"]), str(document["commit"]),
+                                 str(document["device"]), str(document["vllm_version"]),
+                                 on_gpu=proving[0].get("device") == "cuda"))
     return tuple(found)
 
 

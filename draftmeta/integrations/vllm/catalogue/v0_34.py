@@ -49,11 +49,11 @@ _SPARSE = ("FLASHMLA_SPARSE", "FLASH_ATTN_MLA_SPARSE", "FLASHINFER_MLA_SPARSE",
 HOOK_EQUIVALENCE_RUNS = (
     RecordedRun(result="benchmarks/results/hook-equivalence.json",
                 command="python3 benchmarks/h200/hook_equivalence.py --batches 24",
-                commit="ee454d2", device="NVIDIA H200", vllm="0.34.0",
+                commit="ee454d2", device="NVIDIA H200", vllm="0.34.0", on_gpu=True,
                 log="benchmarks/results/h200-hook-equivalence.log"),
     RecordedRun(result="benchmarks/results/hook-equivalence-h100-41410c2.json",
                 command="python3 benchmarks/h200/hook_equivalence.py --batches 30",
-                commit="41410c2", device="NVIDIA H100 80GB HBM3", vllm="0.34.0",
+                commit="41410c2", device="NVIDIA H100 80GB HBM3", vllm="0.34.0", on_gpu=True,
                 log="benchmarks/results/h100-hook-equivalence-41410c2.log"),
 )
 """The committed GPU runs of ``benchmarks/h200/hook_equivalence.py`` against vLLM 0.34: the hooks
