@@ -124,6 +124,41 @@ def test_a_recorded_audit_without_its_record_or_an_equal_row_proves_nothing(
         recorded_audits([path], ENTRY.name)
 
 
+def test_a_name_the_catalogue_already_has_is_refused_with_the_fix() -> None:
+    register_builder(attrs.evolve(ENTRY, name="CPU_MLA"))
+    try:
+        with pytest.raises(RuntimeError, match="CPU_MLA; register them under names of their own"):
+            current_release()
+    finally:
+        unregister_builder("CPU_MLA")
+    with pytest.raises(ValueError, match="already registered"):
+        register_builder(ENTRY)
+        register_builder(attrs.evolve(ENTRY, harness=None))
+    unregister_builder(ENTRY.name)
+
+
+def test_an_entry_point_of_the_group_registers_it_and_a_broken_one_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    good = importlib.metadata.EntryPoint(ENTRY.name, "draftmeta_example_oot.spec:ENTRY",
+                                         ENTRY_POINT_GROUP)
+    broken = importlib.metadata.EntryPoint("BROKEN", "draftmeta_example_oot.spec:NOTHING",
+                                           ENTRY_POINT_GROUP)
+    for points, expect in (([good], None), ([good, broken], "'BROKEN'")):
+        monkeypatch.setattr(importlib.metadata, "entry_points",
+                            lambda group, points=points: points if group == ENTRY_POINT_GROUP
+                            else [])
+        catalogue._entry_point_builders.cache_clear()
+        try:
+            if expect is None:
+                assert current_release().entry(ENTRY.name) == ENTRY
+            else:
+                with pytest.raises(RuntimeError, match=f"entry point {expect}.*does not load"):
+                    current_release()
+        finally:
+            catalogue._entry_point_builders.cache_clear()
+
+
 @needs_vllm
 def test_the_plan_leaves_a_registered_builder_to_vllm_until_a_recorded_run_proves_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

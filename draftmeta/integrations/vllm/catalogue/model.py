@@ -127,9 +127,9 @@ RUN_RECORD = ("command", "commit", "device", "vllm_version")
 def _proving_row(row: Any, name: str) -> bool:
     """Whether an audit row shows draftmeta's hook for ``name`` equal to the rebuild and failing
     no other criterion the audit checked (idempotence, the first step)."""
-    return (row.get("backend") == name and row.get("owner") == "draftmeta"
-            and row.get("verdict") == "equal" and row.get("idempotent") != "no"
-            and row.get("first_step") != "mismatch")
+    return bool(row.get("backend") == name and row.get("owner") == "draftmeta"
+                and row.get("verdict") == "equal" and row.get("idempotent") != "no"
+                and row.get("first_step") != "mismatch")
 
 
 def recorded_audits(paths: Iterable[Any], name: str) -> tuple[RecordedRun, ...]:
