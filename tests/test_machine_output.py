@@ -38,7 +38,10 @@ _REPLAY = textwrap.dedent("""
         posargs = ["--json"]
 
         def __init__(self):
+            import tempfile, types
             self.calls = []
+            # a new environment each time: the session makes it (its install steps run)
+            self.virtualenv = types.SimpleNamespace(location=tempfile.mkdtemp())
 
         def install(self, *args, **kwargs):
             self.calls.append(("install", kwargs))

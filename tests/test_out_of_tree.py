@@ -8,6 +8,8 @@ plan, the plugin, ``coverage`` and ``audit`` treat it as one of the catalogue's 
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ from draftmeta.integrations.vllm import catalogue
 from draftmeta.integrations.vllm.catalogue import (
     ENTRY_POINT_GROUP,
     current_release,
+    recorded_audits,
     register_builder,
     unregister_builder,
 )
@@ -55,9 +58,72 @@ def _plan() -> dict[str, object]:
 
 def test_a_registered_builder_is_a_builder_of_the_installed_release(registered: None) -> None:
     assert current_release().entry(ENTRY.name) is ENTRY
-    assert ENTRY.proof == "CI"  # its CPU harness recipe: draftmeta audit runs it
+    # a CPU recipe lets draftmeta audit run it, but nothing recorded has: not proven
+    assert ENTRY.proof_on(current_release().version) is None
     unregister_builder(ENTRY.name)
     assert ENTRY.name not in current_release().names
+
+
+def test_a_registered_builder_claiming_draftmetas_ci_is_refused_with_the_fix() -> None:
+    register_builder(attrs.evolve(ENTRY, checked_in_ci=True))
+    try:
+        with pytest.raises(RuntimeError, match=r"OOT_CPU_MLA; draftmeta's CI checks only the "
+                                               r"catalogue's own builders.*recorded_audits"):
+            current_release()
+    finally:
+        unregister_builder(ENTRY.name)
+
+
+def _recorded(tmp_path: Path, rows: list[dict[str, object]], release: str,
+              **record: str) -> Path:
+    """A ``draftmeta audit --json`` document with its run record (``command``, ``commit``,
+    ``device``, ``vllm_version``, ``date`` at the top level), written to ``tmp_path``."""
+    document = {"vllm_version": f"{release}.0", "release": release, "plugin": True,
+                "rows": rows, "controls": [], "command": "draftmeta audit OOT_CPU_MLA --json",
+                "commit": "0123abc", "device": "AMD EPYC 9B14", "date": "2026-12-07T02:00:00Z",
+                "ok": True, **record}
+    path = tmp_path / f"audit-vllm-{release}.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+EQUAL = {"backend": ENTRY.name, "builder": "OotMLAMetadataBuilder", "owner": "draftmeta",
+         "verdict": "equal", "idempotent": "yes", "first_step": "equal", "device": "cpu"}
+
+
+def test_a_recorded_audit_proves_the_entry_on_its_own_release_only(tmp_path: Path) -> None:
+    version = current_release().version
+    (run,) = recorded_audits([_recorded(tmp_path, [EQUAL], version)], ENTRY.name)
+    assert (run.command, run.commit, run.device, run.vllm, run.on_gpu) == (
+        "draftmeta audit OOT_CPU_MLA --json", "0123abc", "AMD EPYC 9B14", f"{version}.0", False)
+    proven = attrs.evolve(ENTRY, proven_by=(run,))
+    assert proven.proof_on(version) == "CPU"
+    on_gpu = _recorded(tmp_path, [{**EQUAL, "device": "cuda"}], version, device="NVIDIA H100")
+    (gpu,) = recorded_audits([on_gpu], ENTRY.name)
+    assert attrs.evolve(ENTRY, proven_by=(gpu,)).proof_on(version) == "GPU"
+    other = next(r.version for r in catalogue.releases() if r.version != version)
+    assert proven.proof_on(other) is None  # recorded on another release: proves nothing here
+
+
+@pytest.mark.parametrize("change, refusal", [
+    ({"commit": ""}, r"no run record \(commit missing"),
+    ({"device": ""}, r"no run record \(device missing"),
+    ({"vllm_version": ""}, r"no run record \(vllm_version missing"),
+    ({"rows": [{**EQUAL, "verdict": "mismatch"}]}, r"no row of OOT_CPU_MLA with draftmeta's hook "
+                                                   r"found equal \(owner draftmeta, verdict "
+                                                   r"mismatch"),
+    ({"rows": [{**EQUAL, "idempotent": "no"}]}, r"verdict equal, idempotent no"),
+    ({"rows": [{**EQUAL, "first_step": "mismatch"}]}, r"first step mismatch"),
+    ({"rows": [{**EQUAL, "owner": "vllm"}]}, r"owner vllm, verdict equal.*UNPROVEN=1"),
+    ({"rows": []}, r"\(no row\)"),
+])
+def test_a_recorded_audit_without_its_record_or_an_equal_row_proves_nothing(
+    tmp_path: Path, change: dict[str, object], refusal: str,
+) -> None:
+    rows = change.pop("rows", [EQUAL])
+    path = _recorded(tmp_path, rows, current_release().version, **change)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=refusal):
+        recorded_audits([path], ENTRY.name)
 
 
 def test_a_name_the_catalogue_already_has_is_refused_with_the_fix() -> None:
@@ -96,13 +162,25 @@ def test_an_entry_point_of_the_group_registers_it_and_a_broken_one_is_named(
 
 
 @needs_vllm
-def test_the_plan_gives_a_registered_builder_draftmeta_on_every_draft_path(
-    registered: None,
+def test_the_plan_leaves_a_registered_builder_to_vllm_until_a_recorded_run_proves_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    decisions = _plan()
-    assert set(decisions) == set(current_release().paths)
-    for decision in decisions.values():
-        assert decision.covered_by == "draftmeta", decision.reason  # type: ignore[attr-defined]
+    from draftmeta.integrations.vllm.plan import UNPROVEN_ENV
+
+    monkeypatch.delenv(UNPROVEN_ENV, raising=False)
+    version = current_release().version
+    runs = recorded_audits([_recorded(tmp_path, [EQUAL], version)], ENTRY.name)
+    for entry, covered in ((ENTRY, "none"), (attrs.evolve(ENTRY, proven_by=runs), "draftmeta")):
+        register_builder(entry)
+        try:
+            decisions = _plan()
+        finally:
+            unregister_builder(ENTRY.name)
+        assert set(decisions) == set(current_release().paths)
+        for decision in decisions.values():
+            assert decision.covered_by == covered, decision.reason  # type: ignore[attr-defined]
+            if covered == "none":
+                assert "not yet proven" in decision.reason  # type: ignore[attr-defined]
 
 
 @needs_vllm
@@ -119,8 +197,13 @@ def test_a_registered_spec_without_a_rule_for_the_extra_field_is_left_to_vllm() 
 
 @needs_vllm
 @needs_hook
-def test_the_audit_finds_the_registered_hook_equal_and_a_stale_extra_field_wrong() -> None:
+def test_the_audit_finds_the_registered_hook_equal_and_a_stale_extra_field_wrong(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from draftmeta.integrations.vllm.audit import audit
+    from draftmeta.integrations.vllm.plan import UNPROVEN_ENV
+
+    monkeypatch.setenv(UNPROVEN_ENV, "1")  # not proven yet: the audit is what checks it
 
     register_builder(ENTRY)
     try:
@@ -174,6 +257,7 @@ def _engines(**overrides: object) -> object:
 
     plugin.unregister()  # each engine run installs the plugin as vLLM loads it
     register_with_vllm()
+    os.environ["DRAFTMETA_VLLM_UNPROVEN"] = "1"  # the example records no run: opt in
     # vLLM caches the backend its platform picked (an engine earlier in this process picked
     # vLLM's own CPU_MLA); an engine process loads its plugins before it ever picks one
     selector._cached_get_attn_backend.cache_clear()
@@ -185,6 +269,7 @@ def _engines(**overrides: object) -> object:
                                max_tokens=32, warmups=0, repeats=1, **overrides),  # type: ignore[arg-type]
                      workdir=Path(tempfile.gettempdir()))
     finally:  # later engines of this process get vLLM's own CPU_MLA again
+        os.environ.pop("DRAFTMETA_VLLM_UNPROVEN", None)
         AttentionBackendEnum.CPU_MLA.clear_override()
         selector._cached_get_attn_backend.cache_clear()
         unregister_builder(ENTRY.name)

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("markdown_exec") is None,
+    importlib.util.find_spec("mkdocs") is None,
     reason="needs the docs extra (pip install -e '.[docs]')",
 )
 

@@ -119,8 +119,9 @@ def test_what_is_installed_where(active: plugin.Installed) -> None:
     assert triton.covered_by == "vllm"  # upstream covers it where DCP is off
     assert ("TRITON_MLA" in active.hook) == triton.dcp_only  # patched for DCP > 1 only
     # FlashMLA's kernel fills the fresh scheduler object on the device: capture-safe; its hook
-    # is installed where a committed GPU run proved it against the release's builder (0.34)
-    assert ("FLASHMLA" in active.hook) == (RELEASE.entry("FLASHMLA").proof == "GPU")
+    # is installed where a recorded GPU run proved it against the release's builder (0.34)
+    proven = RELEASE.entry("FLASHMLA").proof_on(RELEASE.version) == "GPU"
+    assert ("FLASHMLA" in active.hook) == proven
     assert "FLASHINFER_MLA" not in active.hook  # its Invalidate rules are not capture-safe
     reasons = " ".join(active.skipped.values())
     assert "FlashAttnMLAMetadataBuilder does not import here" in reasons
@@ -1168,7 +1169,7 @@ def test_a_builder_proven_nowhere_is_left_to_vllm_unless_the_user_opts_in(
     from draftmeta.integrations.vllm.release import installed_version
 
     version = str(installed_version())
-    unproven = [e.name for e in RELEASE.builders if e.proof is None]
+    unproven = [e.name for e in RELEASE.builders if e.proof_on(RELEASE.version) is None]
     monkeypatch.delenv(UNPROVEN_ENV, raising=False)
     by_default = {d.entry.name: d for d in make_plan(version).on(path)}
     monkeypatch.setenv(UNPROVEN_ENV, "1")

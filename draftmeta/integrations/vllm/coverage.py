@@ -15,19 +15,29 @@ from draftmeta.integrations.vllm.catalogue import DEFAULT_RELEASE, installed_ver
 __all__ = ["HOOK_ENGINES", "OLDER_PROPOSER_ENGINES", "PROOF", "coverage", "coverage_table"]
 
 PROOF = {
-    "CI": "equal to vLLM's own rebuild over random batches, in CI (CPU; draftmeta audit "
-          "drives the hooks as vLLM 0.34's runner does)",
-    "GPU": "equal to this release's own rebuild in a committed GPU run, captured and replayed "
-           "too (the entry's proven_on_gpu names the result)",
-    "no": "declared, not yet proven: checked against the installed classes' fields only; "
-          "the plugin leaves it to vLLM unless DRAFTMETA_VLLM_UNPROVEN=1 (a committed GPU run "
-          "of draftmeta audit or benchmarks/h200/hook_equivalence.py would prove it)",
+    "CI": "equal to vLLM's own rebuild over random batches in draftmeta's CI, at every commit "
+          "(CPU; draftmeta audit drives the hooks as vLLM 0.34's runner does)",
+    "GPU": "equal to this release's own rebuild in a recorded GPU run, captured and replayed "
+           "too (draftmeta coverage --json names each run: command, commit, device)",
+    "CPU": "equal to this release's own rebuild in a recorded CPU run of draftmeta audit "
+           "(draftmeta coverage --json names each run: command, commit, device)",
+    "no": "declared, not yet proven: checked against the installed classes' fields only, and "
+          "left to vLLM unless DRAFTMETA_VLLM_UNPROVEN=1; with it, draftmeta audit NAME run "
+          "where the builder constructs checks it, and its --json output committed and named "
+          "in the entry's proven_by proves it (docs/guide.md#proving-your-builder)",
 }
 """What each value of a row's ``proven`` says."""
 
 
-def _proof(entry: Any) -> str:
-    return str(entry.proof or "no")
+def _proof(entry: Any, release: str) -> str:
+    return str(entry.proof_on(release) or "no")
+
+
+def _runs(entry: Any, release: str) -> list[dict[str, str | None]]:
+    """The recorded runs that prove ``entry`` on ``release``, as JSON objects."""
+    import attrs
+
+    return [attrs.asdict(run) for run in entry.runs_on(release)]
 
 
 def _plugin_state(version: str | None) -> dict[str, Any]:
@@ -70,12 +80,13 @@ def coverage() -> dict[str, Any]:
     ``reason``), ``builders`` (one object per builder and draft path: ``backend``, ``builder``,
     ``path``, ``covered_by`` (what runs now: ``draftmeta`` only while the plugin is active),
     ``with_plugin`` (what would run with it active), ``reason``, ``proven`` (a key of
-    :data:`PROOF`)), ``blocking_full_capture`` (builders that keep vLLM's new runner
-    rebuilding every group, and so from capturing the whole draft loop), ``hook_engines``
-    (which engines a ``hook`` row covered by draftmeta applies to: :data:`HOOK_ENGINES`, or
-    ``None`` where the release has no hook path) and ``older_proposer_engines`` (the same for
-    ``older_proposer`` rows: :data:`OLDER_PROPOSER_ENGINES`, or ``None`` where the release has
-    no older proposer path).
+    :data:`PROOF`), ``proven_by`` (the recorded runs that prove it on this release: ``result``,
+    ``command``, ``commit``, ``device``, ``vllm``, ``log``)), ``blocking_full_capture``
+    (builders that keep vLLM's new runner rebuilding every group, and so from capturing the
+    whole draft loop), ``hook_engines`` (which engines a ``hook`` row covered by draftmeta
+    applies to: :data:`HOOK_ENGINES`, or ``None`` where the release has no hook path) and
+    ``older_proposer_engines`` (the same for ``older_proposer`` rows:
+    :data:`OLDER_PROPOSER_ENGINES`, or ``None`` where the release has no older proposer path).
     """
     from draftmeta.integrations.vllm.catalogue import releases
     from draftmeta.integrations.vllm.plan import Unsupported, make_plan
@@ -114,7 +125,8 @@ def coverage() -> dict[str, Any]:
         report["builders"].append({
             "backend": d.entry.name, "builder": d.entry.builder.qualname, "path": d.path,
             "covered_by": covered, "with_plugin": d.covered_by, "reason": reason,
-            "proven": _proof(d.entry),
+            "proven": _proof(d.entry, plan.release.version),
+            "proven_by": _runs(d.entry, plan.release.version),
         })
     if "hook" in plan.release.paths:
         report["blocking_full_capture"] = [r["backend"] for r in report["builders"]

@@ -54,8 +54,8 @@ by default such a builder is left to vLLM on that path."""
 UNPROVEN_ENV = "DRAFTMETA_VLLM_UNPROVEN"
 """Set to ``1`` to install draftmeta's update also on builders where it is declared but not yet
 proven against the release's real builder
-(:attr:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.proof` is ``None``): by default such
-a builder is left to vLLM."""
+(:meth:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.proof_on` is ``None``): by default
+such a builder is left to vLLM."""
 
 SpecOverride = Callable[..., DraftSpec[Any]]
 """A replacement spec factory for one builder (tests inject deliberately wrong specs with it):
@@ -126,17 +126,17 @@ def _switched_on(env: str) -> bool:
     return os.environ.get(env, "0").strip().lower() in _ON
 
 
-def _not_yet_proven(entry: BuilderEntry, path: DraftPath, cls: type | None,
+def _not_yet_proven(entry: BuilderEntry, release: str, path: DraftPath, cls: type | None,
                     fallback: CoveredBy) -> Decision | None:
     """The decision to leave ``entry`` to vLLM on ``path`` where nothing has run draftmeta's
-    update against this release's real builder and :data:`UNPROVEN_ENV` does not opt in."""
-    if entry.proof is not None or _switched_on(UNPROVEN_ENV):
+    update against ``release``'s real builder (:meth:`BuilderEntry.proof_on`) and
+    :data:`UNPROVEN_ENV` does not opt in."""
+    if entry.proof_on(release) is not None or _switched_on(UNPROVEN_ENV):
         return None
     return Decision(entry, path, fallback,
-                    "declared, not yet proven: its spec matches the installed classes' fields, "
-                    "but no run has checked it against this release's real builder (a "
-                    "committed GPU run of draftmeta audit or benchmarks/h200/"
-                    f"hook_equivalence.py would); left to vLLM; {UNPROVEN_ENV}=1 installs it",
+                    f"declared, not yet proven: its spec matches the installed classes' fields, "
+                    f"but no recorded run has checked it against vLLM {release}'s builder; left "
+                    f"to vLLM; {UNPROVEN_ENV}=1 installs it",
                     cls)
 
 
@@ -179,7 +179,7 @@ def spec_for(
     return entry.make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
 
 
-def _older_proposer(entry: BuilderEntry, cls: type | None, why: str,
+def _older_proposer(entry: BuilderEntry, release: str, cls: type | None, why: str,
                     overrides: Mapping[str, SpecOverride] | None) -> Decision:
     if cls is None:
         return Decision(entry, "older_proposer", "none",
@@ -192,7 +192,7 @@ def _older_proposer(entry: BuilderEntry, cls: type | None, why: str,
     if not spec.supported:
         reasons = "; ".join(r for _, r in spec.unsupported_reasons)
         return Decision(entry, "older_proposer", "none", f"rebuilt: {reasons}", cls)
-    unproven = _not_yet_proven(entry, "older_proposer", cls, "none")
+    unproven = _not_yet_proven(entry, release, "older_proposer", cls, "none")
     if unproven is not None:
         return unproven
     slower = _measured_slower(entry, "older_proposer", cls, "none")
@@ -205,7 +205,7 @@ def _older_proposer(entry: BuilderEntry, cls: type | None, why: str,
                     f"{where} (spec {spec.name}){_measured_faster(entry, 'older_proposer')}", cls)
 
 
-def _hook(entry: BuilderEntry, cls: type | None, why: str,
+def _hook(entry: BuilderEntry, release: str, cls: type | None, why: str,
           overrides: Mapping[str, SpecOverride] | None) -> Decision:
     upstream = entry.hook
     vllms: CoveredBy = "vllm" if upstream != "none" else "none"  # who covers it without us
@@ -225,7 +225,7 @@ def _hook(entry: BuilderEntry, cls: type | None, why: str,
     refused = _why_no_hook(spec)
     if refused is not None:
         return Decision(entry, "hook", "none", f"no hook: {refused}", cls)
-    unproven = _not_yet_proven(entry, "hook", cls, vllms)
+    unproven = _not_yet_proven(entry, release, "hook", cls, vllms)
     if unproven is not None:
         return unproven
     slower = _measured_slower(entry, "hook", cls, vllms)
@@ -300,7 +300,7 @@ def make_plan(
     for entry in catalogue.builders:
         cls, why = _import_class(entry)
         if "older_proposer" in catalogue.paths:
-            decisions.append(_older_proposer(entry, cls, why, overrides))
+            decisions.append(_older_proposer(entry, catalogue.version, cls, why, overrides))
         if "hook" in catalogue.paths:
-            decisions.append(_hook(entry, cls, why, overrides))
+            decisions.append(_hook(entry, catalogue.version, cls, why, overrides))
     return Plan(version, catalogue, tuple(decisions))

@@ -5,8 +5,10 @@ for the ``dense`` family with one extra rule: ``seq_lens_i64`` is derived at eve
 decode part's lengths (a copy, int32 to int64, into the same buffer). Declared against the
 installed classes, so a field vLLM adds in a later release, or one the example adds without a
 rule, fails the declaration and the plugin leaves the builder to vLLM. The harness recipe lets
-``draftmeta audit OOT_CPU_MLA`` (and the equivalence checks) build it on a CPU, which is also
-what makes it proven, so that the plugin installs its update.
+``draftmeta audit OOT_CPU_MLA`` (and the equivalence checks) build it on a CPU. Nothing recorded
+has run it (``proven_by`` is empty), so the plugin leaves it to vLLM unless
+``DRAFTMETA_VLLM_UNPROVEN=1``; a committed ``draftmeta audit --json`` output named in
+``proven_by`` (``recorded_audits``) would prove it on that output's vLLM release.
 
 Importing this module does not import vLLM (class paths only).
 """

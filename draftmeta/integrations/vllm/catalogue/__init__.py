@@ -28,9 +28,11 @@ from draftmeta.integrations.vllm.catalogue.model import (
     Install,
     Measured,
     Proof,
+    RecordedRun,
     Release,
     Upstream,
     class_ref,
+    recorded_audits,
 )
 from draftmeta.integrations.vllm.release import (
     DEFAULT_RELEASE,
@@ -52,11 +54,13 @@ __all__ = [
     "Measured",
     "Proof",
     "builder_spec",
+    "RecordedRun",
     "Release",
     "Upstream",
     "class_ref",
     "current_release",
     "installed_version",
+    "recorded_audits",
     "register_builder",
     "registered_builders",
     "release",
@@ -128,9 +132,10 @@ _registered: dict[str, BuilderEntry] = {}
 def register_builder(entry: BuilderEntry) -> None:
     """Declare the spec of an out-of-tree builder in this process (what an entry point of
     :data:`ENTRY_POINT_GROUP` does for every process): from then on it is a builder of the
-    installed release's catalogue, covered by the plugin where its spec fits and it is proven
-    (:attr:`BuilderEntry.proof`: a CPU :attr:`BuilderEntry.harness` recipe, which
-    ``draftmeta audit NAME`` then runs). Register before vLLM loads its plugins.
+    installed release's catalogue, covered by the plugin where its spec fits and a recorded run
+    proves it on that release (:attr:`BuilderEntry.proven_by`, from :func:`recorded_audits`;
+    the guide's "Proving your builder" says how to make one). Register before vLLM loads its
+    plugins.
 
     Raises:
         ValueError: another entry is registered under ``entry.name``.
@@ -184,11 +189,18 @@ def with_registered(catalogue: Release) -> Release:
 
     Raises:
         RuntimeError: a registered builder takes a name the catalogue already has (or two take
-            the same name).
+            the same name), or claims :attr:`BuilderEntry.checked_in_ci`, which only the
+            catalogue's own builders can (draftmeta's CI runs those, not yours).
     """
     extra = registered_builders()
     if not extra:
         return catalogue
+    claiming = [e.name for e in extra if e.checked_in_ci]
+    if claiming:
+        raise RuntimeError(f"out-of-tree builders registered with checked_in_ci=True: "
+                           f"{', '.join(claiming)}; draftmeta's CI checks only the catalogue's "
+                           "own builders: drop it and prove yours with a recorded run "
+                           "(proven_by=recorded_audits(...), docs/guide.md)")
     names = [e.name for e in extra]
     taken = sorted({n for n in names if n in catalogue.names or names.count(n) > 1})
     if taken:

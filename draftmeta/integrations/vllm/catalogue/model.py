@@ -32,9 +32,11 @@ __all__ = [
     "Measured",
     "PLAIN_INSTALL",
     "Proof",
+    "RecordedRun",
     "Release",
     "Upstream",
     "class_ref",
+    "recorded_audits",
 ]
 
 DraftPath = Literal["older_proposer", "hook"]
@@ -45,8 +47,10 @@ DraftPath = Literal["older_proposer", "hook"]
 DRAFT_PATHS: tuple[DraftPath, ...] = ("older_proposer", "hook")
 """Both draft paths, in the order reports list them."""
 
-Proof = Literal["CI", "GPU"]
-"""What ran draftmeta's update against a release's real builder (:attr:`BuilderEntry.proof`)."""
+Proof = Literal["CI", "GPU", "CPU"]
+"""What ran draftmeta's update against a release's real builder (:meth:`BuilderEntry.proof_on`):
+``CI`` (draftmeta's own CI, at every commit: :attr:`BuilderEntry.checked_in_ci`), ``GPU`` or
+``CPU`` (a recorded run on that kind of device: :attr:`BuilderEntry.proven_by`)."""
 
 Upstream = Literal["none", "no-op", "refresh"]
 """What vLLM's own ``update_draft_decode_metadata`` does for a builder: nothing (``none``: the
@@ -78,6 +82,95 @@ def class_ref(path: str) -> ClassRef:
     if not module or not name:
         raise ValueError(f"{path!r} is not a dotted path to a class")
     return ClassRef(module, name)
+
+
+@attrs.frozen
+class RecordedRun:
+    """A committed run that checked draftmeta's update of one builder against a release's real
+    builder and found them equal: what makes a builder proven where draftmeta's own CI cannot
+    run it (:attr:`BuilderEntry.proven_by`).
+
+    Attributes:
+        result: the committed result: a path in the repository that holds the entry
+            (``benchmarks/results/hook-equivalence.json``), or a file of the package that does.
+        command: the command that ran (``draftmeta audit --json``).
+        commit: the commit whose code ran (a git hash).
+        device: the machine it ran on: the GPU's name (``NVIDIA H200``), or the CPU's.
+        vllm: the vLLM version it ran against (``0.34.0``): the proof holds for that release.
+        on_gpu: whether the builder ran on a GPU (``proven: GPU``) or on the CPU (``CPU``).
+        log: the run's log, where its result file does not record the device and the vLLM
+            version itself (its first line names both), or ``None``.
+    """
+
+    result: str
+    command: str
+    commit: str
+    device: str
+    vllm: str
+    on_gpu: bool
+    log: str | None = None
+
+    @property
+    def label(self) -> Proof:
+        """``GPU`` or ``CPU``."""
+        return "GPU" if self.on_gpu else "CPU"
+
+    def describe(self) -> str:
+        """One line: ``NVIDIA H200, vLLM 0.34.0: CMD at COMMIT (RESULT)``."""
+        return f"{self.device}, vLLM {self.vllm}: {self.command} at {self.commit} ({self.result})"
+
+
+RUN_RECORD = ("command", "commit", "device", "vllm_version")
+"""The keys of the run record at the top level of ``draftmeta audit --json``'s document."""
+
+
+def _proving_row(row: Any, name: str) -> bool:
+    """Whether an audit row shows draftmeta's hook for ``name`` equal to the rebuild and failing
+    no other criterion the audit checked (idempotence, the first step)."""
+    return bool(row.get("backend") == name and row.get("owner") == "draftmeta"
+                and row.get("verdict") == "equal" and row.get("idempotent") != "no"
+                and row.get("first_step") != "mismatch")
+
+
+def recorded_audits(paths: Iterable[Any], name: str) -> tuple[RecordedRun, ...]:
+    """The recorded runs of builder ``name`` in committed ``draftmeta audit --json`` documents
+    (``paths``: files, or anything whose ``read_text()`` gives one, such as
+    ``importlib.resources.files(__package__) / "audit-vllm-0.34.json"``): one per document whose
+    row for ``name`` found draftmeta's hook equal to the builder's rebuild (and not failing the
+    audit's other criteria). What an out-of-tree entry declares as its
+    :attr:`BuilderEntry.proven_by`; the row's ``device`` (``cuda`` or ``cpu``) says whether it
+    proves the builder on a GPU.
+
+    Raises:
+        ValueError: a document has no run record (``command``, ``commit``, ``device``,
+            ``vllm_version`` at its top level: written by a ``draftmeta audit`` older than the
+            record), or no row for ``name`` was run by draftmeta's hook and found equal.
+    """
+    import json
+    from pathlib import Path
+
+    found = []
+    for path in paths:
+        where = str(path)
+        document = json.loads(path.read_text() if hasattr(path, "read_text")
+                              else Path(path).read_text())
+        missing = [k for k in RUN_RECORD if not document.get(k)]
+        if missing:
+            raise ValueError(f"{where}: no run record ({', '.join(missing)} missing at the top "
+                             "level): run draftmeta audit --json again and commit its output")
+        rows = [r for r in document.get("rows", ()) if r.get("backend") == name]
+        proving = [r for r in rows if _proving_row(r, name)]
+        if not proving:
+            said = "; ".join(f"owner {r.get('owner')}, verdict {r.get('verdict')}, idempotent "
+                             f"{r.get('idempotent', '-')}, first step {r.get('first_step', '-')}"
+                             for r in rows)
+            raise ValueError(f"{where}: no row of {name} with draftmeta's hook found equal "
+                             f"({said or 'no row'}); a builder left to vLLM is audited with "
+                             "DRAFTMETA_VLLM_UNPROVEN=1")
+        found.append(RecordedRun(where, str(document["command"]), str(document["commit"]),
+                                 str(document["device"]), str(document["vllm_version"]),
+                                 on_gpu=proving[0].get("device") == "cuda"))
+    return tuple(found)
 
 
 @attrs.frozen
@@ -178,10 +271,13 @@ class BuilderEntry:
             PCP > 1, HiSparse); the builder then keeps vLLM's behaviour, with one log line.
         hook_state: the draft state over the buffers its built metadata views, for the
             generated hook (:func:`hook_state`: the MLA and flat layouts).
-        proven_on_gpu: the committed result of a GPU run that checked this builder's in-place
-            update against this release's real builder (a repository path), where its builder
-            constructs only on a GPU; ``None`` where none did. A builder with a CPU
-            :attr:`harness` is proven in CI instead (:attr:`proof`).
+        proven_by: the committed runs that checked this builder's in-place update against a
+            release's real builder (:class:`RecordedRun`: which command, commit, device and
+            vLLM version); each proves it on its own vLLM release only.
+        checked_in_ci: draftmeta's own CI checks this builder's update against the release's
+            real builder at every commit (the test suite runs every catalogue builder with a
+            CPU :attr:`harness`); only the catalogue's own entries can say so, a registered
+            out-of-tree entry is refused with it.
         upstream_hook_without_dcp: vLLM declares its own hook only on builders with
             ``dcp_world_size == 1`` (``TRITON_MLA``: "DCP local sequence lengths are not
             advanced"), so under decode context parallelism the draft loop falls back to
@@ -202,17 +298,25 @@ class BuilderEntry:
     refuses_instance: Callable[[Any], str | None] = instance_refusal
     hook_state: Callable[[Any, Any], DraftState] = hook_state
     upstream_hook_without_dcp: bool = False
-    proven_on_gpu: str | None = None
+    proven_by: tuple[RecordedRun, ...] = ()
+    checked_in_ci: bool = False
 
-    @property
-    def proof(self) -> Proof | None:
-        """What ran draftmeta's update against this release's real builder: ``CI`` (its CPU
-        :attr:`harness`, in every CI run), ``GPU`` (a committed run, :attr:`proven_on_gpu`),
-        or ``None``: declared, not yet proven (the plugin then leaves it to vLLM unless
-        ``DRAFTMETA_VLLM_UNPROVEN=1``)."""
-        if self.harness is not None:
+    def runs_on(self, version: str) -> tuple[RecordedRun, ...]:
+        """The recorded runs that prove it on ``version``'s release (``"0.34"`` or
+        ``"0.34.0"``)."""
+        return tuple(r for r in self.proven_by if release_of(r.vllm) == release_of(version))
+
+    def proof_on(self, version: str) -> Proof | None:
+        """What ran draftmeta's update against release ``version``'s real builder: ``CI``
+        (:attr:`checked_in_ci`), ``GPU`` or ``CPU`` (a recorded run of that release,
+        :attr:`proven_by`; a GPU run first), or ``None``: declared, not yet proven (the plugin
+        then leaves it to vLLM unless ``DRAFTMETA_VLLM_UNPROVEN=1``)."""
+        runs = self.runs_on(version)
+        if any(r.on_gpu for r in runs):
+            return "GPU"
+        if self.checked_in_ci:
             return "CI"
-        return "GPU" if self.proven_on_gpu is not None else None
+        return "CPU" if runs else None
 
     def slower_on(self, path: DraftPath) -> Measured | None:
         """The measurement showing its in-place path on ``path`` slower than vLLM's, if any."""

@@ -71,7 +71,8 @@ def _mla(
     if family == "flashmla":
         classes += (FLASHMLA_SCHED_META,)
     return BuilderEntry(name, class_ref(builder), factory, hook, harness, classes, carry_over,
-                        gpu_harness, upstream_hook_without_dcp=upstream_hook_without_dcp)
+                        gpu_harness, upstream_hook_without_dcp=upstream_hook_without_dcp,
+                        checked_in_ci=harness is not None)
 
 
 def _family(module: str, stem: str) -> tuple[ClassRef, ClassRef]:
@@ -131,11 +132,13 @@ RELEASE = Release(
              f"{BACKENDS}.flashinfer_mla_sparse.FlashInferMLASparseMetadataBuilder",
              "sparse", _sparse("flashinfer_mla_sparse", "FlashInferMLASparse"), None),
         BuilderEntry("INDEXER", INDEXER_BUILDER, IndexerSpec(), "refresh",
-                     HarnessRecipe("indexer", block_size=64), (INDEXER_METADATA, INDEXER_DECODE)),
+                     HarnessRecipe("indexer", block_size=64), (INDEXER_METADATA, INDEXER_DECODE),
+                     checked_in_ci=True),
         BuilderEntry("KPOOL_TAIL", KPOOL_TAIL_BUILDER, KpoolTailSpec(), "refresh",
                      HarnessRecipe("kpool_tail", block_size=64), (INDEXER_METADATA,),
                      hook_declined="its metadata does not reference the block table "
-                     "draftmeta's spec derives the slot from; vLLM's own hook serves it"),
+                     "draftmeta's spec derives the slot from; vLLM's own hook serves it",
+                     checked_in_ci=True),
     ),
 )
 """vLLM 0.33's builders."""
