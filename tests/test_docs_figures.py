@@ -81,10 +81,9 @@ def _rows(markdown: str) -> list[str]:
 
 
 DEPTH_TABLE_SOURCES = {
-    ("2 layers (random)", "H200"): "e2e-cuda-tiny-k3-pairs-h200.json",
-    ("trained MTP model", "H100"): "e2e-cuda-trained-h100.json",
-    ("27 layers, v2-lite MoE (random)", "H100", "FLASH_ATTN_MLA"): "e2e-cuda-v2lite-h100.json",
-    ("27 layers, v2-lite MoE (random)", "H100", "FLASHMLA"): "e2e-cuda-v2lite-flashmla-h100.json",
+    ("2 layers (random)", "H100"): "e2e-cuda-tiny-limit-h100.json",
+    ("trained MTP model", "H100"): "e2e-cuda-trained-limit-h100.json",
+    ("27 layers, v2-lite MoE (random)", "H100"): "e2e-cuda-v2lite-limit-h100.json",
     ("61 layers, DeepSeek-V3 rank (random)", "H200", "FLASH_ATTN_MLA"): "e2e-cuda-v3rank-h200.json",
     ("61 layers, DeepSeek-V3 rank (random)", "H200", "FLASHMLA"):
         "e2e-cuda-v3rank-flashmla-pairs-h200.json",
@@ -96,50 +95,72 @@ def _depth_source(model: str, gpu: str, backend: str) -> str:
     return DEPTH_TABLE_SOURCES.get((model, gpu, backend)) or DEPTH_TABLE_SOURCES[(model, gpu)]
 
 
+def _timed_plugin_entries(data: dict[str, Any], backend: str) -> dict[int, dict[str, Any]]:
+    """A run's timed plugin configurations of ``backend`` by batch size (results of both
+    layouts: no A/A case, no negative control, no empty-hook row)."""
+    return {e["batch_size"]: e for e in data["configurations"]
+            if e["backend"] == backend and not e.get("aa") and not e.get("control")
+            and not e.get("negative_control") and e.get("limit") is not True
+            and e["speedup"] is not None}
+
+
+def _host_share(entry: dict[str, Any]) -> float:
+    if "host_share_off" in entry:
+        return float(entry["host_share_off"])
+    host = _host_us_per_loop(entry, "off")
+    assert host is not None
+    return host / (entry["step_ms"]["off"] * 1e3)
+
+
 def check_readme_depth_table(readme: str) -> int:
-    """Every cell of README's table of models by depth, against the run it names: the step time
-    and the share vLLM's rebuilds take of it (ranges over the batch sizes), and per batch size the
-    median pair ratio with the pairs' range, or ``(1 pair)``; a blank cell where the run has no
-    such batch size. Returns how many ratio cells were checked."""
+    """Every cell of README's table of models by depth, against the run it names: per batch
+    size T off / on, the share vLLM's rebuilds take of T, the GPU's idle time off / on and the
+    limit (``-`` for a run from before they were measured), and the median pair ratio with the
+    pairs' range, or ``(1 pair)``. Returns how many rows were checked; every timed plugin
+    configuration of a named run has its row."""
     section = _section(readme, "## Results\n")
     table = section[section.index("| model (weights) |"):]
     table = table[:table.index("\n\n")]
-    checked = 0
+    shown: set[tuple[str, str, str, int]] = set()
     for row in _rows(table)[1:]:
-        model, gpu, backend, step, share, *cells = [c.strip() for c in row.strip("|").split("|")]
+        model, gpu, backend, batch, step, share, idle, limit, ratio = [
+            c.strip() for c in row.strip("|").split("|")]
         data = _json(_depth_source(model, gpu, backend))
-        assert gpu in data["device"], row
-        entries = {e["batch_size"]: e for e in data["configurations"]
-                   if e["backend"] == backend and not e["negative_control"]
-                   and not e.get("limit")}
-        assert entries, row
-        steps = [e["step_ms"]["off"] for e in entries.values()]
-        assert step == _span(steps, 1), (row, steps)
-        shares = [100 * _host_us_per_loop(e, "off") / (e["step_ms"]["off"] * 1e3)
-                  for e in entries.values()]
-        assert share == _span(shares, 0) + "%", (row, shares)
-        for batch, cell in zip((1, 8, 32), cells, strict=True):
-            if batch not in entries:
-                assert cell == "", row
-                continue
-            entry = entries[batch]
-            match = re.fullmatch(r"(?:\*\*)?(\d\.\d\d)x(?:\*\*)? \((?:(\d\.\d\d)-(\d\.\d\d)"
-                                 r"|1 pair)\)", cell)
-            assert match, f"README depth table: {cell!r} is not 'ratio (lo-hi)' or 'ratio (1 pair)'"
-            ratio, lo, hi = match.groups()
-            pairs = entry["pair_speedups"]
-            assert ratio == f"{entry['speedup']:.2f}", row
-            if lo is None:
-                assert len(pairs) == 1, (row, pairs)
-            else:
-                assert len(pairs) > 1 and (lo, hi) == (f"{min(pairs):.2f}", f"{max(pairs):.2f}"), (
-                    row, pairs)
-            checked += 1
-    return checked
+        where = data["machine"]["gpu"] if data.get("schema") == 2 else data["device"]
+        assert gpu in where, row
+        entries = _timed_plugin_entries(data, backend)
+        assert int(batch) in entries, (row, sorted(entries))
+        entry = entries[int(batch)]
+        assert step == f"{entry['step_ms']['off']:.2f} / {entry['step_ms']['on']:.2f}", row
+        assert share == f"{100 * _host_share(entry):.0f}%", row
+        if entry.get("gpu_idle_ms_per_step_on") is None:
+            assert (idle, limit) == ("-", "-"), row
+        else:
+            assert idle == (f"{entry['gpu_idle_ms_per_step_off']:.2f} / "
+                            f"{entry['gpu_idle_ms_per_step_on']:.2f}"), row
+            assert limit == f"{entry['limit']:.2f}x", row
+        match = re.fullmatch(r"(?:\*\*)?(\d\.\d\d)x(?:\*\*)? \((?:(\d\.\d\d)-(\d\.\d\d)"
+                             r"|1 pair)\)", ratio)
+        assert match, f"README depth table: {ratio!r} is not 'ratio (lo-hi)' or 'ratio (1 pair)'"
+        median, lo, hi = match.groups()
+        pairs = entry["pair_speedups"]
+        assert median == f"{entry['speedup']:.2f}", row
+        if lo is None:
+            assert len(pairs) == 1, (row, pairs)
+        else:
+            assert len(pairs) > 1 and (lo, hi) == (f"{min(pairs):.2f}", f"{max(pairs):.2f}"), (
+                row, pairs)
+        shown.add((model, gpu, backend, int(batch)))
+    for (model, gpu, *rest), name in DEPTH_TABLE_SOURCES.items():
+        data = _json(name)
+        for backend in (rest or ["FLASH_ATTN_MLA", "FLASHMLA"]):
+            for batch in _timed_plugin_entries(data, backend):
+                assert (model, gpu, backend, batch) in shown, (name, backend, batch)
+    return len(shown)
 
 
 def test_the_readmes_table_of_models_by_depth_is_the_committed_runs() -> None:
-    assert check_readme_depth_table(_text("README.md")) == 20
+    assert check_readme_depth_table(_text("README.md")) == 18
 
 
 def check_v2lite_flashmla_table(page: str) -> int:
@@ -232,12 +253,14 @@ def test_a_wrong_figure_in_the_v2lite_flashmla_table_is_caught(right: str, wrong
 
 
 @pytest.mark.parametrize(("right", "wrong"), [
-    ("**1.28x** (1.27-1.29)", "**1.28x** (1.25-1.29)"),  # a pair's range
+    ("**1.28x** (1.25-1.30)", "**1.28x** (1.25-1.29)"),  # a pair's range
     ("0.99x (1 pair)", "0.98x (1 pair)"),                # a ratio
-    ("| 13.7-28.6 |", "| 13.7-26.6 |"),                  # a step time
-    ("| 2-5% |", "| 1-5% |"),                            # the rebuilds' share
-    ("1.01x (1 pair) | 1.00x (1 pair) | 1.00x (1 pair)",
-     "1.01x (0.99-1.02) | 1.00x (1 pair) | 1.00x (1 pair)"),  # pairs that were not run
+    ("| 7.67 / 7.70 |", "| 7.67 / 7.60 |"),              # a step time
+    ("| 16% |", "| 15% |"),                              # the rebuilds' share
+    ("| 0.58 / 0.60 |", "| 0.58 / 0.50 |"),              # the GPU's idle time
+    ("| 1.08x | 0.99x", "| 1.18x | 0.99x"),              # the limit
+    ("**1.23x** (1 pair)", "**1.23x** (1.20-1.25)"),     # pairs that were not run
+    ("| 2 layers (random) | H100 | FLASHMLA | 8 |", "| 2 layers (random) | H100 | FLASHMLA | 4 |"),
 ])
 def test_a_wrong_figure_in_the_readmes_table_of_models_by_depth_is_caught(right: str,
                                                                          wrong: str) -> None:
@@ -291,6 +314,8 @@ def _committed_gpu_ratios() -> set[str]:
             if e.get("speedup") is not None:
                 ratios.add(f"{e['speedup']:.2f}")
             ratios |= {f"{r:.2f}" for r in e.get("pair_speedups") or []}
+            if isinstance(e.get("limit"), float):  # the GPU's limit (schema 2)
+                ratios.add(f"{e['limit']:.2f}")
     return ratios
 
 

@@ -138,7 +138,8 @@ def test_on_a_gpu_every_row_gives_the_gpu_busy_time_the_idle_time_and_the_limit(
     assert entry["share_of_limit"] == pytest.approx((1 / 0.9 - 1) / (2.0 - 1), abs=1e-3)
     text = markdown(data)
     assert "| limit | of the limit |" in text
-    assert "| 80.00 / 50.00 | 20.00 | 2.00x | 11% |" in text
+    assert entry["gpu_idle_ms_per_step_on"] == pytest.approx(40.0)  # 90 ms less 50 busy
+    assert "| 80.00 / 50.00 | 20.00 / 40.00 | 2.00x | 11% |" in text
 
 
 def test_a_failed_case_is_listed_with_its_error_and_counted_in_the_decision() -> None:
@@ -222,20 +223,33 @@ def test_the_best_k_is_ranked_only_where_the_a_a_control_reads_little_noise() ->
 
 def test_a_stale_flashmla_schedule_is_judged_where_a_loop_crossed_a_tile_or_called_blind(
 ) -> None:
-    drafts = [[[1, 2, 3, 4], [5, 6, 7, 8]]]
-    moved = [[[1, 2, 3, 9], [5, 6, 7, 8]]]
+    """Two calls of two requests, K = 4: one draft in 16 differs (6%, under the 10% margin
+    over every draft), and it is the one draft after a tile crossing (1 of 1): caught. A run
+    where nothing changed and no loop crossed a tile could not see the control: blind."""
+    drafts = [[[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 2, 3, 4], [5, 6, 7, 8]]]
+    moved = [[[1, 2, 3, 9], [5, 6, 7, 8]], [[1, 2, 3, 4], [5, 6, 7, 8]]]
     case = Case("tiny", "FLASHMLA", 4, control="stale-scheduler")
-    crossed = comparison(case, pairs=[(side(generated(drafts=drafts, loop_lengths=[[63, 10]]),
+    crossed = comparison(case, pairs=[(side(generated(drafts=drafts,
+                                                      loop_lengths=[[63, 10], [70, 11]]),
                                            seconds=()),
                                       side(generated(drafts=moved), seconds=()))])
     never = comparison(Case("tiny", "FLASHMLA", 3, control="stale-scheduler"),
-                       pairs=[(side(generated(drafts=drafts, loop_lengths=[[10, 20]]),
-                                    seconds=()), side(generated(drafts=moved), seconds=()))])
+                       pairs=[(side(generated(drafts=drafts, loop_lengths=[[10, 20], [11, 21]]),
+                                    seconds=()), side(generated(drafts=drafts), seconds=()))])
     data = _summary([comparison(), crossed, never])
     first, second = data["controls"]
     assert first["tile_crossings"] == {"tile": 64, "drafts": 1, "differing": 1}
-    assert first["verdict"] == "caught"  # 1 of 8 drafts overall would be under the margin
+    assert first["differing_draft_tokens"] == 1 and first["draft_tokens_compared"] == 16
+    assert first["verdict"] == "caught"
     assert second["verdict"] == "blind" and data["decided"]["controls"]["blind"]
     text = markdown(data)
     assert "1 blind (no draft loop crossed a scheduler tile" in text
-    assert "1 of 8; after a tile crossing 1 of 1 | caught |" in text
+    assert "1 of 16; after a tile crossing 1 of 1 | caught |" in text
+    # the same control where it changed drafts elsewhere is judged over every draft
+    elsewhere = comparison(case, pairs=[(side(generated(drafts=drafts,
+                                                        loop_lengths=[[10, 20], [11, 21]]),
+                                              seconds=()),
+                                         side(generated(drafts=[[[0, 0, 0, 0], [0, 0, 0, 0]],
+                                                                drafts[1]]), seconds=()))])
+    (judged,) = _summary([comparison(), elsewhere])["controls"]
+    assert judged["tile_crossings"]["drafts"] == 0 and judged["verdict"] == "caught"

@@ -327,11 +327,15 @@ class Comparison:
             return None
         return t_off / busy_on
 
+    def gpu_idle_ms(self, side: str) -> float | None:
+        """Per step, the time ``side``'s GPU stood idle, waiting for the host: its ``T`` less
+        its GPU busy time, ms."""
+        step, busy = self.step_ms(side), self.gpu_busy_ms_per_step(side)
+        if step is None or busy is None:
+            return None
+        return step - busy
+
     @property
     def gpu_idle_ms_off(self) -> float | None:
-        """Per step, the time the plugin-off engine's GPU stood idle: ``T`` off less its GPU
-        busy time, ms."""
-        t_off, busy_off = self.step_ms("off"), self.gpu_busy_ms_per_step("off")
-        if t_off is None or busy_off is None:
-            return None
-        return t_off - busy_off
+        """Per step, the time the plugin-off engine's GPU stood idle (:meth:`gpu_idle_ms`)."""
+        return self.gpu_idle_ms("off")

@@ -45,7 +45,7 @@ from draftmeta.integrations.patching import Patches
 
 __all__ = ["CAUGHT_DRAFT_SHARE", "CAUGHT_LENGTH_DROP", "CONTROLS", "FLASHMLA_TILE",
            "SCHEDULED_BACKENDS", "Control", "Verdict", "caught", "controls_for", "injected",
-           "stale_scheduler_spec", "tile_of", "verdict", "verdict_at_crossings"]
+           "judged", "stale_scheduler_spec", "tile_of", "verdict"]
 
 CAUGHT_LENGTH_DROP = 0.25
 """A control is caught when vLLM's mean acceptance length with it falls by at least this share
@@ -82,13 +82,23 @@ def tile_of(control: str, backend: str) -> int | None:
     return None
 
 
-def verdict_at_crossings(differing: int, compared: int) -> Verdict:
-    """The verdict on a control that can act only on drafts after a tile crossing: ``caught``
-    when at least :data:`CAUGHT_DRAFT_SHARE` of those drafts differ, ``blind`` where there were
-    none, else ``missed``."""
-    if not compared:
+def judged(length_off: float | None, length_on: float | None, differing: int, compared: int,
+           hidden_max_abs_difference: float | None,
+           crossings: tuple[int, int] | None = None) -> Verdict:
+    """The verdict on one negative control's run: :func:`verdict` over every draft; and for a
+    control that may act only where a draft loop crosses a scheduler tile (``crossings``: the
+    drafts after such a crossing that differ, and how many there were), also ``caught`` when at
+    least :data:`CAUGHT_DRAFT_SHARE` of those differ, and ``blind`` where nothing changed and no
+    loop crossed a tile (the run could not see the control)."""
+    overall = verdict(length_off, length_on, differing, compared, hidden_max_abs_difference)
+    if crossings is None or overall == "caught":
+        return overall
+    crossed_differing, crossed = crossings
+    if crossed and crossed_differing >= CAUGHT_DRAFT_SHARE * crossed:
+        return "caught"
+    if overall == "inert" and not crossed:
         return "blind"
-    return "caught" if differing >= CAUGHT_DRAFT_SHARE * compared else "missed"
+    return overall
 
 
 def caught(length_off: float | None, length_on: float | None, differing: int,

@@ -40,10 +40,9 @@ from draftmeta.integrations.vllm.e2e.controls import (
     CAUGHT_DRAFT_SHARE,
     CAUGHT_LENGTH_DROP,
     CONTROLS,
+    judged,
     tile_of,
-    verdict_at_crossings,
 )
-from draftmeta.integrations.vllm.e2e.controls import verdict as control_verdict
 from draftmeta.integrations.vllm.e2e.engine import FORCED
 from draftmeta.integrations.vllm.e2e.runner import RunConfig, RunResult
 from draftmeta.noise import Control, Ratios, Verdict, pair_ratios, verdict
@@ -157,6 +156,7 @@ def _entry(c: Comparison) -> JSONObject:
         "gpu_busy_ms_per_step": {"off": _round(c.gpu_busy_ms_per_step("off")),
                                  "on": _round(c.gpu_busy_ms_per_step("on"))},
         "gpu_idle_ms_per_step_off": _round(c.gpu_idle_ms_off),
+        "gpu_idle_ms_per_step_on": _round(c.gpu_idle_ms("on")),
         "limit": _round(limit, 4),
         "share_of_limit": (None if limit is None or speedup is None or limit <= 1.0
                            else round((speedup - 1.0) / (limit - 1.0), 3)),
@@ -185,28 +185,34 @@ def _host_pairs(c: Comparison) -> JSONObject | None:
 
 def _control(c: Comparison) -> JSONObject:
     """One negative control's run against its case's plugin-off run: judged over every draft,
-    or, for a control that acts only where a draft loop crosses a scheduler tile, over the
-    drafts after such a crossing (``tile_crossings``)."""
+    and for a control that may act only where a draft loop crosses a scheduler tile, over the
+    drafts after such a crossing too (``tile_crossings``; :func:`~draftmeta.integrations.vllm.
+    e2e.controls.judged`)."""
     assert c.case.control is not None
-    identity = _identity(c)
-    off, on = c.acceptance("off"), c.acceptance("on")
+    tile = tile_of(c.case.control, c.case.backend)
+    crossings = None
+    if tile is not None:
+        differing, compared = c.tile_crossings(tile)
+        crossings = {"tile": tile, "drafts": compared, "differing": differing}
     entry: JSONObject = {
         **_case_keys(c.case),
         "batch_size": c.batch_size,
         "wrong": CONTROLS[c.case.control].wrong,
-        **identity,
-        "tile_crossings": None,
-        "verdict": control_verdict(off.mean_acceptance_length, on.mean_acceptance_length,
-                                   identity["differing_draft_tokens"],
-                                   identity["draft_tokens_compared"],
-                                   identity["hidden_max_abs_difference"]),
+        **_identity(c),
+        "tile_crossings": crossings,
     }
-    tile = tile_of(c.case.control, c.case.backend)
-    if tile is not None:
-        differing, compared = c.tile_crossings(tile)
-        entry["tile_crossings"] = {"tile": tile, "drafts": compared, "differing": differing}
-        entry["verdict"] = verdict_at_crossings(differing, compared)
+    entry["verdict"] = _control_verdict(entry)
     return entry
+
+
+def _control_verdict(entry: Mapping[str, Any]) -> str:
+    """A control entry's verdict from its own figures (so a merged result judges them again)."""
+    crossed = entry.get("tile_crossings")
+    return str(judged(entry["acceptance"]["off"]["mean_acceptance_length"],
+                  entry["acceptance"]["on"]["mean_acceptance_length"],
+                  entry["differing_draft_tokens"], entry["draft_tokens_compared"],
+                  entry["hidden_max_abs_difference"],
+                  None if crossed is None else (crossed["differing"], crossed["drafts"])))
 
 
 def noise_check(configs: Sequence[Mapping[str, Any]]) -> JSONObject | None:
@@ -335,7 +341,8 @@ def merge(first: Mapping[str, Any], *later: Mapping[str, Any]) -> JSONObject:
         for kind, table in entries.items():
             for entry in data[kind]:
                 table[_key(entry)] = dict(entry)
-    configs, controls = list(entries["configurations"].values()), list(entries["controls"].values())
+    configs = [_rederived(c) for c in entries["configurations"].values()]
+    controls = [{**c, "verdict": _control_verdict(c)} for c in entries["controls"].values()]
     failed = [f for data in results for f in data["failed"]]
     merged: JSONObject = {**first}
     merged["commands"] = list(dict.fromkeys(
@@ -347,6 +354,17 @@ def merge(first: Mapping[str, Any], *later: Mapping[str, Any]) -> JSONObject:
     merged["noise_check"] = noise_check(configs)
     merged["best_k"], merged["best_k_withheld"] = _best_k(configs, merged["noise_check"])
     return merged
+
+
+def _rederived(entry: Mapping[str, Any]) -> JSONObject:
+    """A configuration entry with what its own figures give and a result written before it had
+    the key lacks: the plugin-on engine's GPU idle time per step."""
+    out = dict(entry)
+    if "gpu_idle_ms_per_step_on" not in out:
+        step, busy = out["step_ms"]["on"], out["gpu_busy_ms_per_step"]["on"]
+        out["gpu_idle_ms_per_step_on"] = (None if step is None or busy is None
+                                          else round(step - busy, 3))
+    return out
 
 
 def _acceptance_of(configs: Sequence[Mapping[str, Any]]) -> JSONObject:
@@ -557,9 +575,9 @@ def markdown(data: Mapping[str, Any]) -> str:
     lines += [
         "",
         "| case | batch | off vs on | acceptance length off / on | tok/s off | tok/s on "
-        "| on/off | T off / on, ms | s / T |" + (" GPU busy off / on, ms | GPU idle off, ms "
-                                                "| limit | of the limit |" if profiled else ""),
-        "|---|---:|---|---|---:|---:|---:|---|---:|" + ("---|---:|---:|---:|" if profiled
+        "| on/off | T off / on, ms | s / T |" + (" GPU busy off / on, ms | GPU idle off / on, "
+                                                "ms | limit | of the limit |" if profiled else ""),
+        "|---|---:|---|---|---:|---:|---:|---|---:|" + ("---|---|---:|---:|" if profiled
                                                         else ""),
     ]
     for e in data["configurations"]:
@@ -570,7 +588,8 @@ def markdown(data: Mapping[str, Any]) -> str:
         if profiled:
             busy = e["gpu_busy_ms_per_step"]
             row += (f" {_fmt(busy['off'], 2)} / {_fmt(busy['on'], 2)} | "
-                    f"{_fmt(e['gpu_idle_ms_per_step_off'], 2)} | {_fmt(e['limit'], 2, 'x')} | "
+                    f"{_fmt(e['gpu_idle_ms_per_step_off'], 2)} / "
+                    f"{_fmt(e.get('gpu_idle_ms_per_step_on'), 2)} | {_fmt(e['limit'], 2, 'x')} | "
                     f"{_percent(e['share_of_limit'], 0)} |")
         lines.append(row)
     for failed in data["failed"]:
@@ -578,8 +597,11 @@ def markdown(data: Mapping[str, Any]) -> str:
     lines += ["", "*T*: wall time per engine step (a verification and its draft loop); *s*: host "
               "time on draft metadata per step with the plugin off (vLLM's rebuilds)"
               + ("; *GPU busy*: the union of the GPU's kernels per step (a profiled generate); "
+                 "*GPU idle*: T less GPU busy, the time per step the GPU waited for the host; "
                  "*limit*: T off over GPU busy on, the most a step can gain when the host costs "
-                 "nothing; *of the limit*: (on/off - 1) over (limit - 1)." if profiled else ".")]
+                 "nothing; *of the limit*: (on/off - 1) over (limit - 1). What the plugin can "
+                 "remove is the part of the idle time its draft loop caused: the idle time left "
+                 "with it on is host work outside the draft loop." if profiled else ".")]
     lines += _loops_table(data)
     lines += _controls_table(data)
     lines += _best_k_table(data)
