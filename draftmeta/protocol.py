@@ -18,7 +18,8 @@ SupportsDraftUpdate)`` holds and mypy sees the method's precise type:
 True
 
 :func:`install_draft_update` does the same for a class one does not own. The vLLM plugin binds
-a spec per builder *instance* instead (:func:`draftmeta.integrations.vllm.hook.bind`): where its
+a spec per builder *instance* instead (:func:`draftmeta.integrations.vllm.plugin.hook.bind`): where
+its
 spec is bound, a patched vLLM builder satisfies :class:`SupportsDraftUpdate`, :func:`spec_of`
 returns that spec, and vLLM's ``supports_draft_decode_metadata_update`` is set from the same
 fact; where none is bound (a spec refused, a subclass, an engine without full CUDA graphs),

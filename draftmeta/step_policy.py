@@ -5,7 +5,7 @@ Whether a group's metadata is updated in place through its builder's capability
 (:class:`~draftmeta.protocol.SupportsDraftUpdate`) or rebuilt, and why, is decided and done
 here, by one :class:`StepPolicy` per group, for both of draftmeta's loops:
 :class:`~draftmeta.loop.DraftLoop` and the vLLM plugin's older-proposer path
-(:mod:`draftmeta.integrations.vllm.older_proposer`: vLLM 0.32 and 0.33 call
+(:mod:`draftmeta.integrations.vllm.plugin.older_proposer`: vLLM 0.32 and 0.33 call
 ``build_for_drafting`` at every draft index). What belongs to the engine is handed in: the
 draft state of the step (the loop advances it; the plugin reads vLLM's common metadata into
 it) and the ``rebuild`` callable (the loop's group; vLLM's own build).

@@ -19,7 +19,7 @@ os.environ["DRAFTMETA_VLLM_PLUGIN"] = "0"
 # vLLM's in a real engine (the default then leaves that builder to vLLM: tested on its own)
 os.environ["DRAFTMETA_VLLM_FORCE"] = "1"
 
-from draftmeta.integrations.vllm.classes import ensure_platform_environment
+from draftmeta.integrations.vllm.catalogue.classes import ensure_platform_environment
 
 ensure_platform_environment()
 

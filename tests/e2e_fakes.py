@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from draftmeta.integrations.vllm.e2e.acceptance import Acceptance
-from draftmeta.integrations.vllm.e2e.compare import Case, Comparison, Pair, Side
-from draftmeta.integrations.vllm.e2e.cuda_recorder import LoopCounts
-from draftmeta.integrations.vllm.e2e.engine import Generated
-from draftmeta.integrations.vllm.e2e.observed import EngineShape, GroupInfo, Observed
+from draftmeta.integrations.vllm.tools.e2e.acceptance import Acceptance
+from draftmeta.integrations.vllm.tools.e2e.compare import Case, Comparison, Pair, Side
+from draftmeta.integrations.vllm.tools.e2e.cuda_recorder import LoopCounts
+from draftmeta.integrations.vllm.tools.e2e.engine import Generated
+from draftmeta.integrations.vllm.tools.e2e.observed import EngineShape, GroupInfo, Observed
 
 DRAFTS = [[[5, 6, 7], [8, 9, 10]], [[11, 12, 13], [14, 15, 16]]]
 """Two ``propose`` calls of two requests, K = 3."""

@@ -19,7 +19,12 @@ from pathlib import Path
 from types import ModuleType
 
 from draftmeta.integrations.vllm import catalogue
-from draftmeta.integrations.vllm.release import module_name, release_key, supported, vllm_extra
+from draftmeta.integrations.vllm.catalogue.release import (
+    module_name,
+    release_key,
+    supported,
+    vllm_extra,
+)
 
 __all__ = ["extras", "next_release", "page_text", "release_pages", "stand_in_release",
            "unsupported_version"]

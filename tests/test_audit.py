@@ -19,8 +19,8 @@ pytestmark = pytest.mark.skipif("hook" not in current_release().paths,
                                 reason="this vLLM release has no draft hook path to audit")
 
 from draftmeta.cli import main  # noqa: E402
-from draftmeta.integrations.vllm import audit as audit_module  # noqa: E402
-from draftmeta.integrations.vllm.audit import (  # noqa: E402
+from draftmeta.integrations.vllm.tools import audit as audit_module  # noqa: E402
+from draftmeta.integrations.vllm.tools.audit import (  # noqa: E402
     CONTROLS,
     GPU_CONTROLS,
     AuditReport,
@@ -28,7 +28,7 @@ from draftmeta.integrations.vllm.audit import (  # noqa: E402
     audit,
     gpu_command,
 )
-from draftmeta.integrations.vllm.audit_drive import (  # noqa: E402
+from draftmeta.integrations.vllm.tools.audit_drive import (  # noqa: E402
     BatchFindings,
     Found,
     NotConstructed,
@@ -341,8 +341,8 @@ def cuda_branch_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None
     import torch
 
     import draftmeta.testing as testing
-    from draftmeta.integrations.vllm import audit_gpu
     from draftmeta.integrations.vllm.testing import harness
+    from draftmeta.integrations.vllm.tools import audit_gpu
 
     def on_cpu(function: Callable[..., Any]) -> Callable[..., Any]:
         return lambda *a, **k: function(*a, **{**k, "device": "cpu"})
@@ -364,7 +364,7 @@ def cuda_branch_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None
 def test_the_cuda_branch_places_every_fourth_batch_and_replays_every_one(
     cuda_branch_on_cpu: Callable[[bool], None],
 ) -> None:
-    from draftmeta.integrations.vllm.audit_drive import Target, drive
+    from draftmeta.integrations.vllm.tools.audit_drive import Target, drive
 
     cuda_branch_on_cpu(True)
     for target in (Target("INDEXER", "cuda"), Target("KPOOL_TAIL", "cuda"),
@@ -379,7 +379,7 @@ def test_the_cuda_branch_places_every_fourth_batch_and_replays_every_one(
 def test_a_replay_that_leaves_the_hooks_buffer_stale_is_reported_after_replay(
     cuda_branch_on_cpu: Callable[[bool], None],
 ) -> None:
-    from draftmeta.integrations.vllm.audit_drive import Target, drive
+    from draftmeta.integrations.vllm.tools.audit_drive import Target, drive
 
     cuda_branch_on_cpu(False)  # the K-pool tail's slot mapping is a buffer its hook refills
     found = drive(Target("KPOOL_TAIL", "cuda"), 0)

@@ -19,22 +19,22 @@ import torch
 
 import draftmeta
 from draftmeta.compare import compare_metadata
-from draftmeta.integrations.vllm import audit_record
-from draftmeta.integrations.vllm.audit import AuditReport, AuditRow, audit_table, gpu_command
-from draftmeta.integrations.vllm.audit_controls import (
+from draftmeta.integrations.vllm.tools import audit_record
+from draftmeta.integrations.vllm.tools.audit import AuditReport, AuditRow, audit_table, gpu_command
+from draftmeta.integrations.vllm.tools.audit_controls import (
     ControlResult,
     increment,
     matches,
     skip_refresh,
     write_wrong,
 )
-from draftmeta.integrations.vllm.audit_criteria import (
+from draftmeta.integrations.vllm.tools.audit_criteria import (
     PAD_SLOT_ID,
     copy_inputs,
     snapshot,
     write_capture_inputs,
 )
-from draftmeta.integrations.vllm.audit_gpu import (
+from draftmeta.integrations.vllm.tools.audit_gpu import (
     FP8_TILES,
     TILE,
     compare_on_cuda,
@@ -379,7 +379,7 @@ def test_the_gpu_script_audits_its_builders_on_cuda_and_writes_the_audits_json(
     hook_equivalence: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from draftmeta.integrations.vllm import audit as audit_module
+    from draftmeta.integrations.vllm.tools import audit as audit_module
 
     asked: dict[str, Any] = {}
 
@@ -403,7 +403,7 @@ def test_the_gpu_script_audits_its_builders_on_cuda_and_writes_the_audits_json(
 def test_the_gpu_script_exits_1_when_the_audit_fails(
     hook_equivalence: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
-    from draftmeta.integrations.vllm import audit as audit_module
+    from draftmeta.integrations.vllm.tools import audit as audit_module
 
     monkeypatch.setattr(audit_module, "audit",
                         lambda *a, **k: _report(_evolve(GOOD, idempotent="no")))
@@ -411,8 +411,9 @@ def test_the_gpu_script_exits_1_when_the_audit_fails(
 
 
 def test_importing_the_audits_parts_imports_no_vllm() -> None:
-    code = ("import sys; import draftmeta.integrations.vllm.audit, "
-            "draftmeta.integrations.vllm.audit_gpu, draftmeta.integrations.vllm.audit_drive; "
+    code = ("import sys; import draftmeta.integrations.vllm.tools.audit, "
+            "draftmeta.integrations.vllm.tools.audit_gpu, "
+            "draftmeta.integrations.vllm.tools.audit_drive; "
             "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, cwd=ROOT, timeout=120)

@@ -107,7 +107,7 @@ def test_write_results_keeps_the_pairs_the_load_and_draws_the_ratios_with_error_
     data = json.loads(paths["json"].read_text())
     assert data["environment"]["load_average"] == run["load_average"]
     assert data["environment"]["wall_seconds"] == 12.5
-    assert data["pairs"]["rule"] == "draftmeta.noise"
+    assert data["pairs"]["rule"] == "draftmeta.measure.noise"
     assert len(data["pairs"]["comparisons"]) == 4
     assert all(len(s["run_us"]) == RUNS for s in data["samples"])
     (figure,) = figures

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftmeta.integrations.vllm.e2e.best_k import (
+from draftmeta.integrations.vllm.tools.e2e.best_k import (
     best_k,
     expected_tokens_per_step,
     step_times,

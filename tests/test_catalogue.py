@@ -17,10 +17,10 @@ from typing import Any
 import attrs
 import pytest
 
-from draftmeta.integrations.vllm import release as releases_module
 from draftmeta.integrations.vllm.catalogue import release, releases, supported_range
+from draftmeta.integrations.vllm.catalogue import release as releases_module
 from draftmeta.integrations.vllm.catalogue.model import Release
-from draftmeta.integrations.vllm.release import (
+from draftmeta.integrations.vllm.catalogue.release import (
     DEFAULT_RELEASE,
     module_name,
     release_key,
@@ -201,7 +201,7 @@ def release_statements(package: Path) -> dict[str, list[str]]:
 
 
 def test_the_default_release_and_version_parsing_are_stated_in_release_py_alone() -> None:
-    only = ["draftmeta/integrations/vllm/release.py"]
+    only = ["draftmeta/integrations/vllm/catalogue/release.py"]
     assert release_statements(ROOT / "draftmeta") == {
         "default": only, "parsing": only, "distributions": only}
 

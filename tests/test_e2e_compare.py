@@ -8,12 +8,12 @@ import pytest
 import torch
 from e2e_fakes import DRAFTS, TOKENS, comparison, generated, side
 
-from draftmeta.integrations.vllm.e2e.compare import (
+from draftmeta.integrations.vllm.tools.e2e.compare import (
     Case,
     draft_token_difference,
     hidden_max_abs_difference,
 )
-from draftmeta.integrations.vllm.e2e.gpu_time import union_length
+from draftmeta.integrations.vllm.tools.e2e.gpu_time import union_length
 
 
 def test_two_runs_alike_in_everything_are_strictly_identical_with_every_draft_compared() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftmeta.integrations.vllm.e2e.controls import (
+from draftmeta.integrations.vllm.tools.e2e.controls import (
     CAUGHT_DRAFT_SHARE,
     CAUGHT_LENGTH_DROP,
     CONTROLS,

@@ -1,4 +1,5 @@
-"""``benchmarks/e2e_floor.py``'s ratios per pair of generates, judged by ``draftmeta.noise``:
+"""``benchmarks/e2e_floor.py``'s ratios per pair of generates, judged by
+``draftmeta.measure.noise``:
 it has no A/A control, so a ratio is faster or slower only where every pair agrees. Nothing
 runs an engine here: the per-run times are made up."""
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from e2e_fakes import comparison, generated, side
 
-from draftmeta.integrations.vllm.e2e.compare import Case
-from draftmeta.integrations.vllm.e2e.models import resolve
-from draftmeta.integrations.vllm.e2e.platforms import CUDA
-from draftmeta.integrations.vllm.e2e.report import merge, summary
-from draftmeta.integrations.vllm.e2e.runner import RunConfig, RunResult
+from draftmeta.integrations.vllm.tools.e2e.compare import Case
+from draftmeta.integrations.vllm.tools.e2e.models import resolve
+from draftmeta.integrations.vllm.tools.e2e.platforms import CUDA
+from draftmeta.integrations.vllm.tools.e2e.report import merge, summary
+from draftmeta.integrations.vllm.tools.e2e.runner import RunConfig, RunResult
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
@@ -25,7 +25,7 @@ def test_the_recorder_times_metadata_builds_only_inside_draft_loops_outside_capt
     """The speculator's metadata build is timed where a draft loop (rebuilt, or fused without
     a graph) makes it, and neither at a build outside any loop nor during graph capture; a
     loop that raises leaves the recorder outside a loop."""
-    from draftmeta.integrations.vllm.e2e.cuda_recorder import CudaRecorder
+    from draftmeta.integrations.vllm.tools.e2e.cuda_recorder import CudaRecorder
 
     recorder = CudaRecorder()
     recorder.start(recording=False)
@@ -54,8 +54,8 @@ def test_the_recorder_times_metadata_builds_only_inside_draft_loops_outside_capt
 
 
 def test_the_recorder_tells_each_engine_what_vllm_configured_once() -> None:
-    from draftmeta.integrations.vllm.e2e.cuda_recorder import CudaRecorder
-    from draftmeta.integrations.vllm.e2e.observed import GroupInfo
+    from draftmeta.integrations.vllm.tools.e2e.cuda_recorder import CudaRecorder
+    from draftmeta.integrations.vllm.tools.e2e.observed import GroupInfo
 
     recorder = CudaRecorder()
     assert recorder.take_configured() is None
@@ -74,8 +74,8 @@ def test_a_vllm_without_the_gpu_runners_draft_loop_is_refused_with_the_034_insta
     the commands that install 0.34, not only its name."""
     import importlib
 
-    from draftmeta.integrations.vllm.e2e.cuda_recorder import CudaRecorder
-    from draftmeta.integrations.vllm.e2e.errors import E2EUnavailable
+    from draftmeta.integrations.vllm.tools.e2e.cuda_recorder import CudaRecorder
+    from draftmeta.integrations.vllm.tools.e2e.errors import E2EUnavailable
 
     real = importlib.import_module
 

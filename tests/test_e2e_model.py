@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from draftmeta.integrations.vllm.e2e.cli import add_parser
-from draftmeta.integrations.vllm.e2e.models import (
+from draftmeta.integrations.vllm.tools.e2e.cli import add_parser
+from draftmeta.integrations.vllm.tools.e2e.models import (
     ENGINE_HEADROOM_GIB,
     SHORTCUTS,
     ModelProblem,
     estimate_parameters,
     resolve,
 )
-from draftmeta.integrations.vllm.e2e.prompts import PromptProblem, Prompts, prompts_for
-from draftmeta.integrations.vllm.e2e.shapes import MODEL_CONFIG, V2_LITE_CONFIG
+from draftmeta.integrations.vllm.tools.e2e.prompts import PromptProblem, Prompts, prompts_for
+from draftmeta.integrations.vllm.tools.e2e.shapes import MODEL_CONFIG, V2_LITE_CONFIG
 
 
 def _folder(tmp_path: Path, config: dict[str, Any] | None = None, *, weights: bool = True,
@@ -57,7 +57,7 @@ def test_a_model_folder_with_mtp_layers_and_weights_resolves_to_its_own_weights(
 
 def test_the_built_in_shapes_are_the_same_path_with_dummy_weights_and_the_trained_checkpoint(
 ) -> None:
-    from draftmeta.integrations.vllm.e2e.trained import CHECKPOINT
+    from draftmeta.integrations.vllm.tools.e2e.trained import CHECKPOINT
 
     tiny = resolve("tiny")
     assert tiny.shortcut == "tiny" and tiny.dummy_weights and tiny.folder is None
@@ -178,7 +178,7 @@ def test_a_prompt_longer_than_the_engines_can_take_is_refused_and_generated_ones
 
 
 def test_the_trained_model_runs_its_tasks_prompts_and_others_random_ids() -> None:
-    from draftmeta.integrations.vllm.e2e.trained import prompts
+    from draftmeta.integrations.vllm.tools.e2e.trained import prompts
 
     assert prompts_for(trained=True, count=3, seed=0, vocab_size=18).token_ids == prompts(3, 0)
     assert Prompts(((1,),), "x").longest == 1

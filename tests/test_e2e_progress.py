@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from draftmeta.integrations.vllm.e2e import progress as progress_module
-from draftmeta.integrations.vllm.e2e.progress import RunProgress, clock
+from draftmeta.integrations.vllm.tools.e2e import progress as progress_module
+from draftmeta.integrations.vllm.tools.e2e.progress import RunProgress, clock
 
 
 class _Clock:

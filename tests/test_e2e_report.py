@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from e2e_fakes import comparison, generated, side
 
-from draftmeta.integrations.vllm.e2e.cli import cases_for
-from draftmeta.integrations.vllm.e2e.compare import Case
-from draftmeta.integrations.vllm.e2e.models import resolve
-from draftmeta.integrations.vllm.e2e.platforms import CPU, CUDA
-from draftmeta.integrations.vllm.e2e.report import (
+from draftmeta.integrations.vllm.tools.e2e.cli import cases_for
+from draftmeta.integrations.vllm.tools.e2e.compare import Case
+from draftmeta.integrations.vllm.tools.e2e.models import resolve
+from draftmeta.integrations.vllm.tools.e2e.platforms import CPU, CUDA
+from draftmeta.integrations.vllm.tools.e2e.report import (
     extent,
     markdown,
     noise_check,
@@ -23,8 +23,8 @@ from draftmeta.integrations.vllm.e2e.report import (
     summary,
     write_results,
 )
-from draftmeta.integrations.vllm.e2e.runner import Failure, RunConfig, RunResult
-from draftmeta.noise import Ratios
+from draftmeta.integrations.vllm.tools.e2e.runner import Failure, RunConfig, RunResult
+from draftmeta.measure.noise import Ratios
 
 
 def _result(comparisons: list[Any], *, device: str = "cuda", failures: list[Any] | None = None

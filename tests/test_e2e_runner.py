@@ -15,11 +15,11 @@ import attrs
 import pytest
 from e2e_fakes import generated
 
-from draftmeta.integrations.vllm.e2e import runner
-from draftmeta.integrations.vllm.e2e.compare import Case
-from draftmeta.integrations.vllm.e2e.models import resolve
-from draftmeta.integrations.vllm.e2e.observed import EngineShape
-from draftmeta.integrations.vllm.e2e.platforms import CPU, CUDA, Platform
+from draftmeta.integrations.vllm.tools.e2e import runner
+from draftmeta.integrations.vllm.tools.e2e.compare import Case
+from draftmeta.integrations.vllm.tools.e2e.models import resolve
+from draftmeta.integrations.vllm.tools.e2e.observed import EngineShape
+from draftmeta.integrations.vllm.tools.e2e.platforms import CPU, CUDA, Platform
 
 
 class _Recorder:
@@ -166,7 +166,7 @@ def test_one_failing_case_is_reported_and_the_others_still_run(
 
 def test_a_model_too_large_for_the_gpu_stops_the_run_with_the_sizes_before_any_engine(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from draftmeta.integrations.vllm.e2e.models import ModelProblem
+    from draftmeta.integrations.vllm.tools.e2e.models import ModelProblem
 
     platform, log, _ = _fake(monkeypatch, CUDA, gib=79.2)
     with pytest.raises(ModelProblem, match=r"needs about 89 GiB per GPU.* this GPU has 79 GiB"):

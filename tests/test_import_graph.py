@@ -273,8 +273,8 @@ TEST_SUPPORT = ("draftmeta.testing", "draftmeta.integrations.vllm.testing")
 """The test support: the engine-neutral one and the one against vLLM's real builders."""
 
 TOOLS = (*TEST_SUPPORT, "draftmeta.cli", "draftmeta.arguments", "draftmeta.verify",
-         "draftmeta.bench", "draftmeta.integrations.vllm.e2e", "draftmeta.infer",
-         "draftmeta.integrations.vllm.infer", "draftmeta.integrations.vllm.audit",
+         "draftmeta.bench", "draftmeta.integrations.vllm.tools.e2e", "draftmeta.infer",
+         "draftmeta.integrations.vllm.tools.infer", "draftmeta.integrations.vllm.tools.audit",
          "draftmeta.__main__")
 """The test support and the commands that check and measure (they may use the test support);
 every other module of the package is run time."""

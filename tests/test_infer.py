@@ -139,9 +139,8 @@ def test_a_vllm_builder_inferred_spec_matches_the_hand_written_one_and_verifies(
     name: str,
 ) -> None:
     pytest.importorskip("vllm")
-    from draftmeta.infer import verify_vllm
     from draftmeta.integrations.vllm.catalogue import builder_spec
-    from draftmeta.integrations.vllm.infer import infer_vllm
+    from draftmeta.integrations.vllm.tools.infer import infer_vllm, verify_vllm
 
     inference = infer_vllm(name)
     assert not inference.unsettled, inference.unsettled
@@ -156,8 +155,7 @@ def test_a_vllm_builder_inferred_spec_matches_the_hand_written_one_and_verifies(
 
 def test_a_wrong_rule_in_an_inferred_vllm_spec_fails_verification() -> None:
     pytest.importorskip("vllm")
-    from draftmeta.infer import verify_vllm
-    from draftmeta.integrations.vllm.infer import infer_vllm
+    from draftmeta.integrations.vllm.tools.infer import infer_vllm, verify_vllm
 
     inference = infer_vllm("TRITON_MLA")
     wrong = inference.spec({"max_seq_len": HostConstant()})
@@ -171,8 +169,8 @@ def test_the_emitted_indexer_source_keeps_the_deepgemm_kernel_its_inferred_spec_
     so the pasted spec refills the DeepGEMM schedule on CUDA as the inferred one does."""
     pytest.importorskip("vllm")
     from draftmeta.backends.hooks import DeepGemmPagedMqaSchedule
-    from draftmeta.integrations.vllm.infer import infer_vllm
     from draftmeta.integrations.vllm.specs.indexer import deep_gemm_kernel
+    from draftmeta.integrations.vllm.tools.infer import infer_vllm
     from draftmeta.rules import Recompute
 
     inference = infer_vllm("INDEXER")
@@ -188,7 +186,7 @@ def test_the_emitted_indexer_source_keeps_the_deepgemm_kernel_its_inferred_spec_
 
 def test_a_builder_class_resolves_to_its_catalogue_name() -> None:
     pytest.importorskip("vllm")
-    from draftmeta.integrations.vllm.infer import resolve
+    from draftmeta.integrations.vllm.tools.infer import resolve
 
     assert resolve("vllm.v1.attention.backends.mla.indexer:KpoolTailMetadataBuilder") == (
         "KPOOL_TAIL")

@@ -221,7 +221,7 @@ def _shell_lines(markdown: str) -> list[str]:
 def check_one_vllm_cpu_recipe(install: str, e2e: str) -> None:
     """The install page's vLLM 0.32 section and the e2e page's set-up give exactly the commands
     ``draftmeta e2e`` prints where it cannot run (``environment.VLLM_CPU_RECIPE``)."""
-    from draftmeta.integrations.vllm.e2e.environment import INSTALL_HINT, VLLM_CPU_RECIPE
+    from draftmeta.integrations.vllm.tools.e2e.environment import INSTALL_HINT, VLLM_CPU_RECIPE
 
     title = next(t for t in sections(install) if "vLLM 0.32" in t)
     assert _shell_lines(sections(install)[title]) == list(VLLM_CPU_RECIPE), "install.md"

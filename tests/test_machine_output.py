@@ -88,7 +88,7 @@ _COMMAND = textwrap.dedent("""
         torch.ops.aten.add.out(torch.ones(3), torch.ones(3), out=out)  # warns in C++
         return {{"plugin": {{"active": False}}}}
 
-    stand_in = types.ModuleType("draftmeta.integrations.vllm.coverage")
+    stand_in = types.ModuleType("draftmeta.integrations.vllm.tools.coverage")
     stand_in.coverage = coverage
     stand_in.coverage_table = lambda report: "a table"
     sys.modules[stand_in.__name__] = stand_in
@@ -125,7 +125,7 @@ _E2E = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     import attrs
     from draftmeta.arguments import Extent
-    from draftmeta.integrations.vllm.e2e import platforms, report, runner
+    from draftmeta.integrations.vllm.tools.e2e import platforms, report, runner
 
     def run(config, *, workdir, progress, checkpoint, vllm_version):
         # what the engines do: vLLM's log lines on stdout, torch's C++ warnings on stderr
@@ -145,9 +145,9 @@ _E2E = textwrap.dedent("""
         "decided": {{"strictly_identical": True, "controls": {{"missed": []}}}}, "failed": []}}
     report.write_results = lambda data, out, stem, **kwargs: {{}}
     report.markdown = lambda data: "a table"
-    from draftmeta.integrations.vllm.e2e.__main__ import main
+    from draftmeta.cli import main
 
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(["e2e", *sys.argv[1:]]))
 """)
 
 

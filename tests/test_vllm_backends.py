@@ -19,7 +19,7 @@ from draftmeta import (
 )
 from draftmeta.errors import WriteFailed
 from draftmeta.integrations.vllm.catalogue import builder_spec, current_release
-from draftmeta.integrations.vllm.classes import (
+from draftmeta.integrations.vllm.catalogue.classes import (
     installed_vllm_version,
     load_metadata_class,
     source_fields,
@@ -774,8 +774,8 @@ def test_recorded_class_lists_are_what_recording_the_installed_vllm_writes() -> 
     import json
 
     from draftmeta.integrations.vllm.catalogue import current_release
-    from draftmeta.integrations.vllm.classes import recorded_path
-    from draftmeta.integrations.vllm.record_classes import record
+    from draftmeta.integrations.vllm.catalogue.classes import recorded_path
+    from draftmeta.integrations.vllm.tools.record_classes import record
 
     recorded = json.loads(recorded_path().read_text())
     refs = sorted({ref for entry in current_release().builders for ref in entry.classes}, key=str)
@@ -818,7 +818,7 @@ def test_reference_builders_equal_vllms(builder: str) -> None:
 
 
 def test_specs_build_from_the_recorded_lists_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    from draftmeta.integrations.vllm import classes as vllm_classes
+    from draftmeta.integrations.vllm.catalogue import classes as vllm_classes
 
     monkeypatch.setenv("DRAFTMETA_VLLM_CLASSES", "recorded")
     vllm_classes.load_metadata_class.cache_clear()

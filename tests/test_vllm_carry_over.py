@@ -13,13 +13,13 @@ import torch
 
 from draftmeta import Advance, DraftSpec, Wrap, advance_state
 from draftmeta.integrations.vllm import plugin
-from draftmeta.integrations.vllm.carry_over import (
+from draftmeta.integrations.vllm.catalogue import current_release
+from draftmeta.integrations.vllm.plugin.carry_over import (
     CARRY_OVER_ENV,
     CarryOver,
     spec_refuses,
     unchanged_values,
 )
-from draftmeta.integrations.vllm.catalogue import current_release
 from draftmeta.integrations.vllm.testing import harness
 from draftmeta.integrations.vllm.testing.equivalence import random_case
 from draftmeta.state import DraftState
@@ -152,7 +152,7 @@ def test_a_carry_over_declaration_that_forgets_the_views_leaves_stale_metadata(
     careless = attrs.evolve(entry, carry_over=CarryOver(views=(), values=(), contents=()))
     builders = tuple(careless if e.name == "CPU_MLA" else e for e in RELEASE.builders)
     broken = attrs.evolve(RELEASE, builders=builders)
-    from draftmeta.integrations.vllm import plan
+    from draftmeta.integrations.vllm.plugin import plan
 
     monkeypatch.setattr(plan, "release", lambda version: broken)
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")

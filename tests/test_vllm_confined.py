@@ -40,8 +40,8 @@ def test_no_module_outside_the_vllm_binding_names_vllm() -> None:
 
 def test_the_binding_itself_is_read_and_names_vllm() -> None:
     assert findings(PACKAGE, PACKAGE / "no-such-folder") >= {
-        "draftmeta/integrations/vllm/plugin.py",
-        "draftmeta/integrations/vllm/e2e/engine.py",
+        "draftmeta/integrations/vllm/plugin/__init__.py",
+        "draftmeta/integrations/vllm/tools/e2e/engine.py",
         "draftmeta/integrations/vllm/testing/harness.py",
     }
 

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from draftmeta.integrations.vllm import log, plugin
+from draftmeta.integrations.vllm import plugin
 from draftmeta.integrations.vllm.catalogue import current_release, installed_version
+from draftmeta.integrations.vllm.plugin import log
 
 pytest.importorskip("vllm", reason="needs vLLM (pip install -e '.[vllm]')")
 

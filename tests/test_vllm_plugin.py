@@ -18,7 +18,7 @@ import torch
 from draftmeta import Unchanged, advance_state
 from draftmeta.integrations.vllm import plugin
 from draftmeta.integrations.vllm.catalogue import current_release
-from draftmeta.integrations.vllm.release import supported_range
+from draftmeta.integrations.vllm.catalogue.release import supported_range
 from draftmeta.integrations.vllm.testing import harness
 from draftmeta.integrations.vllm.testing.equivalence import random_case
 from draftmeta.registry import clear_spec_caches
@@ -313,7 +313,7 @@ def test_the_plan_refuses_a_dcp_spec_from_spec_overrides_that_is_unsupported_uns
     supported and capture-safe; otherwise the builder stays vLLM's alone on the hook path (not
     ``dcp_only``), and says why."""
     from draftmeta import Reset, Unsupported
-    from draftmeta.integrations.vllm.plan import make_plan
+    from draftmeta.integrations.vllm.plugin.plan import make_plan
 
     rule = {"unsupported": Unsupported("test: cannot update in place"), "capture-unsafe":
             Reset(dict), "missing": None}[prefill]
@@ -973,7 +973,7 @@ def test_a_state_buffer_swapped_after_the_seal_sends_the_step_back_to_vllms_buil
 def test_a_builder_measured_slower_in_the_engine_is_left_to_vllm_unless_forced(
     monkeypatch: pytest.MonkeyPatch, forced: bool
 ) -> None:
-    from draftmeta.integrations.vllm.plan import FORCE_ENV, make_plan
+    from draftmeta.integrations.vllm.plugin.plan import FORCE_ENV, make_plan
 
     if "older_proposer" not in RELEASE.paths:
         pytest.skip("the installed vLLM has no older proposer (build_for_drafting) to plan for")
@@ -1004,8 +1004,8 @@ def test_a_builder_measured_slower_on_the_hook_path_is_left_to_vllm_and_keeps_it
     """No shipped catalogue measures a hook slower yet; a stand-in release that does leaves
     that builder's hook to vLLM, with the figure and the way to force it, and the decision
     still carries the imported class (what ``coverage`` and ``audit`` read)."""
-    from draftmeta.integrations.vllm import plan as plan_module
     from draftmeta.integrations.vllm.catalogue.model import Measured
+    from draftmeta.integrations.vllm.plugin import plan as plan_module
 
     slow = Measured("hook", slower=True, figure="0.8x in a test engine")
     builders = tuple(attrs.evolve(e, measured=(slow,)) if e.name == "CPU_MLA" else e
@@ -1112,8 +1112,8 @@ def test_no_builder_is_special_cased_by_name_in_the_planner_or_the_plugin() -> N
     import ast
     from pathlib import Path
 
-    from draftmeta.integrations.vllm import plan
     from draftmeta.integrations.vllm.catalogue import releases
+    from draftmeta.integrations.vllm.plugin import plan
 
     names = {e.name for r in releases() for e in r.builders}
     for module in (plan, plugin):
@@ -1165,8 +1165,8 @@ def test_under_dcp_the_older_proposer_rebuilds_every_draft_step_even_with_k_know
 def test_a_builder_proven_nowhere_is_left_to_vllm_unless_the_user_opts_in(
     path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from draftmeta.integrations.vllm.plan import UNPROVEN_ENV, make_plan
-    from draftmeta.integrations.vllm.release import installed_version
+    from draftmeta.integrations.vllm.catalogue.release import installed_version
+    from draftmeta.integrations.vllm.plugin.plan import UNPROVEN_ENV, make_plan
 
     version = str(installed_version())
     unproven = [e.name for e in RELEASE.builders if e.proof_on(RELEASE.version) is None]
@@ -1194,7 +1194,7 @@ def test_a_builder_module_that_failed_to_import_fails_again_without_a_second_try
     differently the second time. A module that failed once keeps failing, with its error."""
     import importlib
 
-    from draftmeta.integrations.vllm import classes
+    from draftmeta.integrations.vllm.catalogue import classes
 
     package = tmp_path / "flaky_builders"
     package.mkdir()
@@ -1232,9 +1232,9 @@ def test_every_decision_names_who_covers_the_builder_and_why_in_the_words_of_its
     carried over (the catalogue declares it and ``CARRY_OVER_ENV`` turns it on)."""
     import re
 
-    from draftmeta.integrations.vllm.carry_over import CARRY_OVER_ENV
-    from draftmeta.integrations.vllm.carry_over import enabled as carry_over_enabled
-    from draftmeta.integrations.vllm.plan import make_plan
+    from draftmeta.integrations.vllm.plugin.carry_over import CARRY_OVER_ENV
+    from draftmeta.integrations.vllm.plugin.carry_over import enabled as carry_over_enabled
+    from draftmeta.integrations.vllm.plugin.plan import make_plan
 
     monkeypatch.setenv(CARRY_OVER_ENV, carry_over)
     monkeypatch.setenv(plugin.OVERRIDE_ENV, override)
@@ -1267,7 +1267,7 @@ def test_on_the_older_proposers_path_a_spec_that_cannot_serve_leaves_the_builder
     """A spec (given through ``spec_overrides``) that fails its declaration or cannot update
     in place leaves the builder to vLLM's build at every draft index, and says why."""
     from draftmeta import DraftSpec, Unsupported
-    from draftmeta.integrations.vllm.plan import make_plan
+    from draftmeta.integrations.vllm.plugin.plan import make_plan
 
     entry = RELEASE.entry("CPU_MLA")
 
@@ -1290,7 +1290,7 @@ def test_a_builder_measured_no_slower_inside_the_engine_says_so_with_the_figure(
     """The decision's reason quotes what the engine measured where draftmeta's path was no
     slower on that path, and adds nothing where nothing was measured (or only slower)."""
     from draftmeta.integrations.vllm.catalogue.model import Measured
-    from draftmeta.integrations.vllm.plan import _measured_faster
+    from draftmeta.integrations.vllm.plugin.plan import _measured_faster
 
     entry = RELEASE.entry("CPU_MLA")
     faster = Measured(RELEASE.paths[0], slower=False, figure="1.2x in a test")
@@ -1306,8 +1306,8 @@ def test_a_long_import_error_is_cut_between_words_in_the_plans_reason(
 ) -> None:
     """A builder whose module does not import is left as it is, and the plan says why in one
     line: the error's first sentence, cut at a word boundary near 100 characters."""
-    from draftmeta.integrations.vllm import classes
-    from draftmeta.integrations.vllm import plan as plan_module
+    from draftmeta.integrations.vllm.catalogue import classes
+    from draftmeta.integrations.vllm.plugin import plan as plan_module
 
     words = " ".join(f"word{i:02d}" for i in range(30))  # 30 words of 6 letters: 209 chars
     (tmp_path / "unbuilt_builders.py").write_text(
@@ -1340,8 +1340,8 @@ def test_an_opt_in_reads_1_true_yes_or_on_in_any_case_as_on_and_anything_else_as
     """The plan's opt-ins (here ``DRAFTMETA_VLLM_UNPROVEN``: builders not yet proven on this
     release installed anyway) take the usual spellings of yes; a value it does not read as
     yes leaves the default."""
-    from draftmeta.integrations.vllm.plan import UNPROVEN_ENV, make_plan
-    from draftmeta.integrations.vllm.release import installed_version
+    from draftmeta.integrations.vllm.catalogue.release import installed_version
+    from draftmeta.integrations.vllm.plugin.plan import UNPROVEN_ENV, make_plan
 
     version = str(installed_version())
     monkeypatch.delenv(UNPROVEN_ENV, raising=False)
@@ -1397,7 +1397,7 @@ def test_the_hooks_state_cache_keeps_the_16_latest_live_metadata_objects() -> No
     ones, by weak reference: a metadata object that is gone frees its place."""
     import gc
 
-    from draftmeta.integrations.vllm.hook import _StateCache
+    from draftmeta.integrations.vllm.plugin.hook import _StateCache
 
     class Metadata:
         pass
@@ -1428,7 +1428,7 @@ def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> Non
     without a config, a compilation config or a mode (a stand-in, an older release) keeps it."""
     from types import SimpleNamespace as NS
 
-    from draftmeta.integrations.vllm.hook import without_full_cudagraphs
+    from draftmeta.integrations.vllm.plugin.hook import without_full_cudagraphs
 
     def builder(mode: object) -> object:
         return NS(vllm_config=NS(compilation_config=NS(cudagraph_mode=mode)))
@@ -1539,7 +1539,7 @@ def test_metadata_the_spec_does_not_cover_is_rebuilt_with_the_same_reason_on_bot
 
 _REBOUND = ("seq_lens", "slot_mapping", "block_table", "query_start_loc", "positions",
             "max_seq_len", "num_reqs")
-"""The draft-state fields :func:`~draftmeta.integrations.vllm.common_metadata.rebind` reads
+"""The draft-state fields :func:`~draftmeta.integrations.vllm.plugin.common_metadata.rebind` reads
 from a step's common metadata."""
 
 
@@ -1550,7 +1550,7 @@ def test_the_in_place_step_reads_every_field_of_the_steps_common_metadata_as_reb
     """The hot path writes ``rebind`` out: after an in-place step whose common metadata holds
     new objects in every field rebind reads, the builder's draft state holds exactly those
     objects and values, as rebind gives them (and ``_REBOUND`` is what rebind reads)."""
-    from draftmeta.integrations.vllm.common_metadata import draft_state_of, rebind
+    from draftmeta.integrations.vllm.plugin.common_metadata import draft_state_of, rebind
 
     config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
                                         cudagraph_mode=CAPTURED)

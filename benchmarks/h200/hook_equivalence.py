@@ -1,6 +1,7 @@
 """On a GPU: the Hopper MLA builders' hooks against vLLM's own rebuild, through ``draftmeta audit``.
 
-A thin caller of :func:`draftmeta.integrations.vllm.audit.audit` on CUDA for ``FLASH_ATTN_MLA``,
+A thin caller of :func:`draftmeta.integrations.vllm.tools.audit.audit` on CUDA for
+``FLASH_ATTN_MLA``,
 ``FLASHMLA`` (bf16 and FP8 KV cache) and ``TRITON_MLA``, with the negative controls (each
 scheduler left stale on batches placed across a scheduler tile): update == rebuild with kernel
 schedules compared as their kernels read them and FlashMLA's decode run on both sides, the hook
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if existing.exists() and not args.force:
         parser.exit(2, f"{existing} exists; name another --out, or pass --force to replace "
                     "it\n")
-    from draftmeta.integrations.vllm.audit import GPU_CONTROLS, audit, audit_table
+    from draftmeta.integrations.vllm.tools.audit import GPU_CONTROLS, audit, audit_table
 
     command = shlex.join(["python3", "benchmarks/h200/hook_equivalence.py",
                           *(argv if argv is not None else sys.argv[1:])])

@@ -1,5 +1,6 @@
 """Merge the results of ``draftmeta e2e`` runs of one device into one result, then write its
-Markdown and PNG beside it (:func:`draftmeta.integrations.vllm.e2e.report.merge`: a later run's
+Markdown and PNG beside it (:func:`draftmeta.integrations.vllm.tools.e2e.report.merge`: a later
+run's
 configuration replaces the same case and batch size and is added otherwise; what the result
 decides is computed again over the merged configurations).
 
@@ -13,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from draftmeta.integrations.vllm.e2e.report import merge, write_results
+from draftmeta.integrations.vllm.tools.e2e.report import merge, write_results
 
 
 def main(argv: list[str] | None = None) -> None:

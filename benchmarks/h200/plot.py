@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from draftmeta.bench.report import PLOT_FONT_PT, PLOT_WIDTH_IN
+from draftmeta.measure.plots import PLOT_FONT_PT, PLOT_WIDTH_IN
 
 BASE = "(a) eager + vLLM rebuild"
 CAPTURED = "(c) captured K-step loop (fused update)"

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from draftmeta.arguments import DEFAULT_OUT, OUT_HELP
-from draftmeta.integrations.vllm.e2e.multiprocess import run_engine_process
+from draftmeta.integrations.vllm.tools.e2e.multiprocess import run_engine_process
 
 DRAFT_LOOP = ("cannot update draft decode metadata", "draft decode metadata")
 """Substrings of vLLM's own lines about its draft loop (the eager fallback warning)."""

@@ -14,7 +14,8 @@ launches per step.
 After a warm-up run the paths take turns, run by run (A B C, then C B A, ...), and the baseline
 (the rebuild) is timed twice, the second time as an A/A control; run ``i`` of each path makes pair
 ``i``. Reported: medians and p90 per path, and each comparison's ratio per pair (median, min-max)
-with the verdict of :mod:`draftmeta.noise`. Raw numbers go to JSON with the machine, its load,
+with the verdict of :mod:`draftmeta.measure.noise`. Raw numbers go to JSON with the machine, its
+load,
 torch and vLLM versions; a PNG plots time per step against batch size, one line per path, and
 the pair ratios with their min-max as error bars.
 

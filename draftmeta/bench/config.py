@@ -50,7 +50,7 @@ class Sample:
         launches_per_step: kernel launches per step (CUDA only).
         run_us: per measured run, the time per step that run took on average (host time on
             CPU, device time on CUDA): run ``i`` of every path of one configuration ran in turn
-            with the others (:func:`draftmeta.noise.alternating`), so they make pair ``i``.
+            with the others (:func:`draftmeta.measure.noise.alternating`), so they make pair ``i``.
     """
 
     backend: str
@@ -86,4 +86,4 @@ CONTROLS: dict[str, Pairing] = {
     "cuda": Pairing("rebuild (A/A)", "rebuild (reference)"),
 }
 """Each device's A/A control: the rebuild timed again, in turn with the others, against itself
-(:mod:`draftmeta.noise`, rule 2)."""
+(:mod:`draftmeta.measure.noise`, rule 2)."""

@@ -4,7 +4,8 @@ For each vLLM builder that runs on CPU, at each batch size and number of draft s
 metadata is built once, then for steps 2..K the draft state is advanced (timed on its own: the
 same work on both paths) and the metadata is either rebuilt with vLLM's ``build_for_drafting`` or
 updated in place by draftmeta's generated function; the rebuild runs a second time as the A/A
-control, and the three take turns run by run (:func:`draftmeta.noise.alternating`). Needs vLLM,
+control, and the three take turns run by run (:func:`draftmeta.measure.noise.alternating`). Needs
+vLLM,
 imported only when run.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 from draftmeta.advance import advance_state
 from draftmeta.bench.config import BenchConfig, Sample
 from draftmeta.bench.states import bench_state, reset_state
-from draftmeta.noise import alternating
+from draftmeta.measure.noise import alternating
 
 __all__ = ["PATHS", "TIMED", "cpu_samples"]
 
@@ -54,7 +55,7 @@ def cpu_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sampl
                 metadata = harness.build_metadata(builder, cad, draft_index=1)
                 times: dict[str, list[float]] = {p: [] for p in PATHS}
                 runs: dict[str, list[float]] = {p: [] for p in PATHS}
-                # one warm-up run, then the paths in turn (rule 1 of draftmeta.noise)
+                # one warm-up run, then the paths in turn (rule 1 of draftmeta.measure.noise)
                 for repeat, path in alternating(TIMED, config.repeats + 1):
                     run: dict[str, list[float]] = {path: [], "advance": []}
                     for _ in range(config.loops_per_run):

@@ -17,7 +17,7 @@ import torch
 from draftmeta.advance import advance_state
 from draftmeta.bench.config import BenchConfig, Sample
 from draftmeta.bench.states import bench_state, reset_state
-from draftmeta.noise import alternating
+from draftmeta.measure.noise import alternating
 from draftmeta.protocol import SpecBuilder
 from draftmeta.state import DraftState
 
@@ -83,7 +83,7 @@ def _cuda_config(config: BenchConfig, mla: Any, idx: Any, batch: int, k: int
     }
     host: dict[str, list[float]] = {name: [] for name in paths}
     device: dict[str, list[float]] = {name: [] for name in paths}
-    # one warm-up run, then every path in turn (rule 1 of draftmeta.noise)
+    # one warm-up run, then every path in turn (rule 1 of draftmeta.measure.noise)
     for repeat, name in alternating(list(paths), config.repeats + 1):
         fn, calls, runs = paths[name]
         h, d = _time_cuda(fn, state, start, k, calls=calls, runs=runs)

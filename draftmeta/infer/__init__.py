@@ -8,7 +8,8 @@
 :mod:`~draftmeta.infer.classify` turns the evidence into a rule per field,
 :mod:`~draftmeta.infer.emit` writes the spec as Python source with the evidence as comments, and
 :mod:`~draftmeta.infer.verify` checks update against rebuild over random batches.
-:mod:`~draftmeta.integrations.vllm.infer` adapts vLLM's builders through the catalogue's harness
+:mod:`~draftmeta.integrations.vllm.tools.infer` adapts vLLM's builders through the catalogue's
+harness
 recipes.
 """
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the API reference
     from draftmeta.infer.classify import TodoHook, Verdict
     from draftmeta.infer.core import Inference, infer_spec
     from draftmeta.infer.probe import ProbeCase, default_cases
-    from draftmeta.infer.verify import Verification, verify_generic, verify_vllm
+    from draftmeta.infer.verify import Verification, verify_generic
 
 __all__ = [
     "Inference",
@@ -31,7 +32,6 @@ __all__ = [
     "default_cases",
     "infer_spec",
     "verify_generic",
-    "verify_vllm",
 ]
 
 _EXPORTS: dict[str, str] = {
@@ -43,10 +43,9 @@ _EXPORTS: dict[str, str] = {
     "default_cases": "draftmeta.infer.probe",
     "infer_spec": "draftmeta.infer.core",
     "verify_generic": "draftmeta.infer.verify",
-    "verify_vllm": "draftmeta.infer.verify",
 }
 """Where each public name is defined: imported on first use, so that the command line can
-read ``draftmeta.infer.cli``'s arguments without importing torch."""
+read ``draftmeta infer``'s arguments without importing torch."""
 
 if not TYPE_CHECKING:
     from draftmeta._lazy import lazy_exports

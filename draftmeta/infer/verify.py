@@ -1,10 +1,9 @@
 """Verify an inferred spec: update equals rebuild over many random batches.
 
 :func:`verify_generic` runs draftmeta's own update-versus-rebuild loop with a caller's build
-function; :func:`verify_vllm` runs
-:func:`draftmeta.integrations.vllm.testing.equivalence.check_batch`
-(a second builder instance, fresh buffers, both overflow and host-bound policies) with the
-inferred spec in place of the hand-written one.
+function; for vLLM's builders, :func:`draftmeta.integrations.vllm.tools.infer.verify_vllm` runs
+vLLM's harness (a second builder instance, fresh buffers, both overflow and host-bound
+policies) with the inferred spec in place of the hand-written one.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 from draftmeta.testing import compare_metadata, random_state
 
-__all__ = ["Verification", "verify_generic", "verify_vllm"]
+__all__ = ["Verification", "verify_generic"]
 
 
 @attrs.frozen
@@ -87,25 +86,4 @@ def verify_generic(
                     break
         except Exception as exc:
             failures.append((what, f"{type(exc).__name__}: {exc}"))
-    return Verification(batches, tuple(failures), time.perf_counter() - start)
-
-
-def verify_vllm(
-    name: str, spec: DraftSpec[Any], *, batches: int = 200, seed: int = 0, max_steps: int = 8
-) -> Verification:
-    """``check_batch`` over ``random_case(name, seed + i)`` for ``i < batches`` with ``spec``."""
-    from draftmeta.integrations.vllm.testing.equivalence import check_batch, random_case
-
-    start = time.perf_counter()
-    failures: list[tuple[str, str]] = []
-    for i in range(batches):
-        case = random_case(name, seed + i, max_steps=max_steps)
-        try:
-            result = check_batch(case, spec=spec)
-        except Exception as exc:
-            failures.append((str(case), f"{type(exc).__name__}: {exc}"))
-            continue
-        if not result.ok:
-            step, mismatch = result.mismatches[0]
-            failures.append((str(case), f"step {step}: {mismatch}"))
     return Verification(batches, tuple(failures), time.perf_counter() - start)

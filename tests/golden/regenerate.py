@@ -118,7 +118,7 @@ def main() -> int:
     """Rewrite every golden file; prints what changed."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ["DRAFTMETA_VLLM_PLUGIN"] = "0"
-    from draftmeta.integrations.vllm.classes import ensure_platform_environment
+    from draftmeta.integrations.vllm.catalogue.classes import ensure_platform_environment
 
     ensure_platform_environment()
     if not installed_release_matches():

@@ -16,9 +16,9 @@ import attrs
 
 from draftmeta.advance import HostBound
 from draftmeta.backends.views import views_of
-from draftmeta.integrations.vllm.carry_over import CarryOver
-from draftmeta.integrations.vllm.classes import ClassRef
-from draftmeta.integrations.vllm.release import release_of
+from draftmeta.integrations.vllm.catalogue.classes import ClassRef
+from draftmeta.integrations.vllm.catalogue.reads import CarryOver
+from draftmeta.integrations.vllm.catalogue.release import release_of
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
@@ -260,7 +260,7 @@ class BuilderEntry:
         classes: the metadata classes its spec declares (recorded for machines without vLLM).
         carry_over: the common-metadata fields its decode-only build reads, where the older
             proposer may carry its draft-index-1 metadata over to the next draft loop
-            (:mod:`~draftmeta.integrations.vllm.carry_over`); ``None``: built every loop.
+            (:mod:`~draftmeta.integrations.vllm.catalogue.reads`); ``None``: built every loop.
         gpu_harness: how the harness builds it on a CUDA device, where it needs one
             (``FLASHMLA``, ``FLASH_ATTN_MLA``: their builders call CUDA kernels); the GPU
             equivalence checks (``benchmarks/h200/hook_equivalence.py``) use it.

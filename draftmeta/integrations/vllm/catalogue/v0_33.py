@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from draftmeta.backends.amx import AMX_DECODE_ATTRIBUTES
 from draftmeta.backends.mla import MLAFamily
-from draftmeta.integrations.vllm.carry_over import CarryOver
+from draftmeta.integrations.vllm.catalogue.classes import ClassRef
 from draftmeta.integrations.vllm.catalogue.model import (
     BuilderEntry,
     HarnessRecipe,
@@ -19,7 +19,7 @@ from draftmeta.integrations.vllm.catalogue.model import (
     Upstream,
     class_ref,
 )
-from draftmeta.integrations.vllm.classes import ClassRef
+from draftmeta.integrations.vllm.catalogue.reads import CarryOver
 from draftmeta.integrations.vllm.specs.amx import amx_bound_rules
 from draftmeta.integrations.vllm.specs.indexer import (
     INDEXER_BUILDER,

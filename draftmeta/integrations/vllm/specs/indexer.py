@@ -12,7 +12,7 @@ import torch
 from draftmeta.advance import HostBound
 from draftmeta.backends import indexer
 from draftmeta.backends.hooks import PagedMqaCompute
-from draftmeta.integrations.vllm.classes import ClassRef, load_metadata_class
+from draftmeta.integrations.vllm.catalogue.classes import ClassRef, load_metadata_class
 from draftmeta.spec import DraftSpec
 from draftmeta.spec_cache import spec_cache
 

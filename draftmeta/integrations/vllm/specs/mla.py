@@ -4,7 +4,8 @@ handed to :func:`draftmeta.backends.mla.mla_spec`.
 A release catalogue declares one :class:`MLASpec` per MLA builder (its rule family, its classes
 and what the release adds); calling it declares the spec against the installed vLLM's classes
 (imported, or rebuilt from source where import needs a GPU; see
-:mod:`~draftmeta.integrations.vllm.classes`), bound to the live builder where there is one.
+:mod:`~draftmeta.integrations.vllm.catalogue.classes`), bound to the live builder where there is
+one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from draftmeta.advance import HostBound
 from draftmeta.backends.hooks import FlashAttnCompute, TileCompute
 from draftmeta.backends.mla import MLAFamily, is_sparse, mla_spec
 from draftmeta.conditions import Precondition
-from draftmeta.integrations.vllm.classes import ClassRef, load_metadata_class
+from draftmeta.integrations.vllm.catalogue.classes import ClassRef, load_metadata_class
 from draftmeta.rules import Rule, Unsupported
 from draftmeta.spec import DraftSpec
 from draftmeta.spec_cache import spec_cache

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 import attrs
 import torch
 
-from draftmeta.integrations.vllm import common_metadata
+from draftmeta.integrations.vllm.plugin import common_metadata
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -690,12 +690,12 @@ def _after_prepare_environment(fn: _F) -> _F:
 
 make_common_metadata = _after_prepare_environment(common_metadata.make_common_metadata)
 """Describe a decode-only batch to vLLM: the one adapter's
-:func:`~draftmeta.integrations.vllm.common_metadata.make_common_metadata`, after
+:func:`~draftmeta.integrations.vllm.plugin.common_metadata.make_common_metadata`, after
 :func:`prepare_environment`."""
 
 common_metadata_for = _after_prepare_environment(common_metadata.common_metadata_of)
 """vLLM's common metadata over a draft state's buffers (aliased): the one adapter's
-:func:`~draftmeta.integrations.vllm.common_metadata.common_metadata_of`, after
+:func:`~draftmeta.integrations.vllm.plugin.common_metadata.common_metadata_of`, after
 :func:`prepare_environment`."""
 
 
