@@ -31,6 +31,7 @@ __all__ = [
     "CopyFrom",
     "DcpLocalSeqLens",
     "Derivation",
+    "ExpandBlockTable",
     "Fill",
     "InPlaceFunction",
     "RecomputeHook",
@@ -542,3 +543,48 @@ def _same_flat(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.is_contiguous()
         and b.is_contiguous() and a.numel() <= b.numel()
     )
+
+
+@attrs.frozen
+class ExpandBlockTable(Derivation):
+    """The block table expanded to one physical row per token: ``out[r, j * B + o] =
+    block_table[r, j] * B + o`` for block size ``B`` (vLLM's CPU ``AMX_MLA`` decode state,
+    ``req_to_token``). The block size is the field's width over the block table's.
+
+    Inputs: the block table. A refresh, not an increment: the field follows whatever the block
+    table holds at the step, which an expansion kept from another batch (the one a graph was
+    captured with) would not.
+    """
+
+    name: ClassVar[str] = "expand_block_table"
+    arguments: ClassVar[tuple[Argument, ...]] = ("tensor",)
+    checks_layout_only: ClassVar[bool] = True
+
+    @property
+    def formula(self) -> str:  # type: ignore[override]
+        return "block_table[r, t // B] * B + t % B, B = field width / block table width"
+
+    def check(self, out: torch.Tensor, *inputs: object) -> str | None:
+        if len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor):
+            return argument_problem(inputs, self.arguments)
+        table = inputs[0]
+        if out.dim() != 2 or table.dim() != 2:
+            return (f"needs a 2-D field and block table, got {tuple(out.shape)} and "
+                    f"{tuple(table.shape)}")
+        if table.shape[1] == 0 or out.shape[1] % table.shape[1]:
+            return (f"the field's width {out.shape[1]} is no multiple of the block table's "
+                    f"{table.shape[1]}")
+        if table.shape[0] < out.shape[0]:
+            return f"block table has {table.shape[0]} rows, fewer than the field's {out.shape[0]}"
+        if out.dtype != table.dtype:
+            return f"the field is {out.dtype}, the block table {table.dtype}: they must match"
+        return _same_device(out, table)
+
+    def apply(self, out: torch.Tensor, *inputs: object, workspace: Workspace) -> None:
+        table = _tensor(inputs[0])
+        rows, blocks = out.shape[0], table.shape[1]
+        size = out.shape[1] // blocks
+        expanded = out.view(rows, blocks, size)
+        torch.mul(table[:rows].unsqueeze(-1).expand(rows, blocks, size), size, out=expanded)
+        expanded.add_(workspace.arange(size, out.dtype, out.device))
+

@@ -61,7 +61,7 @@ def _checkout(tmp_path: Path) -> Path:
     checkout = tmp_path / "checkout"
     shutil.copytree(ROOT, checkout, ignore=shutil.ignore_patterns(
         ".git", ".venv*", ".nox", "site", "dist", "build", "__pycache__", "*.egg-info",
-        "draftmeta-results", "mutants", ".mypy_cache", ".ruff_cache", ".hypothesis"))
+        "draftmeta-results", "mutants", ".mypy_cache", ".ruff_cache", ".hypothesis", ".h200*"))
     return checkout
 
 

@@ -4,9 +4,11 @@
 sets four attributes on ``metadata.decode`` that are not dataclass fields: ``req_to_token``
 (the block table expanded to one row index per token), ``seq_lens_i64`` (an int64 *copy* of
 ``decode.seq_lens``), ``req_pool_indices`` (``arange(num_decodes)``) and ``num_kv_splits`` (a
-host int from ``max_seq_len`` and the CPU's compute units). The first and third depend only on
-the block table and the batch, which drafting keeps; the copy and the split count must follow
-every step, or the AMX kernel reads stale lengths.
+host int from ``max_seq_len`` and the CPU's compute units). The expansion is refreshed from the
+block table at every step (a hook that starts from the metadata built for a captured graph must
+not keep the capture batch's expansion); the row indices depend only on the batch, which
+drafting keeps; the copy and the split count must follow every step, or the AMX kernel reads
+stale lengths.
 
 The CPU's compute units are handed in (the vLLM binding reads them from vLLM's platform:
 :mod:`draftmeta.integrations.vllm.specs.amx`).
@@ -19,7 +21,7 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from draftmeta.derivations import CopyFrom
+from draftmeta.derivations import CopyFrom, ExpandBlockTable
 from draftmeta.rules import Derive, HostDerive, Rule, Unchanged
 
 __all__ = ["AMX_DECODE_ATTRIBUTES", "AmxKvSplits", "amx_decode_rules"]
@@ -58,7 +60,7 @@ def amx_decode_rules(units: int | Callable[[], int]) -> tuple[tuple[str, Rule], 
     """The rules of :data:`AMX_DECODE_ATTRIBUTES`, the split count bounded by ``units`` (see
     :class:`AmxKvSplits`)."""
     return (
-        ("decode.req_to_token", Unchanged()),
+        ("decode.req_to_token", Derive(ExpandBlockTable(), ("decode.block_table",))),
         ("decode.seq_lens_i64", Derive(CopyFrom(), ("decode.seq_lens",))),
         ("decode.req_pool_indices", Unchanged()),
         ("decode.num_kv_splits", HostDerive(

@@ -61,14 +61,14 @@ of ``FLASH_ATTN_MLA`` and ``FLASHMLA`` equal to vLLM's real builders' rebuild, c
 replayed too (``tests/test_audit_results.py`` reads each run's result and log)."""
 
 
-def _measured_on_h200(name: str, batch1: str, batch8: str) -> BuilderEntry:
-    """``name``'s entry with what its hook measured in vLLM 0.34's GPU engine on an H200
-    (``benchmarks/results/e2e-cuda-tiny-k3-pairs-h200.json``: tiny MTP model, K = 3, plugin on
+def _measured_on_h100(name: str, batch1: str, batch8: str) -> BuilderEntry:
+    """``name``'s entry with what its hook measured in vLLM 0.34's GPU engine on an H100
+    (``benchmarks/results/e2e-cuda-tiny-limit-h100.json``: tiny MTP model, K = 3, plugin on
     over off, the median of two engine pairs), proven by :data:`HOOK_EQUIVALENCE_RUNS`."""
     return attrs.evolve(v0_33.RELEASE.entry(name), measured=(Measured("hook", slower=False, figure=(
         f"vLLM takes its captured draft loop: {batch1} tok/s at batch 1, {batch8} at batch "
         "8 (the median of two engine pairs, their range in brackets), tiny MTP model, K = 3, "
-        "one H200, draftmeta e2e --device cuda (e2e-cuda-tiny-k3-pairs-h200.json)")),),
+        "one H100, draftmeta e2e --device cuda (e2e-cuda-tiny-limit-h100.json)")),),
         proven_by=HOOK_EQUIVALENCE_RUNS)
 
 
@@ -90,9 +90,9 @@ RELEASE: Release = v0_33.RELEASE.evolve(
     ),
     replace={
         **{name: _with_shardq(v0_33.RELEASE.entry(name)) for name in _SPARSE},
-        "FLASH_ATTN_MLA": _measured_on_h200("FLASH_ATTN_MLA", "1.28x (1.27-1.29)",
-                                            "1.21x (1.17-1.25)"),
-        "FLASHMLA": _measured_on_h200("FLASHMLA", "1.24x (1.24-1.24)", "1.27x (1.21-1.33)"),
+        "FLASH_ATTN_MLA": _measured_on_h100("FLASH_ATTN_MLA", "1.28x (1.25-1.30)",
+                                            "1.26x (1.25-1.27)"),
+        "FLASHMLA": _measured_on_h100("FLASHMLA", "1.23x (1.22-1.24)", "1.19x (1.19-1.20)"),
     },
 )
 """vLLM 0.34's builders."""

@@ -329,6 +329,11 @@ def resolve(model: str, *, draft_model: Path | None = None, dummy_weights: bool 
         if shortcut.config is None:
             from draftmeta.integrations.vllm.tools.e2e.trained import CHECKPOINT
 
+            if not (CHECKPOINT / "config.json").is_file():
+                raise ModelProblem(
+                    "--models trained: its checkpoint ships with draftmeta's source, not its "
+                    "wheel: run from a checkout (pip install -e . in a clone), or give a model "
+                    "folder with --model PATH")
             config = _read_config(CHECKPOINT, "the trained model's checkpoint")
             folder: Path | None = CHECKPOINT
             dummy = bool(dummy_weights)
