@@ -94,45 +94,29 @@ class ModelConfig:
     max_position_embeddings: int = 4096
 
     def hf_config(self, torch_dtype: str = "bfloat16") -> dict[str, Any]:
-        """The Hugging Face DeepSeek-V3 ``config.json`` for this shape (one MTP layer, every
-        layer dense, no routed experts used)."""
+        """The Hugging Face DeepSeek-V3 ``config.json`` for this shape: the tiny model's
+        (:data:`~draftmeta.integrations.vllm.tools.e2e.shapes.MODEL_CONFIG`, one MTP layer) with
+        this shape's sizes, every layer dense (no routed expert is used)."""
+        from draftmeta.integrations.vllm.tools.e2e.shapes import MODEL_CONFIG
+
         return {
-            "architectures": ["DeepseekV3ForCausalLM"],
-            "model_type": "deepseek_v3",
+            **MODEL_CONFIG,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
-            "moe_intermediate_size": 128,
             "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_attention_heads,
-            "n_shared_experts": 1,
-            "n_routed_experts": 4,
-            "num_experts_per_tok": 2,
-            "n_group": 1,
-            "topk_group": 1,
-            "topk_method": "noaux_tc",
-            "scoring_func": "sigmoid",
-            "norm_topk_prob": True,
-            "routed_scaling_factor": 1.0,
             # every layer, the MTP layer at index num_hidden_layers included, is dense
             "first_k_dense_replace": self.num_hidden_layers + 1,
-            "moe_layer_freq": 1,
             "kv_lora_rank": self.kv_lora_rank,
             "q_lora_rank": self.q_lora_rank,
             "qk_rope_head_dim": self.qk_rope_head_dim,
             "qk_nope_head_dim": self.qk_nope_head_dim,
             "v_head_dim": self.v_head_dim,
-            "num_nextn_predict_layers": 1,
             "max_position_embeddings": self.max_position_embeddings,
             "rope_theta": self.rope_theta,
-            "rope_interleave": True,
             "rms_norm_eps": self.rms_norm_eps,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "tie_word_embeddings": False,
-            "bos_token_id": 0,
-            "eos_token_id": 1,
             "torch_dtype": torch_dtype,
         }
 
