@@ -877,3 +877,32 @@ def test_sparse_flashmla_with_an_fp8_cache_is_unsupported_saying_why() -> None:
     assert spec.unsupported_reasons == (
         ("fp8_extra_metadata",
          "FP8 sparse FlashMLA keeps a scheduler object inside a union-typed field"),)
+
+
+def test_a_new_mla_family_is_one_declared_entry_and_an_unknown_family_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in family (TRITON_MLA's classes with one decode field the common layout lacks,
+    declared by a family entry alone, from outside draftmeta.backends.mla) gives a spec whose
+    rule is the entry's; a family nobody declared is refused with the families there are."""
+    from draftmeta.backends import mla
+    from draftmeta.registry import recorded_classes
+    from draftmeta.rules import HostConstant
+
+    factory = current_release().entry("TRITON_MLA").spec
+    assert isinstance(factory, MLASpec)
+    with recorded_classes():
+        metadata, _ = load_metadata_class(factory.metadata.module, factory.metadata.qualname)
+        assert factory.decode is not None
+        decode, _ = load_metadata_class(factory.decode.module, factory.decode.qualname)
+    stand_in = dataclasses.make_dataclass("StandInDecode", [("window", int)], bases=(decode,))
+
+    def window(inputs: Any, nested: dict[str, type]) -> dict[str, Any]:
+        nested["decode"] = stand_in
+        return {"decode.window": HostConstant()}
+
+    monkeypatch.setitem(mla.FAMILIES, "windowed", mla.MLAFamilyRules(rules=window))
+    spec = mla.mla_spec("windowed", metadata, decode, name="WINDOWED")
+    assert isinstance(spec.rules["decode.window"], HostConstant)
+    assert spec.name == "WINDOWED.advance" and not mla.is_sparse("windowed")
+    with pytest.raises(ValueError, match="no MLA rule family 'hybrid'; the families: dense, "):
+        mla.mla_spec("hybrid", metadata, decode, name="HYBRID")
