@@ -3,7 +3,7 @@
 hatchling runs this hook whenever it builds draftmeta's metadata (``pip install -e .``, a wheel,
 an sdist). The extras are written in ``pyproject.toml`` under
 ``[tool.hatch.metadata.hooks.custom.extras]``, all but ``vllm``: its requirement is
-:func:`draftmeta.integrations.vllm.catalogue.release.vllm_extra` (``"vllm>=0.32,<0.35"``: the oldest
+:func:`draftmeta.integrations.vllm.versions.vllm_extra` (``"vllm>=0.32,<0.35"``: the oldest
 release to the one after the newest), read from the catalogue's module file names. That module
 imports nothing but the standard library, so it is loaded here by its path, without importing
 draftmeta (whose requirements the build environment lacks).
@@ -17,7 +17,7 @@ from typing import Any
 
 from hatchling.metadata.plugin.interface import MetadataHookInterface
 
-RELEASE_MODULE = Path("draftmeta") / "integrations" / "vllm" / "catalogue" / "release.py"
+RELEASE_MODULE = Path("draftmeta") / "integrations" / "vllm" / "versions.py"
 
 
 def vllm_extra(root: str) -> str:

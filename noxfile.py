@@ -12,7 +12,7 @@ test suite.
 
 The release sessions are one per supported release beside the default one (README's
 environment): the catalogue's release modules, read by
-:func:`draftmeta.integrations.vllm.catalogue.release.supported`. Each installs its release as that
+:func:`draftmeta.integrations.vllm.versions.supported`. Each installs its release as that
 release's module says (``install``: :class:`~draftmeta.integrations.vllm.catalogue.model.Install`,
 the same declaration the Install page's commands come from), so a release added as one module
 gets its session with nothing written here.
@@ -31,7 +31,7 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from draftmeta.integrations.vllm.catalogue import Release, releases
-from draftmeta.integrations.vllm.catalogue.release import DEFAULT_RELEASE, supported
+from draftmeta.integrations.vllm.versions import DEFAULT_RELEASE, supported
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False

@@ -392,9 +392,9 @@ def _audit_command(args: argparse.Namespace, device: str) -> str:
 def _audit(args: argparse.Namespace) -> int:
     import json
 
-    from draftmeta.integrations.vllm.catalogue.release import import_problem
     from draftmeta.integrations.vllm.plugin import enabled_by_environment
     from draftmeta.integrations.vllm.testing.harness import use_device
+    from draftmeta.integrations.vllm.versions import import_problem
 
     # the user's plugin setting, read before the harness's environment turns it off for itself
     plugin = enabled_by_environment() if args.plugin is None else args.plugin == "on"
@@ -445,7 +445,7 @@ def _audit(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from draftmeta.bench import BenchConfig, run_bench, summarize, table, write_results
     from draftmeta.bench.report import pair_summary
-    from draftmeta.integrations.vllm.catalogue.release import import_problem
+    from draftmeta.integrations.vllm.versions import import_problem
     from draftmeta.measure.machine import load_average
 
     if args.device == "cuda":

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from draftmeta.integrations.vllm import catalogue
-from draftmeta.integrations.vllm.catalogue.release import (
+from draftmeta.integrations.vllm.versions import (
     module_name,
     release_key,
     supported,

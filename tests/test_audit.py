@@ -67,12 +67,13 @@ def test_vllms_k_pool_tail_hook_fails_the_first_step_with_its_slot_mapping(
     assert not report.ok
 
 
-def test_draftmetas_amx_hook_fails_the_first_step_with_the_block_table_expansion_it_keeps(
+def test_draftmetas_amx_hook_is_equal_at_the_first_step_from_captured_metadata(
     report: AuditReport,
 ) -> None:
+    # Its block-table expansion is recomputed at every call (ExpandBlockTable); when
+    # the spec kept it as state, the first step after capture read a stale expansion.
     row = {r.backend: r for r in report.rows}["AMX_MLA"]
-    assert (row.owner, row.verdict, row.first_step) == ("draftmeta", "equal", "mismatch")
-    assert {m.split(": ")[1] for m in row.first_step_mismatches} == {"decode.req_to_token"}
+    assert (row.owner, row.verdict, row.first_step) == ("draftmeta", "equal", "equal"), row
 
 
 def test_hooks_whose_builders_view_the_runners_buffers_are_equal_at_the_first_step(

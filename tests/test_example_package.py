@@ -105,12 +105,12 @@ def test_the_guides_commands_for_its_example_work_as_written(tmp_path: Path,
     out = [env.run(command, cwd=tmp_path / "checkout").stdout for command in commands]
     # pip built the example's wheel and installed it: the package is in the environment
     assert (env.site_packages / "draftmeta_example_oot" / "spec.py").is_file()
-    assert re.search(r"^OOT_CPU_MLA +draftmeta +16 +\d+ +0 +equal$", out[1], re.M), out[1]
+    assert re.search(r"^OOT_CPU_MLA +draftmeta +16 +\d+ +equal +yes +equal$", out[1], re.M), out[1]
     rows = [line.split() for line in out[2].splitlines() if line.startswith("OOT_CPU_MLA ")]
     assert rows and all(row[3] == "no" for row in rows), out[2]  # proven: no recorded run
     page = GUIDE.read_text()
-    assert "`OOT_CPU_MLA  draftmeta  16  59  0  equal`" in page
-    assert re.search(r"^OOT_CPU_MLA +draftmeta +16 +59 +0 +equal$", out[1], re.M), (
+    assert "`OOT_CPU_MLA  draftmeta  16  59  equal  yes  equal`" in page
+    assert re.search(r"^OOT_CPU_MLA +draftmeta +16 +59 +equal +yes +equal$", out[1], re.M), (
         "the guide quotes the audit's row: update it")
 
 

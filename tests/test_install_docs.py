@@ -194,7 +194,7 @@ def test_the_install_page_names_the_python_the_project_requires() -> None:
 
 
 def test_the_install_page_is_in_the_sites_navigation_and_linked_from_the_readme() -> None:
-    assert re.search(r"^  - Install: install\.md$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert re.search(r"^ +- Install: install\.md$", (ROOT / "mkdocs.yml").read_text(), re.M)
     assert "docs/install.md" in (ROOT / "README.md").read_text()
 
 

@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from draftmeta.integrations.vllm.catalogue import DEFAULT_RELEASE, release, releases
-from draftmeta.integrations.vllm.catalogue.release import release_key, supported, vllm_extra
+from draftmeta.integrations.vllm.versions import release_key, supported, vllm_extra
 from tests.releases import extras, next_release, page_text, release_pages, stand_in_release
 from tests.test_catalogue import release_table_rows
 from tests.test_install_docs import pip_commands, problems, sections

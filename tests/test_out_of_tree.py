@@ -49,8 +49,8 @@ def registered() -> Iterator[None]:
 
 
 def _plan() -> dict[str, object]:
-    from draftmeta.integrations.vllm.catalogue.release import installed_version
     from draftmeta.integrations.vllm.plugin.plan import make_plan
+    from draftmeta.integrations.vllm.versions import installed_version
 
     plan = make_plan(str(installed_version()))
     return {d.path: d for d in plan.decisions if d.entry.name == ENTRY.name}

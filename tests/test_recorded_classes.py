@@ -19,7 +19,7 @@ import pytest
 
 from draftmeta.fields import FieldKind, class_fields
 from draftmeta.integrations.vllm.catalogue import classes as vllm_classes
-from draftmeta.integrations.vllm.catalogue.release import release_of, supported
+from draftmeta.integrations.vllm.versions import release_of, supported
 from tests.releases import stand_in_release
 
 ROOT = Path(__file__).resolve().parents[1]

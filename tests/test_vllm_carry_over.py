@@ -204,15 +204,16 @@ def test_a_builder_whose_spec_cannot_carry_over_says_why_once_and_builds_each_lo
 def test_a_field_kept_unchanged_within_a_loop_keeps_its_builder_from_carrying_over(
     active: None,
 ) -> None:
-    """AMX's block-table expansion is unchanged within one loop; another loop's block table
-    would leave it stale, so the check names it (and the catalogue leaves AMX building)."""
+    """AMX keeps its request-pool indices unchanged within one loop (its block-table expansion
+    is recomputed at every call); another loop's batch could leave them stale, so the check
+    names them (and the catalogue leaves AMX building)."""
     assert RELEASE.entry("AMX_MLA").carry_over is None
     builder, _, _ = _builders("AMX_MLA", 1024, 32)
     state = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=32,
                          max_model_len=1024, steps=3)
     metadata = builder.build_for_drafting(harness.common_metadata_for(state), 1)
     spec = RELEASE.entry("AMX_MLA").make_spec(builder=builder)
-    assert unchanged_values(spec)(metadata) == "decode.req_to_token"
+    assert unchanged_values(spec)(metadata) == "decode.req_pool_indices"
     cpu = RELEASE.entry("CPU_MLA").make_spec()
     assert unchanged_values(cpu)(metadata) is None  # its unchanged fields are all None here
 

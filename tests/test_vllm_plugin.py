@@ -18,9 +18,9 @@ import torch
 from draftmeta import Unchanged, advance_state
 from draftmeta.integrations.vllm import plugin
 from draftmeta.integrations.vllm.catalogue import current_release
-from draftmeta.integrations.vllm.catalogue.release import supported_range
 from draftmeta.integrations.vllm.testing import harness
 from draftmeta.integrations.vllm.testing.equivalence import random_case
+from draftmeta.integrations.vllm.versions import supported_range
 from draftmeta.registry import clear_spec_caches
 from draftmeta.testing import compare_metadata, random_state
 from tests.releases import unsupported_version
@@ -1165,8 +1165,8 @@ def test_under_dcp_the_older_proposer_rebuilds_every_draft_step_even_with_k_know
 def test_a_builder_proven_nowhere_is_left_to_vllm_unless_the_user_opts_in(
     path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from draftmeta.integrations.vllm.catalogue.release import installed_version
     from draftmeta.integrations.vllm.plugin.plan import UNPROVEN_ENV, make_plan
+    from draftmeta.integrations.vllm.versions import installed_version
 
     version = str(installed_version())
     unproven = [e.name for e in RELEASE.builders if e.proof_on(RELEASE.version) is None]
@@ -1340,8 +1340,8 @@ def test_an_opt_in_reads_1_true_yes_or_on_in_any_case_as_on_and_anything_else_as
     """The plan's opt-ins (here ``DRAFTMETA_VLLM_UNPROVEN``: builders not yet proven on this
     release installed anyway) take the usual spellings of yes; a value it does not read as
     yes leaves the default."""
-    from draftmeta.integrations.vllm.catalogue.release import installed_version
     from draftmeta.integrations.vllm.plugin.plan import UNPROVEN_ENV, make_plan
+    from draftmeta.integrations.vllm.versions import installed_version
 
     version = str(installed_version())
     monkeypatch.delenv(UNPROVEN_ENV, raising=False)

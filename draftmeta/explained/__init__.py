@@ -9,7 +9,7 @@ them), so a shipped text is always what the generator makes. For another install
 another host bound, ``explain`` generates the text.
 
 This module imports nothing heavy: from draftmeta only
-:mod:`draftmeta.integrations.vllm.catalogue.release`, which owns the default release and reads the
+:mod:`draftmeta.integrations.vllm.versions`, which owns the default release and reads the
 installed one.
 """
 
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftmeta.integrations.vllm.catalogue.release import DEFAULT_RELEASE, release_in_use
+from draftmeta.integrations.vllm.versions import DEFAULT_RELEASE, release_in_use
 
 __all__ = ["FOLDER", "RELEASE", "names", "release_in_use", "shipped"]
 
 RELEASE = DEFAULT_RELEASE
 """The vLLM release whose catalogue the shipped texts describe: the default release
-(:data:`draftmeta.integrations.vllm.catalogue.release.DEFAULT_RELEASE`)."""
+(:data:`draftmeta.integrations.vllm.versions.DEFAULT_RELEASE`)."""
 
 FOLDER = Path(__file__).parent / f"vllm-{RELEASE}"
 """Where the shipped texts are: one ``NAME.txt`` per spec name."""

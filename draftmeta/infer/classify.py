@@ -35,6 +35,7 @@ from draftmeta.backends.indexer import KpoolTailSlot
 from draftmeta.derivations import (
     CopyFrom,
     Derivation,
+    ExpandBlockTable,
     Fill,
     RecomputeHook,
     SlotMapping,
@@ -128,6 +129,8 @@ def _tensor_candidates(observed: torch.Tensor, block_size: int) -> list[Candidat
                    "state.block_size", "state.num_reqs")))
     found.append(("the token-to-request map of state.query_start_loc", TokenToRequest(),
                   ("state.query_start_loc", "state.num_reqs")))
+    found.append(("the block table expanded to one row entry per token", ExpandBlockTable(),
+                  ("state.block_table",)))
     found.append((f"the K-pool tail slot (pool {block_size})", KpoolTailSlot(block_size),
                   ("state.positions", "state.block_table", "state.slot_mapping",
                    "state.num_reqs")))
@@ -139,9 +142,24 @@ def _read(state: DraftState, ref: str) -> object:
 
 
 def _reproduces(candidate: Candidate, seen: Sequence[tuple[Observation, torch.Tensor]]) -> bool:
+    """Whether the candidate, reading the state, gives the field's value in every build."""
+    return _reproduces_with(candidate, seen, lambda obs, ref: _read(obs.state, ref))
+
+
+def _reproduces_from_leaves(candidate: Candidate,
+                            seen: Sequence[tuple[Observation, object]]) -> bool:
+    """Whether the candidate, reading the build's own metadata leaves, gives the field's value
+    in every build."""
+    return _reproduces_with(candidate, seen, lambda obs, ref: obs.leaves[ref].value)
+
+
+def _reproduces_with(candidate: Candidate, seen: Sequence[tuple[Observation, object]],
+                     read: Callable[[Observation, str], object]) -> bool:
     _, derivation, inputs = candidate
     for obs, value in seen:
-        args = tuple(_read(obs.state, ref) for ref in inputs)
+        if not isinstance(value, torch.Tensor):
+            return False
+        args = tuple(read(obs, ref) for ref in inputs)
         out = torch.full_like(value, -7)
         try:
             if derivation.check(out, *args) is not None:
@@ -184,6 +202,18 @@ def _known_hook(
         return (Recompute(DeepGemmPagedMqaSchedule(block_size, kernel=kernel), (lengths,)),
                 "the library's DeepGEMM paged-MQA schedule hook, chosen by the field's name")
     return None
+
+
+def _differs_between_batches_of_one_shape(per_traj: Sequence[Sequence[object]]) -> bool:
+    """Whether two trajectories whose values have one shape and dtype hold different values
+    (a value that follows the batch's contents, not only its size)."""
+    firsts = [values[0] for values in per_traj if isinstance(values[0], torch.Tensor)]
+    for i, a in enumerate(firsts):
+        for b in firsts[i + 1:]:
+            assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            if a.shape == b.shape and a.dtype == b.dtype and not torch.equal(a, b):
+                return True
+    return False
 
 
 def _constant_per_trajectory(per_traj: Sequence[Sequence[object]]) -> bool:
@@ -311,10 +341,24 @@ def _classify_tensor(
         return verdict(Recompute(TodoHook(path), ()),
                        "values differ between two builds of the same state and no library hook "
                        "is known for it: write its recompute hook", settled=False)
-    if _constant_per_trajectory(per_traj):
-        return verdict(Unchanged(), f"equal at every step of each of {len(per_traj)} "
-                       "trajectories (and not a view of a state buffer)")
     sample = seen[0][1]
+    if _constant_per_trajectory(per_traj):
+        constant = (f"equal at every step of each of {len(per_traj)} trajectories (and not a "
+                    "view of a state buffer)")
+        if not _differs_between_batches_of_one_shape(per_traj):
+            return verdict(Unchanged(), constant)
+        # The same within each draft loop but following the batch's contents: kept unchanged,
+        # a graph captured with one batch would replay its value in another of the same size.
+        # Where a derivation from the state reproduces it, refreshing it keeps it right from
+        # the first step.
+        for candidate in _tensor_candidates(sample, block_size):
+            if _reproduces(candidate, seen):
+                label, derivation, inputs = candidate
+                return verdict(Derive(derivation, inputs),
+                               f"{constant}, but different in two batches of one size; {label} "
+                               f"at all {n} builds, so it is refreshed (right at the first step "
+                               "from metadata built for another batch)")
+        return verdict(Unchanged(), constant)
     for candidate in _tensor_candidates(sample, block_size):
         if _reproduces(candidate, seen):
             label, derivation, inputs = candidate
@@ -326,26 +370,21 @@ def _classify_tensor(
 
 
 def _prefer_metadata_inputs(verdicts: list[Verdict], seen: Sequence[Observation]) -> None:
-    """Copy from the metadata's own view of a state buffer where it has one (as a maintainer
-    would write it), if that view has at least the copied rows in every build."""
+    """Derive from the metadata's own view of a state buffer where it has one (as a maintainer
+    would write it), if the derivation reproduces the field from that view in every build."""
     aliases = [(v.path, v.rule.source) for v in verdicts if isinstance(v.rule, Alias)]
     for i, v in enumerate(verdicts):
         rule = v.rule
-        if not (isinstance(rule, Derive) and isinstance(rule.derivation, CopyFrom)):
+        if not (isinstance(rule, Derive) and len(rule.inputs) == 1
+                and rule.inputs[0].startswith("state.")):
             continue
         source = rule.inputs[0].split(".", 1)[1]
         for path, alias in aliases:
             if alias != source:
                 continue
-            fits = True
-            for obs in seen:
-                view, out = obs.leaves[path].value, obs.leaves[v.path].value
-                assert isinstance(view, torch.Tensor) and isinstance(out, torch.Tensor)
-                if view.numel() < out.numel() or (
-                    not rule.derivation.flat and (view.dim() != out.dim()
-                                                  or view.shape[0] < out.shape[0])):
-                    fits = False
-            if fits:
+            through_view: Candidate = (path, rule.derivation, (path,))
+            if _reproduces_from_leaves(through_view, [(obs, obs.leaves[v.path].value)
+                                                      for obs in seen]):
                 verdicts[i] = attrs.evolve(
                     v, rule=Derive(rule.derivation, (path,)),
                     evidence=f"{v.evidence}; read through {path}, the metadata's view of it")

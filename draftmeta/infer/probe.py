@@ -82,6 +82,8 @@ def default_cases(max_model_lens: tuple[int, ...] = (256, 4096)) -> tuple[ProbeC
                   near_limit=0.4),
         ProbeCase("a short request under a long limit, frozen bound (host values jump)", 1, 0,
                   long, 4, "clamp", "frozen", 1, near_limit=0.0, near_boundary=0.0),
+        ProbeCase("another batch the size of block-boundary crossings' (what a graph captured "
+                  "with one batch replays for the next)", 5, 3, short, 4, "wrap", "advance", 8),
     )
 
 

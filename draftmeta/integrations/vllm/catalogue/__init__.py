@@ -2,10 +2,10 @@
 
 Each supported release is one module here (``v0_33.py``: ``RELEASE = Release(...)``, or a
 later one stated as its differences: ``v0_33.RELEASE.evolve(...)``). They are found by file name
-(:func:`draftmeta.integrations.vllm.catalogue.release.supported`), so supporting a new vLLM release
+(:func:`draftmeta.integrations.vllm.versions.supported`), so supporting a new vLLM release
 means
 adding one module beside the others; which release is assumed without vLLM, and how an installed
-version is read, are :mod:`draftmeta.integrations.vllm.catalogue.release`'s.
+version is read, are :mod:`draftmeta.integrations.vllm.versions`'s.
 
 >>> from draftmeta.integrations.vllm.catalogue import release
 >>> release("0.34").paths
@@ -35,7 +35,7 @@ from draftmeta.integrations.vllm.catalogue.model import (
     class_ref,
     recorded_audits,
 )
-from draftmeta.integrations.vllm.catalogue.release import (
+from draftmeta.integrations.vllm.versions import (
     DEFAULT_RELEASE,
     installed_version,
     module_name,

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from draftmeta.integrations.vllm.catalogue.release import (
+from draftmeta.integrations.vllm.versions import (
     installed_version,
     release_in_use,
     release_of,
@@ -201,12 +201,12 @@ list declares it)."""
 
 installed_vllm_version = installed_version
 """The installed vLLM's version
-(:func:`draftmeta.integrations.vllm.catalogue.release.installed_version`)."""
+(:func:`draftmeta.integrations.vllm.versions.installed_version`)."""
 
 
 def recorded_path(version: str | None = None) -> Path:
     """The recorded lists of release ``version`` (``"0.34.0"`` or ``"0.34"``; default: the
-    release in use, :func:`~draftmeta.integrations.vllm.catalogue.release.release_in_use`). The
+    release in use, :func:`~draftmeta.integrations.vllm.versions.release_in_use`). The
     file may
     not exist (:func:`recorded_lists` says so)."""
     return RECORDED_DIR / f"vllm-{release_of(version or release_in_use())}.json"

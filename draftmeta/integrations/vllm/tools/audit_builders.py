@@ -133,8 +133,8 @@ def hooked_builders(*, plugin: bool = True, device: Device = "cpu"
     it builds on ``device`` (a CPU runs the catalogue's CPU recipes and the standard backends
     that construct there; a GPU every builder whose class loads)."""
     from draftmeta.integrations.vllm.catalogue import current_release
-    from draftmeta.integrations.vllm.catalogue.release import installed_version
     from draftmeta.integrations.vllm.plugin.plan import make_plan
+    from draftmeta.integrations.vllm.versions import installed_version
 
     version = installed_version()
     if version is None:

