@@ -327,13 +327,38 @@ def dcp_local_seq_lens(seq_lens: torch.Tensor, world_size: int, rank: int,
 
 @attrs.frozen
 class _StandInGroup:
-    """What vLLM's builders read of the DCP process group: its size and this rank (and a
-    ``device_group`` that MLA's DCP manager binds its chunked-prefill KV gather to at
-    construction; decode never calls it)."""
+    """What vLLM's builders and MLA layers read of the DCP process group while they are
+    constructed and build decode metadata: its size and this rank; a ``device_group`` that
+    MLA's DCP manager binds its NCCL fallbacks to (chunked-prefill KV gather; called only in
+    a forward); and a hash (vLLM caches its symmetric-memory workspaces per group). No
+    ``cpu_group``: the stand-in has no peers to ask whether they share this node, so
+    :func:`dcp_group` turns the symmetric-memory paths that ask (on CUDA) off."""
 
     world_size: int
     rank_in_group: int
     device_group: Any = None
+
+
+_DIRECT_DCP_SWITCHES: Final = ("VLLM_USE_DIRECT_DCP_A2A", "VLLM_USE_DIRECT_DCP_Q_GATHER",
+                               "VLLM_USE_DIRECT_DCP_KV_GATHER")
+"""vLLM's switches for MLA's symmetric-memory DCP collectives (unset: on where the group's
+ranks share a node, which vLLM asks the group's ``cpu_group``; ``0``: its NCCL paths)."""
+
+
+@contextlib.contextmanager
+def _direct_dcp_off() -> Iterator[None]:
+    """Inside, vLLM's symmetric-memory DCP collectives are switched off (its own variables
+    set to ``0``), as they were afterwards."""
+    said = {name: os.environ.get(name) for name in _DIRECT_DCP_SWITCHES}
+    os.environ.update(dict.fromkeys(_DIRECT_DCP_SWITCHES, "0"))
+    try:
+        yield
+    finally:
+        for name, value in said.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager
@@ -341,6 +366,13 @@ def dcp_group(world_size: int, rank: int = 0) -> Iterator[None]:
     """Inside, vLLM's ``get_dcp_group()`` answers a stand-in group of ``world_size`` ranks
     with this process as ``rank``, in every loaded vLLM module that imported it (builders and
     MLA layers read the DCP world size from it when constructed); no ``torch.distributed``.
+
+    With more than one rank, vLLM's symmetric-memory DCP collectives are switched off inside
+    (``VLLM_USE_DIRECT_DCP_A2A``, ``VLLM_USE_DIRECT_DCP_Q_GATHER`` and
+    ``VLLM_USE_DIRECT_DCP_KV_GATHER`` set to ``0``, restored afterwards): on CUDA, MLA's DCP
+    manager would otherwise ask the group's peers whether they share this node, and a stand-in
+    has none. They and the NCCL paths it binds instead run only in a forward; what the
+    builders put in the metadata does not depend on the choice.
 
     Raises:
         ValueError: ``rank`` is not one of the ``world_size`` ranks.
@@ -363,7 +395,8 @@ def dcp_group(world_size: int, rank: int = 0) -> Iterator[None]:
     for module in holding(original):
         module.get_dcp_group = stand_in
     try:
-        yield
+        with _direct_dcp_off() if world_size > 1 else contextlib.nullcontext():
+            yield
     finally:  # modules imported inside took the stand-in by name: they get the original too
         for module in holding(stand_in):
             module.get_dcp_group = original
