@@ -60,7 +60,9 @@ __all__ = [
     "make_builder",
     "make_common_metadata",
     "make_vllm_config",
+    "one_rank_world",
     "prepare_environment",
+    "release_one_rank_world",
     "say_draft_tokens",
     "target_device",
     "use_device",
@@ -402,6 +404,79 @@ def dcp_group(world_size: int, rank: int = 0) -> Iterator[None]:
             module.get_dcp_group = original
 
 
+_world: list[str] = []  # the store directory of the one-rank world this module set up
+
+
+def one_rank_world(config: VllmConfig) -> None:
+    """Set up vLLM's distributed state for one process without parallelism, as vLLM's
+    single-GPU runner has it: a world of one rank (``init_distributed_environment`` over a
+    file store in a temporary directory, gloo: nothing is ever sent) and its model-parallel
+    groups, all of size 1 (``ensure_model_parallel_initialized(1, 1)``, made under
+    ``config``). vLLM's layers read them when constructed (a sparse MLA layer asks the tensor
+    parallel group's size). :func:`make_builder` calls it for CUDA builders.
+
+    Once per process: a second call finds the groups made and returns; so does a call where
+    vLLM's groups were made by someone else with one rank each. The world is torn down at
+    interpreter exit, or by :func:`release_one_rank_world`.
+
+    Raises:
+        RuntimeError: vLLM's groups, or ``torch.distributed``'s world, already exist with more
+            than one rank (the harness builds for one), or ``torch.distributed`` is set up
+            without vLLM's groups (make them with
+            ``vllm.distributed.ensure_model_parallel_initialized(1, 1)`` first).
+    """
+    prepare_environment()
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        sizes = (parallel_state.get_tensor_model_parallel_world_size(),
+                 parallel_state.get_pp_group().world_size)
+        if sizes != (1, 1):
+            raise RuntimeError(
+                f"vLLM's model-parallel groups in this process have tensor x pipeline sizes "
+                f"{sizes[0]} x {sizes[1]}; the harness builds for one rank: run it in a "
+                "process without them")
+        return
+    if torch.distributed.is_initialized():
+        ranks = torch.distributed.get_world_size()
+        raise RuntimeError(
+            f"torch.distributed is set up in this process ({ranks} rank(s)) without vLLM's "
+            "model-parallel groups; make them first "
+            "(vllm.distributed.ensure_model_parallel_initialized(1, 1)), or run the harness "
+            "in a process without torch.distributed")
+    directory = tempfile.mkdtemp(prefix="draftmeta-vllm-world-")
+    try:
+        with set_current_vllm_config(config):
+            parallel_state.init_distributed_environment(
+                world_size=1, rank=0, local_rank=0, backend="gloo",
+                distributed_init_method=f"file://{os.path.join(directory, 'store')}")
+            parallel_state.ensure_model_parallel_initialized(1, 1)
+    except BaseException:
+        parallel_state.destroy_model_parallel()
+        parallel_state.destroy_distributed_environment()
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    _world.append(directory)
+    atexit.register(release_one_rank_world)
+
+
+def release_one_rank_world() -> None:
+    """Tear down the world :func:`one_rank_world` set up (vLLM's groups, then
+    ``torch.distributed``'s), and remove its store; nothing where it set up none."""
+    if not _world:
+        return
+    from vllm.distributed import parallel_state
+
+    atexit.unregister(release_one_rank_world)
+    directory = _world.pop()
+    try:
+        parallel_state.destroy_model_parallel()
+        parallel_state.destroy_distributed_environment()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def _recipe(name: str) -> HarnessRecipe:
     from draftmeta.integrations.vllm.catalogue import current_release
 
@@ -548,7 +623,9 @@ def make_builder(
             :data:`INDEXER_BLOCK_SIZE`; AMX_MLA needs a multiple of 32).
         block_table_width: INDEXER only: the block-table width W its buffers are sized for;
             defaults to ``ceil(max_model_len / block_size)``.
-        device: The builders' device; only the CPU works without a GPU.
+        device: The builders' device; only the CPU works without a GPU. On CUDA the
+            builder (and its layer) is made inside vLLM's distributed state for one rank, as
+            vLLM's GPU runner makes it (:func:`one_rank_world`, once per process).
         dcp_rank: this builder's rank among the config's
             ``parallel_config.decode_context_parallel_size`` DCP ranks (:func:`dcp_group`
             answers for the group while the builder is constructed).
@@ -567,6 +644,8 @@ def make_builder(
     from vllm.config import set_current_vllm_config
 
     dev = torch.device(device)
+    if dev.type == "cuda":  # vLLM's GPU runner builds inside a distributed world
+        one_rank_world(config)
     world = config.parallel_config.decode_context_parallel_size
     with set_current_vllm_config(config), dcp_group(world, dcp_rank):
         if kind == "kpool_tail":  # the GLM-5.3-Flash K-pool tail: block_size is the pool size
