@@ -7,7 +7,8 @@ indexer), describes a decode-only batch (query length 1 per request) as a vLLM
 ``CommonAttentionMetadata`` that aliases the caller's tensors, and builds metadata from it.
 After :func:`use_device` ``("cuda")`` the same functions run vLLM on its CUDA platform, where the
 builders that need a GPU construct too (``FLASHMLA``, ``FLASH_ATTN_MLA``; any MLA backend of
-vLLM's registry through a :class:`~draftmeta.integrations.vllm.catalogue.HarnessRecipe`).
+vLLM's registry through a :class:`~draftmeta.integrations.vllm.catalogue.HarnessRecipe`), inside
+vLLM's distributed state for one rank as vLLM's GPU runner has it (:func:`one_rank_world`).
 
 Importing this module does not import vLLM. Every function that needs vLLM first calls
 :func:`prepare_environment`, which sets the variables vLLM needs on the device it targets (the
@@ -373,8 +374,8 @@ def dcp_group(world_size: int, rank: int = 0) -> Iterator[None]:
     (``VLLM_USE_DIRECT_DCP_A2A``, ``VLLM_USE_DIRECT_DCP_Q_GATHER`` and
     ``VLLM_USE_DIRECT_DCP_KV_GATHER`` set to ``0``, restored afterwards): on CUDA, MLA's DCP
     manager would otherwise ask the group's peers whether they share this node, and a stand-in
-    has none. They and the NCCL paths it binds instead run only in a forward; what the
-    builders put in the metadata does not depend on the choice.
+    has none. Either kind of collective runs only in a forward: what the builders put in the
+    metadata does not depend on which one is bound.
 
     Raises:
         ValueError: ``rank`` is not one of the ``world_size`` ranks.
