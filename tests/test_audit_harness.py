@@ -139,6 +139,19 @@ def test_a_torch_world_without_vllms_groups_is_refused_with_how_to_make_them(
     assert harness._world == []
 
 
+@pytest.mark.usefixtures("world")
+def test_vllms_groups_of_more_than_one_rank_are_refused_not_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vllm.distributed import parallel_state
+
+    config = harness.cached_vllm_config(max_model_len=256, block_size=16)
+    harness.one_rank_world(config)
+    monkeypatch.setattr(parallel_state, "get_tensor_model_parallel_world_size", lambda: 2)
+    with pytest.raises(RuntimeError, match="tensor x pipeline sizes 2 x 1"):
+        harness.one_rank_world(config)
+
+
 def test_a_cuda_builder_is_made_inside_the_one_rank_world_and_a_cpu_one_is_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
