@@ -17,10 +17,10 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vLLM (pip install -e '.[vllm]')")
 
-from draftmeta.integrations.vllm.audit_builders import registry_backend
 from draftmeta.integrations.vllm.catalogue import HarnessRecipe
-from draftmeta.integrations.vllm.classes import ClassRef
+from draftmeta.integrations.vllm.catalogue.classes import ClassRef
 from draftmeta.integrations.vllm.testing import harness
+from draftmeta.integrations.vllm.tools.audit_builders import registry_backend
 
 harness.prepare_environment()
 
