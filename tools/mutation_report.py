@@ -36,7 +36,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutation_run import committed_decisions, mutated_modules  # noqa: E402
+from mutation_run import committed_decisions, mutated_modules, selected  # noqa: E402
 
 STATUS_BY_EXIT_CODE: dict[int | None, str] = {
     1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
@@ -80,17 +80,19 @@ class MutmutMeta:
 
 
 def read_mutmut(mutants: Path, module: str) -> MutmutMeta | None:
-    """``mutants/<module>.meta``, or None if absent."""
+    """``mutants/<module>.meta``, or None if absent; of a module mutated in part (``FUNCTIONS``
+    of ``tools/mutation_run.py``), its mutated functions only."""
     path = mutants / f"{module}.meta"
     if not path.exists():
         return None
     data = json.loads(path.read_text())
-    codes = data["exit_code_by_key"]
+    codes = {name: code for name, code in data["exit_code_by_key"].items()
+             if selected(name, module)}
     return MutmutMeta(
         {name: status(code) for name, code in codes.items()},
         {name: float(s) for name, s in data.get("durations_by_key", {}).items()
          if s and codes.get(name) is not None},
-        dict(data.get("hash_by_function_name", {})),
+        {f: h for f, h in data.get("hash_by_function_name", {}).items() if selected(f, module)},
     )
 
 
