@@ -253,3 +253,11 @@ def test_a_stale_flashmla_schedule_is_judged_where_a_loop_crossed_a_tile_or_call
                                                                 drafts[1]]), seconds=()))])
     (judged,) = _summary([comparison(), elsewhere])["controls"]
     assert judged["tile_crossings"]["drafts"] == 0 and judged["verdict"] == "caught"
+
+
+def test_the_k_2_configurations_are_the_ones_judged_against_the_k_1_control() -> None:
+    check = noise_check([_paired(1, 1.01, 0.99, 1.0), _paired(1, 0.995, 1.004),
+                         _paired(2, 1.3, 1.4)])
+    assert check is not None and check["control_cases"] == "K = 1"
+    assert check["tokens_per_s"]["ratio"]["pairs"] == 2  # K = 2's pairs, not the control's
+    assert check["tokens_per_s"]["verdict"] == "faster"

@@ -86,6 +86,7 @@ def test_an_equivalent_mutant_not_run_here_leaves_the_denominator_alone(
     equivalent = {"draftmeta.advance.x_h__mutmut_2": "judged in another checkout's run"}
     (advance,) = report.collect(_fake(tmp_path), equivalent, {}, {}, ("draftmeta/advance.py",))
     assert advance.judged == 10 and advance.score == pytest.approx(7 / 10)
+    assert advance.summary()["equivalent"] == 0  # nor is it counted among the equivalent run
 
 
 def test_a_fresh_check_is_scored_at_the_run_and_after_its_tests_with_its_interval(

@@ -180,7 +180,9 @@ class ModuleResult:
             "module": self.module, "mutants": self.mutants, "run": self.run,
             "killed": self.count("killed"), "timeout": self.count("timeout"),
             "survived": self.count("survived", "suspicious"), "no_tests": self.count("no tests"),
-            "equivalent": len([m for m in self.equivalent if m in self.statuses]),
+            "equivalent": len([m for m in self.equivalent
+                               if self.statuses.get(m, "not run") not in ("not run",
+                                                                          "interrupted")]),
             "killed_by_new_tests": len([m for m in self.killed_by if m in self.undetected]),
             "open": len(self.open), "score_at_run": self.score_at_run, "score": self.score,
             "interval_95": None if interval is None else list(interval),
