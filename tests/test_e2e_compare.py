@@ -205,3 +205,21 @@ def test_a_run_with_fewer_propose_calls_counts_the_crossing_drafts_it_lacks_as_d
 def test_the_busy_time_of_kernels_that_never_overlap_is_the_sum_of_their_durations() -> None:
     assert union_length([(1, 2), (3, 5), (6, 9)]) == 6
     assert union_length([(6, 9), (1, 2), (3, 5), (3.5, 4)]) == 6
+
+
+def test_identical_hidden_states_that_are_not_zero_differ_by_nothing_and_a_moved_one_by_its_move(
+) -> None:
+    ones = [torch.ones(2, 4), torch.full((2, 4), -2.0)]
+    assert hidden_max_abs_difference(ones, [t.clone() for t in ones]) == 0.0
+    moved = [torch.ones(2, 4), torch.full((2, 4), -1.75)]
+    assert hidden_max_abs_difference(ones, moved) == 0.25
+    same = comparison(pairs=[(side(generated(hidden=ones)),
+                              side(generated(hidden=[t.clone() for t in ones])))])
+    assert same.hidden_max_abs_difference == 0.0 and same.strictly_identical
+
+
+def test_a_gpu_that_recorded_no_busy_time_gives_no_limit_and_stood_idle_the_whole_step() -> None:
+    c = comparison(pairs=[(side(seconds=(1.0,), busy=0.0), side(seconds=(1.0,), busy=0.0))])
+    assert c.gpu_busy_ms_per_step("on") == 0.0
+    assert c.limit is None  # no division by a busy time of nothing
+    assert c.gpu_idle_ms_off == pytest.approx(100.0)

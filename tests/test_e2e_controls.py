@@ -48,6 +48,7 @@ def test_a_tile_control_is_caught_at_exactly_the_margin_of_the_drafts_after_a_cr
     tile crossing: 10%, the margin itself."""
     assert judged(3.6, 3.6, 1, 100, 0.5, crossings=(1, 10)) == "caught"
     assert judged(3.6, 3.6, 1, 100, 0.5, crossings=(0, 10)) == "missed"
+    assert judged(3.6, 3.6, 1, 100, 0.5, crossings=(1, 20)) == "missed"  # 5% of them
     assert judged(3.6, 3.6, 1, 100, 0.5) == "missed"  # no tile to act through
 
 

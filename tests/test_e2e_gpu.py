@@ -211,3 +211,9 @@ def test_merging_a_result_written_before_the_on_engines_idle_time_derives_it_fro
     first, second = merge(older)["configurations"]
     assert first["gpu_idle_ms_per_step_on"] == pytest.approx(40.0)
     assert second["gpu_idle_ms_per_step_on"] is None
+
+
+def test_merging_a_merged_result_keeps_every_command_once_in_order() -> None:
+    first, second, third = (_data([comparison()], f"run {i}") for i in (1, 2, 3))
+    assert merge(merge(first, second), third)["commands"] == ["run 1", "run 2", "run 3"]
+    assert merge(merge(first, second), second)["commands"] == ["run 1", "run 2"]

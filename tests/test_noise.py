@@ -149,3 +149,30 @@ def test_without_a_control_a_pair_at_exactly_one_leaves_the_ratio_within_noise()
     assert verdict(Ratios((0.7, 0.8, 1.0))).word == "within noise"
     assert verdict(Ratios((1.2, 0.99, 1.3))).sentence() == (
         "within noise (its pairs fall on both sides of 1.00; no A/A control for this ratio)")
+
+
+def test_a_time_that_is_not_positive_is_refused_as_a_time() -> None:
+    with pytest.raises(ValueError, match=r"^times must be positive and finite, got \[0\.0\]$"):
+        pair_ratios([1.0], [0.0])
+    with pytest.raises(ValueError, match=r"^times must be positive and finite, got \[-1\.0\]$"):
+        pair_ratios([-1.0], [1.0])
+
+
+def test_the_json_of_a_comparison_gives_its_ratios_to_four_decimals() -> None:
+    assert Ratios((1.234567, 0.987654, 1.111111)).as_json() == {
+        "median": 1.1111, "min": 0.9877, "max": 1.2346, "pairs": 3,
+        "ratios": [1.2346, 0.9877, 1.1111]}
+
+
+def test_a_control_whose_pairs_reach_one_exactly_from_one_side_straddles_it() -> None:
+    """Rule 2: lowest <= 1.00 <= highest, 1.00 itself included on either end."""
+    assert Control((Ratios((0.95, 1.0)),)).straddles
+    assert Control((Ratios((1.0, 1.05)),)).straddles
+    assert not Control((Ratios((1.01, 1.05)),)).straddles
+
+
+def test_a_control_too_small_to_judge_says_how_many_pairs_it_has() -> None:
+    assert Control((Ratios((1.3,)),)).sentence() == (
+        "the A/A control has 1 pair, too few to tell this machine's noise")
+    assert Control(()).sentence() == (
+        "the A/A control has 0 pairs, too few to tell this machine's noise")

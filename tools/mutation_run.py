@@ -4,7 +4,13 @@
     python tools/mutation_run.py draftmeta/spec.py --sample 150 --seed 38 --max-children 1
 
 It runs ``mutmut run`` (mutmut 3.8, ``[tool.mutmut]`` in pyproject.toml) in this process, with
-four changes that make a run fit a shared 2-core machine:
+four changes that make a run fit a shared 2-core machine, and two that choose what is mutated:
+
+- **Part of a module** (:data:`FUNCTIONS`): of a module whose other functions talk to vLLM or
+  draw (the end-to-end modules), only the functions that decide a verdict are run and reported.
+- **Properties too** (:func:`mutate_properties`): mutmut leaves every decorated function alone,
+  and most of a verdict is ``@property`` functions; in :data:`PROPERTY_MODULES` they are
+  mutated like methods.
 
 - **Each mutant runs its module's behaviour tests only** (:data:`MODULE_TESTS`): of the
   selected tests that reach the mutated function (mutmut's per-function record), those in the
