@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from e2e_fakes import DRAFTS, TOKENS, comparison, generated, side
+from e2e_fakes import DRAFTS, SHAPE, TOKENS, comparison, generated, side
 
 from draftmeta.integrations.vllm.tools.e2e.compare import (
     Case,
+    Comparison,
     draft_token_difference,
     hidden_max_abs_difference,
 )
@@ -174,3 +175,51 @@ def test_only_drafts_after_a_tile_crossing_count_for_a_stale_schedule() -> None:
     nowhere = generated(drafts=drafts, loop_lengths=[[10, 20]])
     assert comparison(pairs=[(side(nowhere), side(generated(drafts=moved)))]
                       ).tile_crossings(64) == (0, 0)
+
+
+def test_runs_without_hidden_states_or_with_only_empty_steps_differ_by_nothing() -> None:
+    assert hidden_max_abs_difference([], []) == 0.0
+    empty = [torch.zeros(0, 4), torch.zeros(0, 4)]
+    assert hidden_max_abs_difference(empty, [torch.ones(0, 4), torch.ones(0, 4)]) == 0.0
+
+
+def test_a_comparison_of_no_engine_pairs_compares_nothing_and_is_not_strictly_identical(
+) -> None:
+    c = Comparison(Case("tiny", "FLASHMLA", 3), 2, (), (SHAPE, SHAPE))
+    assert c.against == [] and c.draft_tokens_counted == (0, 0)
+    assert c.hidden_max_abs_difference == 0.0
+    assert not c.strictly_identical
+
+
+def test_a_run_with_fewer_propose_calls_counts_the_crossing_drafts_it_lacks_as_differing(
+) -> None:
+    """The reference made two calls whose first request crosses a tile at step 3 (63 -> 65);
+    a run that made only the first call differs at the second call's crossing draft."""
+    drafts = [[[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 2, 3, 4], [5, 6, 7, 8]]]
+    off = generated(drafts=drafts, loop_lengths=[[63, 10], [63, 10]])
+    c = comparison(pairs=[(side(off), side(generated(drafts=drafts[:1])))])
+    assert c.tile_crossings(64) == (1, 2)
+    assert c.draft_tokens_counted == (8, 16)
+
+
+def test_the_busy_time_of_kernels_that_never_overlap_is_the_sum_of_their_durations() -> None:
+    assert union_length([(1, 2), (3, 5), (6, 9)]) == 6
+    assert union_length([(6, 9), (1, 2), (3, 5), (3.5, 4)]) == 6
+
+
+def test_identical_hidden_states_that_are_not_zero_differ_by_nothing_and_a_moved_one_by_its_move(
+) -> None:
+    ones = [torch.ones(2, 4), torch.full((2, 4), -2.0)]
+    assert hidden_max_abs_difference(ones, [t.clone() for t in ones]) == 0.0
+    moved = [torch.ones(2, 4), torch.full((2, 4), -1.75)]
+    assert hidden_max_abs_difference(ones, moved) == 0.25
+    same = comparison(pairs=[(side(generated(hidden=ones)),
+                              side(generated(hidden=[t.clone() for t in ones])))])
+    assert same.hidden_max_abs_difference == 0.0 and same.strictly_identical
+
+
+def test_a_gpu_that_recorded_no_busy_time_gives_no_limit_and_stood_idle_the_whole_step() -> None:
+    c = comparison(pairs=[(side(seconds=(1.0,), busy=0.0), side(seconds=(1.0,), busy=0.0))])
+    assert c.gpu_busy_ms_per_step("on") == 0.0
+    assert c.limit is None  # no division by a busy time of nothing
+    assert c.gpu_idle_ms_off == pytest.approx(100.0)

@@ -10,6 +10,7 @@ from draftmeta.integrations.vllm.tools.e2e.controls import (
     CONTROLS,
     controls_for,
     injected,
+    judged,
     verdict,
 )
 
@@ -40,3 +41,18 @@ def test_an_unknown_control_or_index_is_refused_before_vllm_is_touched() -> None
     with pytest.raises(ValueError, match="draft index 1 is the first"), \
             injected("seq-lens", first_index=0):
         pass
+
+
+def test_a_tile_control_is_caught_at_exactly_the_margin_of_the_drafts_after_a_crossing() -> None:
+    """1 draft in 100 differs (under 10% over every draft), and it is 1 of the 10 after a
+    tile crossing: 10%, the margin itself."""
+    assert judged(3.6, 3.6, 1, 100, 0.5, crossings=(1, 10)) == "caught"
+    assert judged(3.6, 3.6, 1, 100, 0.5, crossings=(0, 10)) == "missed"
+    assert judged(3.6, 3.6, 1, 100, 0.5, crossings=(1, 20)) == "missed"  # 5% of them
+    assert judged(3.6, 3.6, 1, 100, 0.5) == "missed"  # no tile to act through
+
+
+def test_a_tile_control_is_blind_only_where_nothing_changed_and_no_loop_crossed_a_tile() -> None:
+    assert judged(3.6, 3.6, 0, 100, 0.0, crossings=(0, 0)) == "blind"
+    assert judged(3.6, 3.6, 1, 100, 0.5, crossings=(0, 0)) == "missed"  # it changed drafts
+    assert judged(3.6, 3.6, 0, 100, 0.0, crossings=(0, 5)) == "inert"  # loops did cross

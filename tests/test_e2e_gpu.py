@@ -198,3 +198,22 @@ def test_the_gpu_pages_eager_table_is_the_committed_json() -> None:
     assert [f["case"] for f in failed] == [f"tiny FLASH_ATTN_MLA K={k} eager" for k in (2, 3, 4)]
     assert all("returned (33, 1), which does not fit the persistent buffer (17, 1)" in f["error"]
                for f in failed)
+
+
+def test_merging_a_result_written_before_the_on_engines_idle_time_derives_it_from_its_figures(
+) -> None:
+    """T on 90 ms less 50 ms busy on: 40 ms idle; a row without a profile has none."""
+    timed = comparison(pairs=[(side(seconds=(1.0, 1.0, 1.0), busy=0.8),
+                               side(seconds=(0.9, 0.9, 0.9), busy=0.5))])
+    older = _data([timed, comparison(Case("tiny", "FLASHMLA", 4))], "run 1")
+    for entry in older["configurations"]:
+        del entry["gpu_idle_ms_per_step_on"]
+    first, second = merge(older)["configurations"]
+    assert first["gpu_idle_ms_per_step_on"] == pytest.approx(40.0)
+    assert second["gpu_idle_ms_per_step_on"] is None
+
+
+def test_merging_a_merged_result_keeps_every_command_once_in_order() -> None:
+    first, second, third = (_data([comparison()], f"run {i}") for i in (1, 2, 3))
+    assert merge(merge(first, second), third)["commands"] == ["run 1", "run 2", "run 3"]
+    assert merge(merge(first, second), second)["commands"] == ["run 1", "run 2"]

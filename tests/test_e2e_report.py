@@ -18,6 +18,7 @@ from draftmeta.integrations.vllm.tools.e2e.platforms import CPU, CUDA
 from draftmeta.integrations.vllm.tools.e2e.report import (
     extent,
     markdown,
+    merge,
     noise_check,
     planned_extent,
     summary,
@@ -199,23 +200,26 @@ def test_an_fp8_cache_is_refused_for_a_backend_or_a_device_that_takes_none() -> 
     assert cases_for("cuda", ["tiny"], ["FLASHMLA"], [3], kv_cache_dtype="fp8")
 
 
+def _best_k_run(aa_on: tuple[float, ...]) -> dict[str, Any]:
+    """K = 2 and 3 timed, and an A/A case whose plugin-off side took 1 s per generate and
+    whose other side took ``aa_on``."""
+    return _summary([
+        comparison(Case("tiny", "FLASHMLA", 2), pairs=[(side(seconds=(1.0, 1.0, 1.0)),
+                                                        side(seconds=(0.9, 0.9, 0.9)))]),
+        comparison(Case("tiny", "FLASHMLA", 3), pairs=[(side(seconds=(1.2, 1.2, 1.2)),
+                                                        side(seconds=(1.0, 1.0, 1.0)))]),
+        comparison(Case("tiny", "FLASHMLA", 2, aa=True),
+                   pairs=[(side(seconds=(1.0, 1.0, 1.0)), side(seconds=aa_on))])])
+
+
 def test_the_best_k_is_ranked_only_where_the_a_a_control_reads_little_noise() -> None:
     """Step times of K = 2 and 3 rank K only where the machine was quiet: with an A/A control
     that straddles 1.00 within 5% the table is there, with a noisy one it is withheld, saying
     why."""
-    def run(aa_on: tuple[float, ...]) -> dict[str, Any]:
-        return _summary([
-            comparison(Case("tiny", "FLASHMLA", 2), pairs=[(side(seconds=(1.0, 1.0, 1.0)),
-                                                            side(seconds=(0.9, 0.9, 0.9)))]),
-            comparison(Case("tiny", "FLASHMLA", 3), pairs=[(side(seconds=(1.2, 1.2, 1.2)),
-                                                            side(seconds=(1.0, 1.0, 1.0)))]),
-            comparison(Case("tiny", "FLASHMLA", 2, aa=True),
-                       pairs=[(side(seconds=(1.0, 1.0, 1.0)), side(seconds=aa_on))])])
-
-    quiet = run((0.99, 1.0, 1.01))
+    quiet = _best_k_run((0.99, 1.0, 1.01))
     assert quiet["best_k"] and quiet["best_k_withheld"] is None
     assert "| tiny | FLASHMLA | 2 | 2, 3 |" in markdown(quiet)
-    noisy = run((0.8, 0.8, 1.1))  # pairs 1.25x, 1.25x, 0.91x: straddles 1.00, 25% off it
+    noisy = _best_k_run((0.8, 0.8, 1.1))  # pairs 1.25x, 1.25x, 0.91x: straddles 1.00, 25% off it
     assert noisy["best_k"] == [] and "noise (25%)" in noisy["best_k_withheld"]
     assert "The best K from the measured step times: not given (this run's noise" in (
         markdown(noisy))
@@ -253,3 +257,44 @@ def test_a_stale_flashmla_schedule_is_judged_where_a_loop_crossed_a_tile_or_call
                                                                 drafts[1]]), seconds=()))])
     (judged,) = _summary([comparison(), elsewhere])["controls"]
     assert judged["tile_crossings"]["drafts"] == 0 and judged["verdict"] == "caught"
+
+
+def test_the_k_2_configurations_are_the_ones_judged_against_the_k_1_control() -> None:
+    check = noise_check([_paired(1, 1.01, 0.99, 1.0), _paired(1, 0.995, 1.004),
+                         _paired(2, 1.3, 1.4)])
+    assert check is not None and check["control_cases"] == "K = 1"
+    assert check["tokens_per_s"]["ratio"]["pairs"] == 2  # K = 2's pairs, not the control's
+    assert check["tokens_per_s"]["verdict"] == "faster"
+
+
+def test_a_run_of_k_1_rows_only_is_judged_against_them_and_names_its_rule() -> None:
+    check = noise_check([_paired(1, 1.01, 0.99, 1.0), _paired(1, 0.995, 1.004)])
+    assert check is not None and check["rule"] == "draftmeta.measure.noise"
+    assert check["tokens_per_s"]["ratio"]["pairs"] == 5
+    assert check["tokens_per_s"]["verdict"] == "within noise"
+
+
+def test_host_time_is_judged_by_its_own_pairs_where_tok_s_is_judged_by_the_controls_noise(
+) -> None:
+    """The K = 1 control measures tok/s, not host time on draft metadata (the plugin has none
+    to update there): the same pair ratios are faster for tok/s, beyond the control's noise,
+    and within noise for host time, whose pairs fall on both sides of 1.00 (rule 4)."""
+    pairs = Ratios((1.2, 0.99, 1.3)).as_json()
+    check = noise_check([_paired(1, 1.01, 0.99, 1.0), _paired(1, 0.995, 1.004),
+                         {"k": 3, "aa": False, "generate_pairs": pairs, "host_pairs": pairs}])
+    assert check is not None and check["tokens_per_s"]["verdict"] == "faster"
+    assert check["host_metadata"]["verdict"] == "within noise"
+    assert check["host_metadata"]["noise"] is None
+
+
+def test_the_best_k_is_withheld_where_the_a_a_control_leans_one_way_saying_so() -> None:
+    leaning = _best_k_run((0.5, 0.5, 0.5))  # the same code read 2.00x in every pair
+    assert leaning["best_k"] == []
+    assert leaning["best_k_withheld"] == (
+        "no A/A control that straddles 1.00: the step times rank the machine's load")
+
+
+def test_merged_results_rank_the_best_k_again_by_their_own_control() -> None:
+    quiet = _best_k_run((0.99, 1.0, 1.01))
+    merged = merge(quiet)
+    assert merged["best_k"] == quiet["best_k"] != [] and merged["best_k_withheld"] is None

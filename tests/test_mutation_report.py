@@ -15,8 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def report() -> ModuleType:
+def report_module() -> ModuleType:
+    """``tools/mutation_report.py``, loaded as a module."""
     spec = importlib.util.spec_from_file_location("mutation_report",
                                                   ROOT / "tools" / "mutation_report.py")
     assert spec is not None and spec.loader is not None
@@ -27,6 +27,11 @@ def report() -> ModuleType:
     finally:
         del sys.modules["mutation_report"]
     return module
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return report_module()
 
 
 def _fake(tmp_path: Path, durations: dict[str, float] | None = None,
@@ -86,6 +91,7 @@ def test_an_equivalent_mutant_not_run_here_leaves_the_denominator_alone(
     equivalent = {"draftmeta.advance.x_h__mutmut_2": "judged in another checkout's run"}
     (advance,) = report.collect(_fake(tmp_path), equivalent, {}, {}, ("draftmeta/advance.py",))
     assert advance.judged == 10 and advance.score == pytest.approx(7 / 10)
+    assert advance.summary()["equivalent"] == 0  # nor is it counted among the equivalent run
 
 
 def test_a_fresh_check_is_scored_at_the_run_and_after_its_tests_with_its_interval(
@@ -284,8 +290,9 @@ def misplaced_mutants(run: ModuleType, folder: Path, root: Path = ROOT) -> list[
     results = json.loads((folder / "results.json").read_text())
     kept = [m for m in results["modules"] if m not in mutated]
     names = {n for entry in results["modules"].values() for n in entry["statuses"]}
-    names |= {n for statuses in json.loads((folder / "check.json").read_text())[
-        "statuses"].values() for n in statuses}
+    names |= {n for check in report_module().checks_of(json.loads(
+        (folder / "check.json").read_text())) for statuses in check["statuses"].values()
+        for n in statuses}
     for name in ("equivalent.json", "killed_by.json"):
         names |= set(json.loads((folder / name).read_text()))
     functions = {m: _functions(root / m) for m in mutated}
@@ -322,3 +329,17 @@ def test_a_mutant_recorded_under_a_module_or_function_that_moved_is_reported(
         "draftmeta.codegen.x_describe_bound__mutmut_26",
         "draftmeta.spec.xǁDraftSpecǁ_check_order__mutmut_54",
         "draftmeta.spec.xǁDraftSpecǁ_validate__mutmut_1"]
+
+
+def test_check_json_holds_one_fresh_check_or_several_each_under_its_own_heading(
+    report: ModuleType,
+) -> None:
+    one = {"command": "c1", "commit": "abc1234", "started": "s", "seconds": 60, "note": "n",
+           "statuses": {"draftmeta/advance.py": {"draftmeta.advance.x_f__mutmut_1": "killed"}}}
+    two = {**one, "command": "c2", "title": "A fresh check of the end-to-end verdict"}
+    assert report.checks_of({"checks": [one, two]}) == [one, two]
+    assert report.checks_of(one) == [one] and report.checks_of({}) == []
+    assert report.render_check(one, report.check_results(one, {}, {}))[0] == (
+        "## A fresh check: the suite as it stands")
+    assert report.render_check(two, report.check_results(two, {}, {}))[0] == (
+        "## A fresh check of the end-to-end verdict")

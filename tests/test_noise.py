@@ -112,3 +112,67 @@ def test_a_ratio_the_control_does_not_measure_is_judged_by_its_pairs_unless_too_
     assert verdict(Ratios((1.015, 1.005, 1.008)), QUIET, measures_the_same=False).word == "faster"
     assert verdict(Ratios((1.015, 1.005, 1.008)), QUIET).word == "within noise"  # < 1 + n
     assert verdict(Ratios((1.05, 1.02)), NOISY, measures_the_same=False).word == "too noisy"
+
+
+def test_a_pair_ratio_that_is_not_positive_and_finite_is_refused_by_name() -> None:
+    refused = r"^pair ratios must be positive and finite, got "
+    with pytest.raises(ValueError, match=refused + r"\[0\.0\]$"):
+        Ratios((1.2, 0.0))
+    with pytest.raises(ValueError, match=refused + r"\[inf\]$"):
+        Ratios((float("inf"),))
+
+
+def test_the_controls_json_gives_its_pooled_pairs_the_noise_and_each_configurations_median(
+) -> None:
+    assert QUIET.as_json() == {
+        "pooled": {"median": 1.01, "min": 0.98, "max": 1.03, "pairs": 5,
+                   "ratios": [0.98, 1.03, 1.01, 1.02, 0.99]},
+        "configuration_medians": [1.01, 1.005], "noise": 0.01, "straddles_1": True,
+        "usable": True}
+    assert Control(()).as_json()["pooled"] is None
+
+
+def test_a_control_sentence_lists_up_to_four_configuration_medians_and_gives_more_as_a_range(
+) -> None:
+    def control(*medians: float) -> Control:
+        return Control(tuple(Ratios((m - 0.01, m, m + 0.01)) for m in medians))
+
+    assert control(0.99, 1.0, 1.01, 1.02).sentence().endswith(
+        "(medians per configuration: 0.99x, 1.00x, 1.01x, 1.02x)")
+    assert control(0.99, 1.0, 1.01, 1.02, 0.98).sentence().endswith(
+        "(medians per configuration: 0.98x to 1.02x over 5)")
+
+
+def test_without_a_control_a_pair_at_exactly_one_leaves_the_ratio_within_noise() -> None:
+    """Rule 4 asks every pair to lean the same way: a pair of exactly 1.00 leans neither."""
+    assert verdict(Ratios((1.0, 1.2, 1.3))).word == "within noise"
+    assert verdict(Ratios((0.7, 0.8, 1.0))).word == "within noise"
+    assert verdict(Ratios((1.2, 0.99, 1.3))).sentence() == (
+        "within noise (its pairs fall on both sides of 1.00; no A/A control for this ratio)")
+
+
+def test_a_time_that_is_not_positive_is_refused_as_a_time() -> None:
+    with pytest.raises(ValueError, match=r"^times must be positive and finite, got \[0\.0\]$"):
+        pair_ratios([1.0], [0.0])
+    with pytest.raises(ValueError, match=r"^times must be positive and finite, got \[-1\.0\]$"):
+        pair_ratios([-1.0], [1.0])
+
+
+def test_the_json_of_a_comparison_gives_its_ratios_to_four_decimals() -> None:
+    assert Ratios((1.234567, 0.987654, 1.111111)).as_json() == {
+        "median": 1.1111, "min": 0.9877, "max": 1.2346, "pairs": 3,
+        "ratios": [1.2346, 0.9877, 1.1111]}
+
+
+def test_a_control_whose_pairs_reach_one_exactly_from_one_side_straddles_it() -> None:
+    """Rule 2: lowest <= 1.00 <= highest, 1.00 itself included on either end."""
+    assert Control((Ratios((0.95, 1.0)),)).straddles
+    assert Control((Ratios((1.0, 1.05)),)).straddles
+    assert not Control((Ratios((1.01, 1.05)),)).straddles
+
+
+def test_a_control_too_small_to_judge_says_how_many_pairs_it_has() -> None:
+    assert Control((Ratios((1.3,)),)).sentence() == (
+        "the A/A control has 1 pair, too few to tell this machine's noise")
+    assert Control(()).sentence() == (
+        "the A/A control has 0 pairs, too few to tell this machine's noise")

@@ -7,9 +7,12 @@ It reads what ``mutmut run`` left under ``mutants/`` (one ``<source>.meta`` JSON
 file: each mutant's exit code, wall time and function hashes), the committed results of the
 earlier runs (``mutation/results.json``), the reasons of the mutants judged equivalent
 (``mutation/equivalent.json``: ``{mutant: reason}``), the tests written for survivors
-(``mutation/killed_by.json``: ``{mutant: test}``, mutants killed by a test added after the run)
-and the runs and samples (``mutation/runs.json``, written by ``tools/mutation_run.py``), and
-writes the raw results and the page. Survivors' diffs come from ``mutmut show``.
+(``mutation/killed_by.json``: ``{mutant: test}``, mutants killed by a test added after the run),
+the runs and samples (``mutation/runs.json``, written by ``tools/mutation_run.py``) and the
+fresh checks (``mutation/check.json``: seeded samples run again on the suite as it stands), and
+writes the raw results and the page. Of a module mutated in part (``FUNCTIONS`` of
+``tools/mutation_run.py``), only the mutated functions' mutants count. Survivors' diffs come
+from ``mutmut show``.
 
 A mutant's status is this machine's (``mutants/``) where it was run here, else the committed
 one, where its function's source is unchanged (the same hash) or was committed without a hash.
@@ -36,7 +39,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutation_run import committed_decisions, mutated_modules  # noqa: E402
+from mutation_run import committed_decisions, mutated_modules, selected  # noqa: E402
 
 STATUS_BY_EXIT_CODE: dict[int | None, str] = {
     1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
@@ -80,17 +83,19 @@ class MutmutMeta:
 
 
 def read_mutmut(mutants: Path, module: str) -> MutmutMeta | None:
-    """``mutants/<module>.meta``, or None if absent."""
+    """``mutants/<module>.meta``, or None if absent; of a module mutated in part (``FUNCTIONS``
+    of ``tools/mutation_run.py``), its mutated functions only."""
     path = mutants / f"{module}.meta"
     if not path.exists():
         return None
     data = json.loads(path.read_text())
-    codes = data["exit_code_by_key"]
+    codes = {name: code for name, code in data["exit_code_by_key"].items()
+             if selected(name, module)}
     return MutmutMeta(
         {name: status(code) for name, code in codes.items()},
         {name: float(s) for name, s in data.get("durations_by_key", {}).items()
          if s and codes.get(name) is not None},
-        dict(data.get("hash_by_function_name", {})),
+        {f: h for f, h in data.get("hash_by_function_name", {}).items() if selected(f, module)},
     )
 
 
@@ -178,7 +183,9 @@ class ModuleResult:
             "module": self.module, "mutants": self.mutants, "run": self.run,
             "killed": self.count("killed"), "timeout": self.count("timeout"),
             "survived": self.count("survived", "suspicious"), "no_tests": self.count("no tests"),
-            "equivalent": len([m for m in self.equivalent if m in self.statuses]),
+            "equivalent": len([m for m in self.equivalent
+                               if self.statuses.get(m, "not run") not in ("not run",
+                                                                          "interrupted")]),
             "killed_by_new_tests": len([m for m in self.killed_by if m in self.undetected]),
             "open": len(self.open), "score_at_run": self.score_at_run, "score": self.score,
             "interval_95": None if interval is None else list(interval),
@@ -354,6 +361,14 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str,
     return "\n".join(lines).rstrip() + "\n"
 
 
+def checks_of(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The fresh checks ``mutation/check.json`` holds: ``{"checks": [check, ...]}``, or one
+    check (``{"statuses": ..., "command": ...}``), or none."""
+    if "checks" in data:
+        return list(data["checks"])
+    return [data] if data.get("statuses") else []
+
+
 def check_results(check: Mapping[str, Any], equivalent: Mapping[str, str],
                   killed_by: Mapping[str, str]) -> list[ModuleResult]:
     """The modules of a fresh check (``mutation/check.json``: a seeded sample run again on the
@@ -366,16 +381,16 @@ def check_results(check: Mapping[str, Any], equivalent: Mapping[str, str],
 
 
 def render_check(check: Mapping[str, Any], results: list[ModuleResult]) -> list[str]:
-    """The page's section on a fresh check: its command, the score at the run over every
-    module with its 95% Wilson interval, per module what it ran, and the score after the
-    tests written for its survivors."""
+    """The page's section on a fresh check (headed by its ``title``, if it has one): its
+    command, the score at the run over every module with its 95% Wilson interval, per module
+    what it ran, and the score after the tests written for its survivors."""
     judged = sum(r.judged for r in results)
     caught_at_run = sum(r.detected for r in results)
     interval = wilson(caught_at_run, judged)
     spread = "" if interval is None else (
         f" (95%: {_percent(interval[0])}-{_percent(interval[1])})")
     lines = [
-        "## A fresh check: the suite as it stands",
+        f"## {check.get('title', 'A fresh check: the suite as it stands')}",
         "",
         f"`{check['command']}` on commit {check['commit']} ({check['started']}, "
         f"{check['seconds'] / 60:.0f} min): {check['note']}.",
@@ -420,16 +435,17 @@ def main(argv: list[str] | None = None) -> int:
     killed_by = _load(args.folder / "killed_by.json")
     runs = _load(args.folder / "runs.json")
     old = _load(args.folder / "results.json")
-    check = _load(args.folder / "check.json")
+    checks = checks_of(_load(args.folder / "check.json"))
     modules = mutated_modules()
     results = collect(args.mutants, equivalent, killed_by, runs, modules, old)
-    checked = check_results(check, equivalent, killed_by)
+    checked = [check_results(c, equivalent, killed_by) for c in checks]
     for r in results:
         if not r.mutated:
             print(f"note: {r.module} is no longer in [tool.mutmut] only_mutate (moved or "
                   "renamed?): its committed results are kept as they are", file=sys.stderr)
     known = {m: d for m, d in old.get("diffs", {}).items()}
-    diffs = {m: known.get(m) or mutmut_diff(m) for r in results + checked for m in r.open}
+    diffs = {m: known.get(m) or mutmut_diff(m)
+             for r in results + [r for rs in checked for r in rs] for m in r.open}
     args.folder.mkdir(exist_ok=True)
     (args.folder / "results.json").write_text(json.dumps({
         "tool": "mutmut", "command": args.command,
@@ -440,14 +456,16 @@ def main(argv: list[str] | None = None) -> int:
             "durations": {m: round(s, 2) for m, s in sorted(r.durations.items())},
             "function_hashes": dict(sorted(r.hashes.items())) or None,
         } for r in results},
-        "check": None if not checked else {
-            "score_at_run": total_score(checked, at_run=True), "score": total_score(checked),
-            "modules": {r.module: r.summary() for r in checked}},
+        "checks": [{
+            "command": c["command"], "score_at_run": total_score(rs, at_run=True),
+            "score": total_score(rs), "modules": {r.module: r.summary() for r in rs}}
+            for c, rs in zip(checks, checked)],
         "diffs": dict(sorted(diffs.items())),
     }, indent=1, ensure_ascii=False) + "\n")
-    args.page.write_text(render(results, diffs, args.command, runs,
-                                render_check(check, checked) if checked else None,
-                                [m for r in checked for m in r.open]))
+    sections = [line for i, (c, rs) in enumerate(zip(checks, checked))
+                for line in [*([""] if i else []), *render_check(c, rs)]]
+    args.page.write_text(render(results, diffs, args.command, runs, sections or None,
+                                [m for rs in checked for r in rs for m in r.open]))
     print(f"wrote {args.folder / 'results.json'} and {args.page}")
     return 0
 

@@ -4,7 +4,13 @@
     python tools/mutation_run.py draftmeta/spec.py --sample 150 --seed 38 --max-children 1
 
 It runs ``mutmut run`` (mutmut 3.8, ``[tool.mutmut]`` in pyproject.toml) in this process, with
-four changes that make a run fit a shared 2-core machine:
+four changes that make a run fit a shared 2-core machine, and two that choose what is mutated:
+
+- **Part of a module** (:data:`FUNCTIONS`): of a module whose other functions talk to vLLM or
+  draw (the end-to-end modules), only the functions that decide a verdict are run and reported.
+- **Properties too** (:func:`mutate_properties`): mutmut leaves every decorated function alone,
+  and most of a verdict is ``@property`` functions; in :data:`PROPERTY_MODULES` they are
+  mutated like methods.
 
 - **Each mutant runs its module's behaviour tests only** (:data:`MODULE_TESTS`): of the
   selected tests that reach the mutated function (mutmut's per-function record), those in the
@@ -75,6 +81,16 @@ BACKEND_TESTS = (
 """The MLA and indexer specs' behaviour tests: the shipped specs declared, checked and run
 against vLLM's own builders, their views, hooks and kernels, and the plugin that declares them."""
 
+VERDICT_TESTS = (
+    "tests/test_noise.py", "tests/test_best_k.py", "tests/test_e2e_acceptance.py",
+    "tests/test_e2e_controls.py", "tests/test_e2e_compare.py", "tests/test_e2e_gpu.py",
+    "tests/test_e2e_report.py", "tests/test_e2e_runner.py",
+)
+"""The end-to-end verdict's behaviour tests: runs made by hand (``tests/e2e_fakes.py``), no
+engine started."""
+
+E2E = "draftmeta/integrations/vllm/tools/e2e/"
+
 MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "draftmeta/spec.py": CORE_TESTS,
     "draftmeta/spec_tree.py": CORE_TESTS,
@@ -92,9 +108,37 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "draftmeta/backends/mla.py": BACKEND_TESTS,
     "draftmeta/backends/indexer.py": BACKEND_TESTS,
     "draftmeta/integrations/vllm/specs/*": BACKEND_TESTS,
+    "draftmeta/measure/noise.py": VERDICT_TESTS,
+    E2E + "*": VERDICT_TESTS,
 }
 """Module (or ``only_mutate`` glob) -> the test files a mutant of it runs (those of them that
 reach the mutated function). Each file must be in ``pytest_add_cli_args_test_selection``."""
+
+
+FUNCTIONS: dict[str, tuple[str, ...]] = {
+    E2E + "compare.py": ("x_flat_draft_tokens", "x_draft_token_difference",
+                         "x_hidden_max_abs_difference", "x__sum_loops", "xǁSideǁmedian_rate",
+                         "xǁComparisonǁ*"),
+    E2E + "controls.py": ("x_verdict", "x_caught", "x_judged", "x_tile_of"),
+    E2E + "report.py": ("x__finite", "x__identity", "x__control", "x__control_verdict",
+                        "x_noise_check", "x__decided", "x__key", "x_merge", "x__rederived",
+                        "x__acceptance_of", "x__best_k", "x__label", "x_extent",
+                        "x_planned_extent"),
+    E2E + "gpu_time.py": ("x_union_length",),
+    E2E + "acceptance.py": ("x_total_acceptance", "xǁAcceptanceǁ*", "xǁAcceptanceCounterǁstart",
+                            "xǁAcceptanceCounterǁread", "xǁAcceptanceCounterǁ_count"),
+}
+"""Module -> the functions of it that are mutated (``fnmatch`` patterns of mutmut's keys:
+``x_verdict``, ``xǁComparisonǁ*``), for a module of which only a part is the code under test:
+the end-to-end verdict (the comparison, the controls' verdicts, what the report decides, the
+GPU's busy time, acceptance counting), not what talks to vLLM (``AcceptanceCounter.__enter__``,
+``controls.injected``) nor the Markdown and the plot. A module without an entry is mutated
+whole."""
+
+PROPERTY_MODULES = ("draftmeta/measure/noise.py", *FUNCTIONS)
+"""The modules whose ``@property`` functions are mutated too (:func:`mutate_properties`):
+mutmut 3.8 leaves a decorated function alone, and most of the verdict is properties
+(``Comparison.strictly_identical``, ``Control.straddles``, ``Acceptance.per_position``)."""
 
 
 def mutmut_config(root: Path = ROOT) -> dict[str, Any]:
@@ -135,6 +179,72 @@ def tests_for(module: str) -> tuple[str, ...] | None:
         if fnmatch.fnmatch(module, pattern):
             return tests
     return None
+
+
+def function_of(name: str) -> str:
+    """mutmut's key of the function a mutant or mutated function belongs to:
+    ``draftmeta.layout.xǁLayoutGuardǁcheck__mutmut_3`` -> ``xǁLayoutGuardǁcheck``."""
+    return name.rpartition(".")[2].partition("__mutmut_")[0]
+
+
+def selected(name: str, module: str) -> bool:
+    """Whether the mutant ``name`` of ``module`` is of a function that is mutated
+    (:data:`FUNCTIONS`; every function of a module without an entry)."""
+    patterns = FUNCTIONS.get(module)
+    return patterns is None or any(fnmatch.fnmatchcase(function_of(name), p) for p in patterns)
+
+
+def _is_property(function: Any) -> bool:
+    import libcst as cst
+
+    decorators = function.decorators
+    return (len(decorators) == 1 and isinstance(decorators[0].decorator, cst.Name)
+            and decorators[0].decorator.value == "property")
+
+
+def mutate_properties(modules: Iterable[str]) -> None:
+    """Make mutmut mutate the plain ``@property`` functions of ``modules`` (a function whose
+    one decorator is ``@property``) as it does a method: mutmut 3.8 skips every decorated
+    function but a static or class method, since it copies the decorator onto the original and
+    onto every mutant, and a property is no function to call. Here the original and the
+    mutants are plain methods and only the trampoline is a property, the way mutmut arranges a
+    method. (``mutmut apply`` of such a mutant writes it without its ``@property``: show a
+    survivor's test failing through the trampoline instead.)"""
+    from mutmut.mutation import file_mutation as fm
+
+    wanted = {str(Path(m)) for m in modules}
+    here = {"on": False}
+    create, skip, arrange = (fm.create_mutations, fm.MutationVisitor._skip_node_and_children,
+                             fm.function_trampoline_arrangement)
+
+    def create_mutations(filename: str, *args: Any, **kwargs: Any) -> Any:
+        here["on"] = str(Path(filename)) in wanted
+        return create(filename, *args, **kwargs)
+
+    def skip_node_and_children(self: Any, node: Any) -> bool:
+        import libcst as cst
+        from libcst.metadata import PositionProvider
+
+        if not (here["on"] and isinstance(node, cst.FunctionDef) and _is_property(node)):
+            return bool(skip(self, node))
+        position = self.get_metadata(PositionProvider, node, None)
+        if position and position.start.line in self._ignored_node_lines:  # no mutate block
+            self.ignored_functions.add(node.name.value)
+            return True
+        return False  # its decorator is skipped as a node of its own
+
+    def arrangement(function: Any, mutants: Any, class_name: str | None) -> Any:
+        if not (here["on"] and _is_property(function)):
+            return arrange(function, mutants, class_name)
+        declared, nodes, assigned, names = arrange(function.with_changes(decorators=[]),
+                                                   mutants, class_name)
+        trampoline = nodes[0].with_changes(decorators=[*function.decorators,
+                                                       *nodes[0].decorators])
+        return declared, [trampoline, *nodes[1:]], assigned, names
+
+    fm.create_mutations = create_mutations  # type: ignore[assignment]
+    fm.MutationVisitor._skip_node_and_children = skip_node_and_children  # type: ignore[method-assign]
+    fm.function_trampoline_arrangement = arrangement  # type: ignore[assignment]
 
 
 def narrow(tests_by_function: dict[str, set[str]], modules: Iterable[str]) -> int:
@@ -181,7 +291,7 @@ def committed_decisions(results: Mapping[str, Any], hashes: Mapping[str, str]) -
         for mutant, status in module.get("statuses", {}).items():
             if status in ("not run", "interrupted"):
                 continue
-            function = mutant.rpartition(".")[2].partition("__mutmut_")[0]
+            function = function_of(mutant)
             if then is None or (function in then and then[function] == hashes.get(function)):
                 decided[mutant] = status
     return decided
@@ -238,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         decided = committed_decisions(committed, hashes)
         keep = []
         for module in modules:
-            ours = [(m, name, r) for m, name, r in mutants if module_of(name, [module])]
+            ours = [(m, name, r) for m, name, r in mutants
+                    if module_of(name, [module]) and selected(name, module)]
             picked = set(sample((name for _, name, _ in ours), args.sample, args.seed))
             keep += [(m, name, r) for m, name, r in ours if name in picked and (
                 args.rerun or (r is None and name not in decided))]
@@ -270,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         original_submit(self, mutant_name, fastest_first(tests, state().duration_by_test),
                         cpu_time_limit, estimated_time)
 
+    mutate_properties(PROPERTY_MODULES)  # whichever modules run: mutmut mutates every file
     mm.collect_or_load_stats = narrowed_stats  # type: ignore[assignment]
     mm.collect_source_file_mutation_data = chosen  # type: ignore[assignment]
     ForkServerRunner.wait_for_result = timed_wait  # type: ignore[method-assign]
