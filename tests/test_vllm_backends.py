@@ -906,3 +906,51 @@ def test_a_new_mla_family_is_one_declared_entry_and_an_unknown_family_is_refused
     assert spec.name == "WINDOWED.advance" and not mla.is_sparse("windowed")
     with pytest.raises(ValueError, match="no MLA rule family 'hybrid'; the families: dense, "):
         mla.mla_spec("hybrid", metadata, decode, name="HYBRID")
+
+
+def _flashmla_classes() -> tuple[type, type, Any]:
+    from draftmeta.registry import recorded_classes
+
+    factory = current_release().entry("FLASHMLA").spec
+    assert isinstance(factory, MLASpec) and factory.decode is not None
+    with recorded_classes():
+        metadata, _ = load_metadata_class(factory.metadata.module, factory.metadata.qualname)
+        decode, _ = load_metadata_class(factory.decode.module, factory.decode.qualname)
+    return metadata, decode, factory
+
+
+def test_a_flashmla_spec_missing_its_scheduler_pieces_is_refused_saying_which_to_hand_in(
+) -> None:
+    from draftmeta.backends.mla import mla_spec
+
+    metadata, decode, _ = _flashmla_classes()
+    with pytest.raises(ValueError) as bf16:
+        mla_spec("flashmla", metadata, decode, name="FLASHMLA")
+    assert str(bf16.value) == (
+        "FLASHMLA: FlashMLA's spec resets its scheduler object each step; hand in "
+        "new_scheduler (the binding's maker of a fresh one)")
+    with pytest.raises(ValueError) as fp8:
+        mla_spec("flashmla", metadata, decode, name="FLASHMLA", fp8_kv_cache=True)
+    assert str(fp8.value) == "FlashMLA with an FP8 KV cache needs num_q_tokens_per_head_k"
+    with pytest.raises(ValueError) as no_class:
+        mla_spec("flashmla", metadata, decode, name="FLASHMLA", fp8_kv_cache=True,
+                 num_q_tokens_per_head_k=16)
+    assert str(no_class.value) == (
+        "FLASHMLA: FlashMLA with an FP8 KV cache declares its scheduler object's fields; hand "
+        "in scheduler (FlashMLASchedMeta's class)")
+
+
+@pytest.mark.parametrize("host_bound", ["advance", "frozen"])
+def test_flash_attn_mlas_decode_bound_under_dcp_is_the_per_rank_bound(host_bound: str) -> None:
+    """FA3's decode ``max_seq_len`` follows DCP as the top-level one does: the per-rank bound,
+    not the global one."""
+    from draftmeta.backends.common import max_seq_len_rule
+    from draftmeta.registry import recorded_classes
+
+    with recorded_classes():
+        dcp = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(host_bound=host_bound, dcp=True)
+        plain = MLA_ENTRIES["FLASH_ATTN_MLA"].make_spec(host_bound=host_bound)
+    assert dcp.rules["decode.max_seq_len"] == max_seq_len_rule(host_bound, True)  # type: ignore[arg-type]
+    assert dcp.rules["decode.max_seq_len"] == dcp.rules["max_seq_len"]
+    assert plain.rules["decode.max_seq_len"] == max_seq_len_rule(host_bound, False)  # type: ignore[arg-type]
+    assert dcp.rules["decode.max_seq_len"] != plain.rules["decode.max_seq_len"]

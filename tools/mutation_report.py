@@ -274,10 +274,13 @@ def _runs_lines(runs: Mapping[str, Any]) -> list[str]:
 
 def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str,
            runs: Mapping[str, Any] | None = None, check: list[str] | None = None,
-           extra_open: Iterable[str] = ()) -> str:
+           extra_open: Iterable[str] = (), checked: Iterable[ModuleResult] = ()) -> str:
     """The markdown page (``check``: the lines of :func:`render_check`, placed before the
-    runs; ``extra_open``: the check's open survivors, listed with the others)."""
+    runs; ``extra_open``: the check's open survivors, listed with the others; ``checked``: the
+    checks' modules, whose equivalent mutants and survivors killed by new tests are listed
+    with the runs')."""
     ran = [r for r in results if r.run]
+    checked = list(checked)
     lines = [
         "# Mutation testing",
         "",
@@ -338,13 +341,15 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str,
     if runs and runs.get("runs"):
         lines += ["", "## Runs", "", *_runs_lines(runs)]
     lines += ["", "## Equivalent mutants", ""]
-    equivalents = [(m, reason) for r in ran for m, reason in sorted(r.equivalent.items())]
+    equivalents = _unique((m, reason) for r in ran + checked
+                          for m, reason in sorted(r.equivalent.items()))
     if not equivalents:
         lines.append("None.")
     for m, reason in equivalents:
         lines.append(f"- `{m}`: {reason}")
     lines += ["", "## Survivors killed by tests written since the run", ""]
-    fixed = [(m, t) for r in ran for m, t in sorted(r.killed_by.items()) if m in r.undetected]
+    fixed = _unique((m, t) for r in ran + checked for m, t in sorted(r.killed_by.items())
+                    if m in r.undetected)
     if not fixed:
         lines.append("None.")
     for m, test in fixed:
@@ -359,6 +364,14 @@ def render(results: list[ModuleResult], diffs: Mapping[str, str], command: str,
         lines += [f"- `{m}`", "", "  ```diff", *(f"  {d}" for d in
                                                   diffs.get(m, "").splitlines()), "  ```", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _unique(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The pairs in order, each mutant once (a mutant a run and a check both decided)."""
+    seen: dict[str, str] = {}
+    for m, value in pairs:
+        seen.setdefault(m, value)
+    return list(seen.items())
 
 
 def checks_of(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -465,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     sections = [line for i, (c, rs) in enumerate(zip(checks, checked))
                 for line in [*([""] if i else []), *render_check(c, rs)]]
     args.page.write_text(render(results, diffs, args.command, runs, sections or None,
-                                [m for rs in checked for r in rs for m in r.open]))
+                                [m for rs in checked for r in rs for m in r.open],
+                                [r for rs in checked for r in rs]))
     print(f"wrote {args.folder / 'results.json'} and {args.page}")
     return 0
 
