@@ -25,6 +25,7 @@ from draftmeta.integrations.vllm.versions import (
     supported,
     vllm_extra,
 )
+from tests.scripts import load_script
 
 __all__ = ["extras", "next_release", "page_text", "release_pages", "stand_in_release",
            "unsupported_version"]
@@ -76,12 +77,7 @@ def stand_in_release(folder: Path) -> Iterator[str]:
 @functools.cache
 def release_pages() -> ModuleType:
     """``docs/release_pages.py``, the site's hook that generates the release texts."""
-    path = ROOT / "docs" / "release_pages.py"
-    spec = importlib.util.spec_from_file_location("release_pages", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/release_pages.py")
 
 
 def page_text(path: Path) -> str:

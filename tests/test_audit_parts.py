@@ -5,7 +5,6 @@ the GPU script that calls it."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import re
 import subprocess
@@ -42,6 +41,7 @@ from draftmeta.integrations.vllm.tools.audit_gpu import (
     fa3_read_entries,
 )
 from draftmeta.testing import random_state
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -367,12 +367,7 @@ def test_the_date_is_utc_and_the_cpu_has_a_name() -> None:
 
 @pytest.fixture
 def hook_equivalence(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    path = ROOT / "benchmarks" / "h200" / "hook_equivalence.py"
-    spec = importlib.util.spec_from_file_location("hook_equivalence", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/h200/hook_equivalence.py")
 
 
 def test_the_gpu_script_audits_its_builders_on_cuda_and_writes_the_audits_json(

@@ -28,6 +28,7 @@ from draftmeta.integrations.vllm.versions import (
     supported,
 )
 from tests.releases import page_text, stand_in_release, unsupported_version
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,14 +109,10 @@ def test_a_stand_in_release_gets_its_nox_session_with_nothing_else_changed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     nox_registry = pytest.importorskip("nox.registry")
-    import importlib.util
 
     def sessions() -> list[str]:
         monkeypatch.setattr(nox_registry, "_REGISTRY", {})  # each run registers afresh
-        spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
-        assert spec is not None and spec.loader is not None
-        noxfile = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(noxfile)
+        noxfile = load_script("noxfile.py", "noxfile_under_test")
         names: list[str] = noxfile.RELEASE_SESSIONS
         return names
 

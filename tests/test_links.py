@@ -5,20 +5,17 @@ checks the raw pages, which is what a reader of the repository clicks."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _checker():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("check_links", ROOT / "tools" / "check_links.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/check_links.py")
 
 
 check_links = _checker()

@@ -4,29 +4,20 @@ each mutant where its function lives now."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def report_module() -> ModuleType:
     """``tools/mutation_report.py``, loaded as a module."""
-    spec = importlib.util.spec_from_file_location("mutation_report",
-                                                  ROOT / "tools" / "mutation_report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mutation_report"] = module  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules["mutation_report"]
-    return module
+    return load_script("tools/mutation_report.py")
 
 
 @pytest.fixture(scope="module")
@@ -292,12 +283,7 @@ def _functions(path: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def run() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mutation_run",
-                                                  ROOT / "tools" / "mutation_run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/mutation_run.py")
 
 
 def misplaced_mutants(run: ModuleType, folder: Path, root: Path = ROOT) -> list[str]:

@@ -3,23 +3,19 @@ its docstring says: each module's own tests, quickest first, and a fixed sample.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def run() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mutation_run",
-                                                  ROOT / "tools" / "mutation_run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/mutation_run.py")
 
 
 def test_the_mutated_modules_are_only_mutates_globs_expanded_in_order(run: ModuleType) -> None:
