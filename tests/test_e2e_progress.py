@@ -138,14 +138,15 @@ def _elapsed(line: str) -> int | None:
 
 
 def test_the_committed_default_run_never_went_a_minute_without_a_line() -> None:
-    """The e2e page quotes this log: the default matrix, timed by benchmarks/time_main_jobs.sh."""
+    """The e2e page quotes this log (the default matrix, timed by benchmarks/time_main_jobs.sh):
+    its figures are read from the log, so a re-timed log with a stale page fails here."""
     from pathlib import Path
 
-    log = (Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-           / "main-jobs-e2e-progress.log").read_text()
+    root = Path(__file__).resolve().parents[1]
+    log = (root / "benchmarks" / "results" / "main-jobs-e2e-progress.log").read_text()
     stamps = [t for t in map(_elapsed, log.splitlines()) if t is not None]
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
-    assert len(stamps) == 105 and stamps[-1] == 196 and max(gaps) == 16, (len(stamps), max(gaps))
-    assert max(gaps) < 60
-    page = (Path(__file__).resolve().parents[1] / "docs" / "e2e.md").read_text()
-    assert "105 lines in 196 s, never more than 16 s apart" in " ".join(page.split())
+    assert len(stamps) > 50 and max(gaps) < 60, (len(stamps), max(gaps))
+    page = " ".join((root / "docs" / "e2e.md").read_text().split())
+    quoted = f"{len(stamps)} lines in {stamps[-1]} s, never more than {max(gaps)} s apart"
+    assert quoted in page, quoted

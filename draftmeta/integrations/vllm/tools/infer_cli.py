@@ -42,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     from draftmeta.integrations.vllm.tools.infer import infer_vllm, resolve, verify_vllm
 
     try:
+        # First, whether vLLM imports at all: its submodules may already be loaded (and so
+        # importable) in a process where the package itself no longer imports.
+        import vllm  # noqa: F401
+
         name = resolve(args.builder)
         inference = infer_vllm(name)
     except ImportError as exc:
