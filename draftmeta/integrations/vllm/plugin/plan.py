@@ -89,7 +89,8 @@ class Decision:
 
     Attributes:
         entry: the catalogue entry.
-        path: the draft path.
+        path: the name of the draft path it was made on (its declaration:
+            :meth:`Plan.path_of`).
         covered_by: ``draftmeta``, ``vllm`` or ``none``.
         reason: one line saying why.
         cls: the imported builder class (``None`` where it cannot be imported here).
@@ -366,8 +367,9 @@ def make_plan(
     """Decide, for vLLM ``version`` as installed in this process, who covers each builder.
 
     Raises:
-        Unsupported: no catalogue for ``version``, or vLLM's builder API lacks what the
-            release's draft paths need.
+        Unsupported: no catalogue for ``version``, the catalogue names a draft path no module
+            of :mod:`~draftmeta.integrations.vllm.plugin.paths` declares, or vLLM's builder
+            API lacks what the release's draft paths need.
     """
     try:
         catalogue = with_registered(release(version))
