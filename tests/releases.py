@@ -48,19 +48,22 @@ STAND_IN_SOURCE = '''"""A stand-in release for the tests: the newest one, under 
 
 from draftmeta.integrations.vllm.catalogue import {base}
 
-RELEASE = {base}.RELEASE.evolve(version={version!r})
+RELEASE = {base}.RELEASE.evolve(version={version!r}{paths})
 '''
 
 
 @contextlib.contextmanager
-def stand_in_release(folder: Path) -> Iterator[str]:
+def stand_in_release(folder: Path, paths: tuple[str, ...] | None = None) -> Iterator[str]:
     """One more catalogue module, ``v<next>.py`` in ``folder``, on the catalogue's package path
-    for the duration (the newest release again, under the next number); yields its release.
-    The catalogue's cache is cleared on entry and on exit."""
+    for the duration (the newest release again, under the next number, with the draft
+    ``paths`` named where given); yields its release. The catalogue's cache is cleared on entry
+    and on exit."""
     version = next_release()
     name = module_name(version)
     base = module_name(supported()[-1])
-    (folder / f"{name}.py").write_text(STAND_IN_SOURCE.format(base=base, version=version))
+    named = "" if paths is None else f", paths={paths!r}"
+    (folder / f"{name}.py").write_text(STAND_IN_SOURCE.format(base=base, version=version,
+                                                              paths=named))
     path = catalogue.__path__
     original = list(path)
     path.append(str(folder))

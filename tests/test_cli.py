@@ -266,13 +266,13 @@ def test_coverage_says_the_older_proposer_update_serves_only_engines_drafting_3_
     build: tests/test_vllm_plugin.py checks that decision); a release without that path
     says nothing of it."""
     from draftmeta.integrations.vllm.catalogue import current_release
-    from draftmeta.integrations.vllm.tools.coverage import OLDER_PROPOSER_ENGINES
+    from draftmeta.integrations.vllm.plugin.plan import draft_path
 
     monkeypatch.setenv("DRAFTMETA_VLLM_PLUGIN", "1")
     older = "older_proposer" in current_release().paths
     assert main(["coverage", "--json"]) == 0
     said = json.loads(capsys.readouterr().out)["older_proposer_engines"]
-    assert said == (OLDER_PROPOSER_ENGINES if older else None)
+    assert said == (draft_path("older_proposer").engines if older else None)
     assert main(["coverage"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     sentence = ("The older_proposer rows covered by draftmeta apply to engines that draft K >= 3 "
@@ -288,11 +288,11 @@ def test_coverage_says_the_hook_serves_only_engines_that_capture_full_cuda_graph
     """The class-level plan cannot see an engine's cudagraph_mode, so the report says, in
     JSON and as text, which engines its hook rows apply to (an eager engine keeps vLLM's
     behaviour: tests/test_vllm_plugin.py checks that decision)."""
-    from draftmeta.integrations.vllm.tools.coverage import HOOK_ENGINES
+    from draftmeta.integrations.vllm.plugin.plan import draft_path
 
     monkeypatch.setenv("DRAFTMETA_VLLM_PLUGIN", "1")
     assert main(["coverage", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["hook_engines"] == HOOK_ENGINES
+    assert json.loads(capsys.readouterr().out)["hook_engines"] == draft_path("hook").engines
     assert main(["coverage"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert ("Hook rows covered by draftmeta apply to engines that capture full CUDA graphs "

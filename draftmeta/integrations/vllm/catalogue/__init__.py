@@ -22,7 +22,6 @@ from typing import Any
 
 from draftmeta.advance import HostBound
 from draftmeta.integrations.vllm.catalogue.model import (
-    DRAFT_PATHS,
     BuilderEntry,
     DraftPath,
     HarnessRecipe,
@@ -46,7 +45,6 @@ from draftmeta.spec import DraftSpec
 
 __all__ = [
     "DEFAULT_RELEASE",
-    "DRAFT_PATHS",
     "ENTRY_POINT_GROUP",
     "BuilderEntry",
     "DraftPath",

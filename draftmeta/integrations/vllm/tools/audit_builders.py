@@ -133,20 +133,22 @@ def hooked_builders(*, plugin: bool = True, device: Device = "cpu"
     it builds on ``device`` (a CPU runs the catalogue's CPU recipes and the standard backends
     that construct there; a GPU every builder whose class loads)."""
     from draftmeta.integrations.vllm.catalogue import current_release
-    from draftmeta.integrations.vllm.plugin.plan import make_plan
+    from draftmeta.integrations.vllm.plugin.plan import draft_path, make_plan
     from draftmeta.integrations.vllm.versions import installed_version
 
     version = installed_version()
     if version is None:
         raise RuntimeError("vLLM is not installed")
     release = current_release()
-    if "hook" not in release.paths:
+    audited = [path for path in map(draft_path, release.paths) if path.audited]
+    if not audited:
         raise RuntimeError(f"vLLM {version} has no draft hook (update_draft_decode_metadata): "
                            "its draft loop rebuilds or takes the older proposer's path, so "
                            "there is no hook to audit")
     cuda = device == "cuda"
     rows: list[HookedBuilder] = []
-    for decision in make_plan(version).on("hook"):
+    plan = make_plan(version)
+    for decision in (d for path in audited for d in plan.on(path)):
         entry, cls = decision.entry, decision.cls
         ours = plugin and decision.covered_by == "draftmeta"
         # vLLM's own hook: its class declares one, or (a class that does not import here)

@@ -2,7 +2,9 @@
 
 The report reads the same plan the plugin installs
 (:func:`~draftmeta.integrations.vllm.plugin.plan.make_plan`), so what it says is what the plugin
-does.
+does; what it says of each draft path (who covers a builder there while the plugin is inactive,
+which engines its rows apply to, whether an uncovered builder blocks a captured loop) is that
+path's declaration (:class:`~draftmeta.integrations.vllm.plugin.plan.DraftPathKind`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from draftmeta.integrations.vllm.catalogue import DEFAULT_RELEASE, installed_version, release
 
-__all__ = ["HOOK_ENGINES", "OLDER_PROPOSER_ENGINES", "PROOF", "coverage", "coverage_table"]
+__all__ = ["PROOF", "coverage", "coverage_table"]
 
 PROOF = {
     "CI": "equal to vLLM's own rebuild over random batches in draftmeta's CI, at every commit "
@@ -84,13 +86,14 @@ def coverage() -> dict[str, Any]:
     :data:`PROOF`), ``proven_by`` (the recorded runs that prove it on this release: ``result``,
     ``command``, ``commit``, ``device``, ``vllm``, ``log``)), ``blocking_full_capture``
     (builders that keep vLLM's new runner rebuilding every group, and so from capturing the
-    whole draft loop), ``hook_engines`` (which engines a ``hook`` row covered by draftmeta
-    applies to: :data:`HOOK_ENGINES`, or ``None`` where the release has no hook path) and
-    ``older_proposer_engines`` (the same for ``older_proposer`` rows:
-    :data:`OLDER_PROPOSER_ENGINES`, or ``None`` where the release has no older proposer path).
+    whole draft loop: those nobody covers on a path vLLM runs captured) and, for every declared
+    draft path, ``<name>_engines`` (``hook_engines``, ``older_proposer_engines``: which engines a
+    row of that path covered by draftmeta applies to, the path's
+    :attr:`~draftmeta.integrations.vllm.plugin.plan.DraftPathKind.engines`, or ``None`` where
+    the release does not have the path).
     """
     from draftmeta.integrations.vllm.catalogue import releases
-    from draftmeta.integrations.vllm.plugin.plan import Unsupported, make_plan
+    from draftmeta.integrations.vllm.plugin.plan import Unsupported, draft_paths, make_plan
 
     version = installed_version()
     report: dict[str, Any] = {
@@ -100,8 +103,7 @@ def coverage() -> dict[str, Any]:
         "plugin": _plugin_state(version),
         "builders": [],
         "blocking_full_capture": [],
-        "hook_engines": None,
-        "older_proposer_engines": None,
+        **{f"{path.name}_engines": None for path in draft_paths()},
     }
     if version is None:
         report["release"] = DEFAULT_RELEASE
@@ -119,9 +121,10 @@ def coverage() -> dict[str, Any]:
     report["release"] = plan.release.version
     plugin = report["plugin"]
     for d in plan.decisions:
+        path = plan.path_of(d)
         covered, reason = d.covered_by, d.reason
         if covered == "draftmeta" and not plugin["active"]:  # what runs is vLLM's own path
-            covered = "vllm" if d.path == "hook" and d.entry.hook != "none" else "none"
+            covered = path.without_plugin(d.entry)
             reason = f"plugin inactive ({plugin['reason']}); with it active: {d.reason}"
         report["builders"].append({
             "backend": d.entry.name, "builder": d.entry.builder.qualname, "path": d.path,
@@ -129,38 +132,22 @@ def coverage() -> dict[str, Any]:
             "proven": _proof(d.entry, plan.release.version),
             "proven_by": _runs(d.entry, plan.release.version),
         })
-    if "hook" in plan.release.paths:
-        report["blocking_full_capture"] = [r["backend"] for r in report["builders"]
-                                           if r["path"] == "hook" and r["covered_by"] == "none"]
-        report["hook_engines"] = HOOK_ENGINES
-    if "older_proposer" in plan.release.paths:
-        report["older_proposer_engines"] = OLDER_PROPOSER_ENGINES
+        if path.captured and covered == "none":
+            report["blocking_full_capture"].append(d.entry.name)
+    for path in plan.paths:
+        report[f"{path.name}_engines"] = path.engines
     return report
 
 
-HOOK_ENGINES = (
-    "hook rows covered by draftmeta apply to engines that capture full CUDA graphs (vLLM's "
-    "default on a GPU); in an engine without them (enforce_eager=True, cudagraph_mode NONE or "
-    "PIECEWISE) every builder keeps vLLM's behaviour (docs/e2e-cuda.md: engines without CUDA "
-    "graphs)"
-)
-"""Which engines draftmeta's hook serves (the plugin decides per builder instance, from its
-engine's ``cudagraph_mode``, which the class-level plan cannot see)."""
-
-OLDER_PROPOSER_ENGINES = (
-    "the older_proposer rows covered by draftmeta apply to engines that draft K >= 3 tokens per "
-    "step (num_speculative_tokens); at K <= 2 no draft step follows index 1, so each builder "
-    "keeps vLLM's build_for_drafting (unless DRAFTMETA_CARRY_OVER=1, which refreshes index 1)"
-)
-"""Which engines draftmeta's older-proposer update serves (the plugin decides per builder
-instance, at its first draft loop, from its engine's K, which the class-level plan cannot
-see)."""
+def _paths(report: dict[str, Any]) -> list[str]:
+    """The draft paths ``report``'s rows name, in their order."""
+    return list(dict.fromkeys(r["path"] for r in report["builders"]))
 
 
 def _summary(report: dict[str, Any]) -> str:
     """``older_proposer: draftmeta 9, vllm 0, none 5; hook: ...`` (what runs now)."""
     parts = []
-    for path in dict.fromkeys(r["path"] for r in report["builders"]):
+    for path in _paths(report):
         rows = [r for r in report["builders"] if r["path"] == path]
         counts = ", ".join(f"{who} {sum(r['covered_by'] == who for r in rows)}"
                            for who in ("draftmeta", "vllm", "none"))
@@ -198,8 +185,8 @@ def coverage_table(report: dict[str, Any] | None = None, *, width: int = 100) ->
         for proof in proofs:
             lines.extend(textwrap.wrap(f"proven {proof}: {PROOF[proof]}", width,
                                        subsequent_indent="  "))
-    for key in ("older_proposer_engines", "hook_engines"):
-        said = report.get(key)
+    for path in _paths(report):
+        said = report.get(f"{path}_engines")
         if said:
             lines.append("")
             lines.extend(textwrap.wrap(said[0].upper() + said[1:] + ".", width))
