@@ -20,6 +20,8 @@ pytest.importorskip("vllm", reason="needs vLLM (pip install -e '.[vllm]')")
 from draftmeta.integrations.vllm.catalogue import HarnessRecipe
 from draftmeta.integrations.vllm.catalogue.classes import ClassRef
 from draftmeta.integrations.vllm.testing import harness
+from draftmeta.integrations.vllm.testing.harness import builders
+from draftmeta.integrations.vllm.testing.harness import world as harness_world
 from draftmeta.integrations.vllm.tools.audit_builders import registry_backend
 
 harness.prepare_environment()
@@ -119,7 +121,7 @@ def test_the_one_rank_world_is_made_once_and_torn_down_with_its_store() -> None:
     harness.one_rank_world(config)
     assert (parallel_state.get_tp_group(), parallel_state.get_dcp_group()) == groups
     assert [g.world_size for g in groups] == [1, 1]
-    (store,) = harness._world
+    (store,) = harness_world._world
     harness.release_one_rank_world()
     assert not torch.distributed.is_initialized()
     assert not parallel_state.model_parallel_is_initialized()
@@ -136,7 +138,7 @@ def test_a_torch_world_without_vllms_groups_is_refused_with_how_to_make_them(
     config = harness.cached_vllm_config(max_model_len=256, block_size=16)
     with pytest.raises(RuntimeError, match=r"ensure_model_parallel_initialized\(1, 1\)"):
         harness.one_rank_world(config)
-    assert harness._world == []
+    assert harness_world._world == []
 
 
 @pytest.mark.usefixtures("world")
@@ -164,7 +166,7 @@ def test_a_cuda_builder_is_made_inside_the_one_rank_world_and_a_cpu_one_is_not(
         made.append(config.model_config.model)
         raise Made
 
-    monkeypatch.setattr(harness, "one_rank_world", record)
+    monkeypatch.setattr(builders, "one_rank_world", record)
     config = harness.cached_vllm_config(max_model_len=256, block_size=16)
     harness.make_builder("TRITON_MLA", config, block_size=16)
     assert made == []

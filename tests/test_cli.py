@@ -493,7 +493,7 @@ class _Terminal(io.StringIO):
 
 
 def test_progress_on_a_terminal_redraws_one_line_and_clears_it_before_results() -> None:
-    from draftmeta.cli import Progress
+    from draftmeta.commands.terminal import Progress
 
     err, out = _Terminal(), io.StringIO()
     with Progress("verify", stream=err, out=out) as progress:
@@ -508,7 +508,7 @@ def test_progress_on_a_terminal_redraws_one_line_and_clears_it_before_results() 
 
 
 def test_progress_in_a_log_is_one_plain_line_per_stage_and_nothing_when_quiet() -> None:
-    from draftmeta.cli import Progress
+    from draftmeta.commands.terminal import Progress
 
     err, out = io.StringIO(), io.StringIO()
     with Progress("coverage", stream=err, out=out) as progress:
@@ -528,7 +528,7 @@ def test_torch_and_vllm_warnings_and_logs_show_only_with_verbose(
     import logging
     import warnings
 
-    from draftmeta.cli import _quiet_imports
+    from draftmeta.commands.terminal import quiet_imports
 
     before = logging.getLogger("torch").level
     handler = logging.StreamHandler(__import__("sys").stderr)
@@ -537,7 +537,7 @@ def test_torch_and_vllm_warnings_and_logs_show_only_with_verbose(
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
-            with _quiet_imports(verbose):
+            with quiet_imports(verbose):
                 warnings.warn_explicit("vLLM deprecation", FutureWarning, "x.py", 1,
                                        module="vllm.config")
                 warnings.warn_explicit("ours", UserWarning, "y.py", 1, module="draftmeta.loop")

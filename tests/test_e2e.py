@@ -117,7 +117,7 @@ def test_the_committed_report_is_what_the_report_writer_makes_of_its_json_and_na
 ) -> None:
     """The Markdown beside e2e-cpu.json is made from it, and states the measured ratios, not
     a target some issue set."""
-    from draftmeta.integrations.vllm.tools.e2e.report import markdown
+    from draftmeta.integrations.vllm.tools.e2e.rendering import markdown
 
     results = Path(__file__).parent.parent / "benchmarks" / "results"
     text = markdown(json.loads((results / "e2e-cpu.json").read_text()))
@@ -327,7 +327,7 @@ def test_a_wrong_spec_injected_into_the_plugin_makes_the_draft_tokens_differ(wro
 @needs_vllm_cpu
 def test_the_report_of_the_run_leads_with_its_decision_and_names_every_control(
         matched: dict[str, Any]) -> None:
-    from draftmeta.integrations.vllm.tools.e2e.report import markdown
+    from draftmeta.integrations.vllm.tools.e2e.rendering import markdown
 
     text = markdown(matched)
     first = next(line for line in text.splitlines() if line.startswith("- "))

@@ -15,14 +15,13 @@ from draftmeta.integrations.vllm.tools.e2e.cli import cases_for
 from draftmeta.integrations.vllm.tools.e2e.compare import Case
 from draftmeta.integrations.vllm.tools.e2e.models import resolve
 from draftmeta.integrations.vllm.tools.e2e.platforms import CPU, CUDA
+from draftmeta.integrations.vllm.tools.e2e.rendering import markdown, write_results
 from draftmeta.integrations.vllm.tools.e2e.report import (
     extent,
-    markdown,
     merge,
     noise_check,
     planned_extent,
     summary,
-    write_results,
 )
 from draftmeta.integrations.vllm.tools.e2e.runner import Failure, RunConfig, RunResult
 from draftmeta.measure.noise import Ratios

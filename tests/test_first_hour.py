@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from draftmeta.cli import _default_host_bound, main
+from draftmeta.cli import main
+from draftmeta.commands.inspection import _default_host_bound
 from draftmeta.integrations.vllm.catalogue import release
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -272,10 +272,10 @@ def test_importing_the_test_support_modules_imports_no_vllm() -> None:
 TEST_SUPPORT = ("draftmeta.testing", "draftmeta.integrations.vllm.testing")
 """The test support: the engine-neutral one and the one against vLLM's real builders."""
 
-TOOLS = (*TEST_SUPPORT, "draftmeta.cli", "draftmeta.arguments", "draftmeta.verify",
-         "draftmeta.bench", "draftmeta.integrations.vllm.tools.e2e", "draftmeta.infer",
-         "draftmeta.integrations.vllm.tools.infer", "draftmeta.integrations.vllm.tools.audit",
-         "draftmeta.__main__")
+TOOLS = (*TEST_SUPPORT, "draftmeta.cli", "draftmeta.commands", "draftmeta.arguments",
+         "draftmeta.verify", "draftmeta.bench", "draftmeta.integrations.vllm.tools.e2e",
+         "draftmeta.infer", "draftmeta.integrations.vllm.tools.infer",
+         "draftmeta.integrations.vllm.tools.audit", "draftmeta.__main__")
 """The test support and the commands that check and measure (they may use the test support);
 every other module of the package is run time."""
 

@@ -154,7 +154,7 @@ def test_the_e2e_plot_is_readable_at_page_width_and_the_committed_one_is_its_dra
 ) -> None:
     """One group per timed configuration of the committed JSON, and both committed PNGs are,
     pixel for pixel (within anti-aliasing noise), what this code draws from that JSON."""
-    from draftmeta.integrations.vllm.tools.e2e.report import plot
+    from draftmeta.integrations.vllm.tools.e2e.rendering import plot
 
     data = json.loads((RESULTS / "e2e-cpu.json").read_text())
     figure = _drawn(lambda: plot(data, tmp_path / "e2e.png"), monkeypatch)
@@ -169,7 +169,7 @@ def test_an_e2e_plot_drawn_from_other_figures_is_not_the_committed_one(tmp_path:
     """The negative control of the test above: one pair ratio 0.05 higher is another drawing."""
     import copy
 
-    from draftmeta.integrations.vllm.tools.e2e.report import plot
+    from draftmeta.integrations.vllm.tools.e2e.rendering import plot
 
     data = copy.deepcopy(json.loads((RESULTS / "e2e-cpu.json").read_text()))
     timed = [e for e in data["configurations"] if e["speedup"] is not None]

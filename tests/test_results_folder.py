@@ -216,7 +216,7 @@ def test_a_run_whose_case_failed_writes_beside_a_fuller_result_not_over_it(
     import attrs
     from e2e_fakes import comparison
 
-    from draftmeta.integrations.vllm.tools.e2e import platforms, report, runner
+    from draftmeta.integrations.vllm.tools.e2e import platforms, rendering, report, runner
     from draftmeta.integrations.vllm.tools.e2e.compare import Case
     from draftmeta.integrations.vllm.tools.e2e.models import resolve
 
@@ -235,7 +235,7 @@ def test_a_run_whose_case_failed_writes_beside_a_fuller_result_not_over_it(
     failed = runner.Failure(Case("tiny", "FLASHMLA", 3), "the engine did not start")
     monkeypatch.setattr(runner, "run", lambda config, **kwargs: result(config, [], [failed]))
     written: list[str] = []
-    monkeypatch.setattr(report, "write_results",
+    monkeypatch.setattr(rendering, "write_results",
                         lambda data, out, stem, **kwargs: written.append(stem) or {})
     argv = ["e2e", "--device", "cuda", "--backends", "FLASHMLA", "--ks", "3", "--json",
             "--out", str(tmp_path)]

@@ -42,7 +42,7 @@ def test_the_binding_itself_is_read_and_names_vllm() -> None:
     assert findings(PACKAGE, PACKAGE / "no-such-folder") >= {
         "draftmeta/integrations/vllm/plugin/__init__.py",
         "draftmeta/integrations/vllm/tools/e2e/engine.py",
-        "draftmeta/integrations/vllm/testing/harness.py",
+        "draftmeta/integrations/vllm/testing/harness/builders.py",
     }
 
 

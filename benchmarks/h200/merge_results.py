@@ -14,7 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-from draftmeta.integrations.vllm.tools.e2e.report import merge, write_results
+from draftmeta.integrations.vllm.tools.e2e.rendering import write_results
+from draftmeta.integrations.vllm.tools.e2e.report import merge
 
 
 def main(argv: list[str] | None = None) -> None:

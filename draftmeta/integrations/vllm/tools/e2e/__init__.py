@@ -23,7 +23,8 @@ Modules of this package (``draftmeta.integrations.vllm.tools.e2e``), one job eac
   record, vLLM's acceptance counts, the GPU's busy time);
 * ``engine``: a fresh engine, plugin off or on; ``controls``: the negative controls;
 * ``runner``: the engine pairs of every case; ``compare``: what a case showed off vs on;
-* ``report``: JSON, Markdown and PNG; ``best_k``: the best K from the step times;
+* ``report``: what a run decides, as one JSON object (runs merged); ``rendering``: that object
+  as Markdown and a PNG, written beside it; ``best_k``: the best K from the step times;
 * ``progress``: what a long run is doing, on stderr; ``multiprocess``: one engine in a process
   of its own, vLLM's default multiprocess mode;
 * ``cli``: the ``draftmeta e2e`` command (also ``python -m draftmeta e2e``);

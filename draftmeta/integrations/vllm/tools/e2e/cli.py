@@ -307,7 +307,8 @@ def _run(args: argparse.Namespace, config: RunConfig) -> int:
     from draftmeta.integrations.vllm.tools.e2e.engine import FORCED
     from draftmeta.integrations.vllm.tools.e2e.errors import E2EError, E2EUnavailable
     from draftmeta.integrations.vllm.tools.e2e.progress import RunProgress
-    from draftmeta.integrations.vllm.tools.e2e.report import summary, write_results
+    from draftmeta.integrations.vllm.tools.e2e.rendering import write_results
+    from draftmeta.integrations.vllm.tools.e2e.report import summary
     from draftmeta.integrations.vllm.tools.e2e.runner import plan, run
     from draftmeta.measure.machine import load_average
 
@@ -372,7 +373,7 @@ def _run(args: argparse.Namespace, config: RunConfig) -> int:
     if args.json:
         print(json.dumps(data))
     else:
-        from draftmeta.integrations.vllm.tools.e2e.report import markdown
+        from draftmeta.integrations.vllm.tools.e2e.rendering import markdown
 
         print(markdown(data), end="")
         for kind, path in paths.items():
