@@ -22,13 +22,12 @@ from draftmeta.integrations.vllm.tools.e2e.trained import (
     TASK,
     prompts,
 )
+from draftmeta.integrations.vllm.tools.e2e.trained.draft_loop import Bug, speculative_generate
 from draftmeta.integrations.vllm.tools.e2e.trained.reference import (
-    Bug,
     ModelConfig,
     Reference,
     checkpoint_tensors,
     load_reference,
-    speculative_generate,
 )
 from draftmeta.integrations.vllm.tools.e2e.trained.train import (
     TrainSettings,

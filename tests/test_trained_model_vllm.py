@@ -48,12 +48,14 @@ from draftmeta.integrations.vllm.tools.e2e.trained import (
     prompts,
     vllm_cpu_rope_fix,
 )
-from draftmeta.integrations.vllm.tools.e2e.trained.reference import (
+from draftmeta.integrations.vllm.tools.e2e.trained.draft_loop import (
     DraftStats,
+    speculative_generate,
+)
+from draftmeta.integrations.vllm.tools.e2e.trained.reference import (
     ModelConfig,
     Reference,
     load_reference,
-    speculative_generate,
 )
 
 _VERSION = vllm_cpu_version()

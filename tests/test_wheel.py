@@ -15,7 +15,8 @@ import pytest
 from tests.overlay import ROOT, needs_build_backend
 
 TRAINED = "draftmeta/integrations/vllm/tools/e2e/trained/"
-LEFT_OUT = (TRAINED + "checkpoint/", TRAINED + "train.py", TRAINED + "reference.py")
+LEFT_OUT = (TRAINED + "checkpoint/", TRAINED + "train.py", TRAINED + "reference.py",
+            TRAINED + "draft_loop.py")
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,7 @@ SENSITIVITY: dict[tuple[str, int, int], float] = {
     ("max_seq_len", 2, 4): 3.5,    # 3.20 (one request per batch)
 }
 """The claimed effect of each simulated draft-metadata bug on the reference draft loop
-(:class:`~draftmeta.integrations.vllm.tools.e2e.trained.reference.Bug`; ``prompts()``,
+(:class:`~draftmeta.integrations.vllm.tools.e2e.trained.draft_loop.Bug`; ``prompts()``,
 ``MAX_TOKENS`` tokens, greedy): the mean acceptance length (1 + accepted drafts per
 verification) with the bug is below the value, against 4.0 (K = 3) and 5.0 (K = 4) without.
 ``max_seq_len`` hurts only a batch's longest request, so it is claimed for one request per

@@ -25,16 +25,18 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from draftmeta.integrations.vllm.tools.e2e.trained.reference import (
+from draftmeta.integrations.vllm.tools.e2e.trained.draft_loop import (
     BUG_KINDS,
     Bug,
     DraftStats,
+    speculative_generate,
+)
+from draftmeta.integrations.vllm.tools.e2e.trained.reference import (
     ModelConfig,
     Reference,
     checkpoint_tensors,
     load_reference,
     new_model,
-    speculative_generate,
 )
 from draftmeta.integrations.vllm.tools.e2e.trained.task import (
     DEFAULT_TASK,
