@@ -7,19 +7,17 @@ index follows it, so at its first draft loop the builder instance gets vLLM's ow
 and the plugin costs nothing from then on.
 
 Whether a step updates in place or rebuilds, and why, is the builder's
-:class:`~draftmeta.step_policy.StepPolicy`, the policy :class:`~draftmeta.loop.DraftLoop` runs
-too, over the builder's capability (a :class:`~draftmeta.protocol.SpecBuilder` of the spec bound
-to it): decided once per builder (the spec supported, the first built object covered), then at
-each step the spec's sealed update (:attr:`~draftmeta.spec.DraftSpec.sealed`: the loop's first
-in-place step, index 2, runs every check, updates and seals; the later indices run the sealed
-step, which re-checks what can change between steps and seals anew where the object no longer
-holds what was sealed), or vLLM's build with the reason recorded (in :class:`BuilderStats`, and
-once in vLLM's log). What is vLLM's stays here: reading a step's common metadata into the
-builder's draft state, and vLLM's own build. With ``DRAFTMETA_CARRY_OVER=1`` the last loop's
-index-1 object is carried over where the batch allows
-(:mod:`~draftmeta.integrations.vllm.plugin.carry_over`); with ``DRAFTMETA_SHADOW=N`` every Nth loop
-also
-rebuilds and compares (:mod:`draftmeta.shadow`).
+:class:`~draftmeta.step_policy.StepPolicy`, the policy :class:`~draftmeta.loop.DraftLoop` runs too,
+over the builder's capability (a :class:`~draftmeta.protocol.SpecBuilder` of the spec bound to it):
+decided once per builder (the spec supported, the first built object covered), then at each step the
+spec's sealed update (:attr:`~draftmeta.spec.DraftSpec.sealed`: the loop's first in-place step,
+index 2, runs every check, updates and seals; the later indices run the sealed step, which re-checks
+what can change between steps and seals anew where the object no longer holds what was sealed), or
+vLLM's build with the reason recorded (in :class:`BuilderStats`, and once in vLLM's log). What is
+vLLM's stays here: reading a step's common metadata into the builder's draft state, and vLLM's own
+build. With ``DRAFTMETA_CARRY_OVER=1`` the last loop's index-1 object is carried over where the
+batch allows (:mod:`~draftmeta.integrations.vllm.plugin.carry_over`); with ``DRAFTMETA_SHADOW=N``
+every Nth loop also rebuilds and compares (:mod:`draftmeta.shadow`).
 """
 
 from __future__ import annotations
