@@ -8,7 +8,8 @@ whose model kernels cannot run without a GPU). The engines are small: the traine
 (:mod:`draftmeta.integrations.vllm.tools.e2e.trained`), given by its folder as a user gives theirs
 (``--model``, ``--prompts``), 4 of its task's prompts x 32 tokens, K=3, one backend
 (``CPU_MLA``, which every x86 CPU runs); the run (the plugin pair with its four negative
-controls, and the A/A pair) and the wrong spec's pair create six engines in all.
+controls, and the A/A pair) and the wrong spec's pair create six engines in all; a run with two
+tensor-parallel ranks (a plugin pair and its A/A pair) four more, each with two worker processes.
 """
 
 from __future__ import annotations
@@ -449,3 +450,80 @@ def test_an_in_process_engine_writes_the_plugins_line_once_and_updates_in_place(
     assert worker["pid"] == in_process_on.engine_pid
     assert worker["stats"][BACKEND]["in_place"] > 0
     assert in_process_on.output_tokens == multiprocess_off.output_tokens
+
+
+# -- tensor parallelism: the draft loop in one worker process per rank --------------------------
+
+
+@pytest.fixture(scope="module")
+def ranked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """``draftmeta e2e --model <the trained checkpoint> --tensor-parallel-size 2``: vLLM runs
+    each rank's model and draft loop in a worker process of its own; its JSON result."""
+    from draftmeta.integrations.vllm import plugin
+
+    plugin.unregister()
+    out = tmp_path_factory.mktemp("e2e-tp2")
+    args = _parse(["--model", str(_checkpoint()), "--max-model-len", "128",
+                   "--tensor-parallel-size", "2", "--ks", "3", "--batch-sizes", "2",
+                   "--max-tokens", "32", "--warmups", "0", "--repeats", "1",
+                   "--backends", BACKEND, "--quiet", "--out", str(out)])
+    code = args.run(args)
+    data = json.loads((out / "e2e-cpu.json").read_text())
+    data["exit_code"] = code
+    data["markdown"] = (out / "e2e-cpu.md").read_text()
+    yield data
+
+
+@needs_vllm_cpu
+def test_with_two_tensor_parallel_ranks_plugin_on_drafts_exactly_what_plugin_off_drafts(
+        ranked: dict[str, Any]) -> None:
+    assert ranked["exit_code"] == 0 and ranked["settings"]["tensor_parallel_size"] == 2
+    entry = _entry(ranked)
+    assert entry["output_tokens_identical"] and entry["generated_tokens"] == 2 * 32
+    assert entry["draft_tokens_compared"] > 0 and entry["draft_tokens_identical"]
+    assert entry["hidden_max_abs_difference"] == 0.0 and entry["strictly_identical"]
+    acceptance = entry["acceptance"]
+    assert acceptance["off"] == acceptance["on"] and acceptance["on"]["drafts"] > 0
+
+
+@needs_vllm_cpu
+def test_with_two_ranks_each_worker_runs_the_plugin_on_and_updates_in_place_and_none_off(
+        ranked: dict[str, Any]) -> None:
+    ranks = _entry(ranked)["ranks"]
+    assert [r["rank"] for r in ranks["on"]] == [0, 1] == [r["rank"] for r in ranks["off"]]
+    pids = [r["pid"] for r in ranks["on"] + ranks["off"]]
+    assert len(set(pids)) == 4, "each engine's ranks run in processes of their own"
+    for rank in ranks["on"]:
+        assert rank["plugin_active"]
+        assert rank["plugin_stats"][BACKEND]["in_place"] > 0
+        assert rank["plugin_stats"][BACKEND]["rebuilt"] == 0
+    assert not any(r["plugin_active"] or r["plugin_stats"] for r in ranks["off"])
+    (aa,) = [c for c in ranked["configurations"] if c["aa"]]
+    assert not any(r["plugin_active"] for r in aa["ranks"]["on"] + aa["ranks"]["off"])
+    assert ("ranks in vLLM's worker processes: 1 of 1 configuration(s) had draftmeta's plugin "
+            "active in every worker of the plugin-on engine" in ranked["markdown"])
+
+
+@pytest.fixture(scope="module")
+def ranked_process_on() -> Iterator[Any]:
+    """vLLM's default multiprocess engine with two tensor-parallel ranks, plugin on."""
+    from draftmeta.integrations.vllm.tools.e2e.multiprocess import run_engine_process
+
+    yield run_engine_process(plugin=True, multiprocess=True, backend=BACKEND, k=3, batch_size=2,
+                             max_tokens=16, tensor_parallel_size=2)
+
+
+@needs_vllm_cpu
+def test_with_two_ranks_every_worker_writes_the_plugins_line_once_in_vllms_log(
+        ranked_process_on: Any, multiprocess_off: Any) -> None:
+    workers = ranked_process_on.workers
+    assert len(workers) == 2 and len({w["pid"] for w in workers}) == 2
+    lines = _plugin_lines(ranked_process_on)
+    expected = _expected_line(workers[0])
+    assert [(m["level"], m["message"]) for m in lines] == [("INFO", expected)] * len(lines)
+    pids = [int(m["pid"]) for m in lines]
+    assert len(pids) == len(set(pids)), "a process wrote the line twice"
+    assert {w["pid"] for w in workers} <= set(pids)
+    for worker in workers:
+        assert worker["active"] and worker["stats"][BACKEND]["in_place"] > 0
+    assert ranked_process_on.output_tokens == multiprocess_off.output_tokens

