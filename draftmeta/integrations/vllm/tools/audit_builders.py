@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from draftmeta.integrations.vllm.catalogue import HarnessRecipe
-from draftmeta.integrations.vllm.catalogue.classes import ClassRef
+from draftmeta.integrations.vllm.catalogue.classes import ClassRef, kernel_library_loaded_once
 from draftmeta.integrations.vllm.plugin.plan import CoveredBy
 from draftmeta.integrations.vllm.tools.audit_drive import Device
 
@@ -86,7 +86,8 @@ def _registry_builders() -> dict[str, type | str]:
     found: dict[str, type | str] = {}
     for member in AttentionBackendEnum:
         try:
-            found[member.name] = member.get_class().get_builder_cls()
+            with kernel_library_loaded_once():
+                found[member.name] = member.get_class().get_builder_cls()
         except Exception as exc:  # a backend that does not load here: said in its row
             said = (str(exc).splitlines() or [""])[0]
             found[member.name] = f"{type(exc).__name__}: {said}"
@@ -110,7 +111,8 @@ def registry_backend(name: str) -> Any:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     try:
-        return AttentionBackendEnum[name].get_class()
+        with kernel_library_loaded_once():
+            return AttentionBackendEnum[name].get_class()
     except Exception:  # does not load here: the caller lists it as not run
         return None
 
