@@ -15,7 +15,7 @@ import attrs
 import pytest
 from e2e_fakes import generated
 
-from draftmeta.integrations.vllm.tools.e2e import runner
+from draftmeta.integrations.vllm.tools.e2e import controls, runner
 from draftmeta.integrations.vllm.tools.e2e.compare import Case
 from draftmeta.integrations.vllm.tools.e2e.models import resolve
 from draftmeta.integrations.vllm.tools.e2e.observed import EngineShape
@@ -79,6 +79,9 @@ def _fake(monkeypatch: pytest.MonkeyPatch, platform: Platform, *, gib: float = 1
 
     monkeypatch.setattr(runner, "open_engine", open_engine)
     monkeypatch.setattr(runner, "_weights", lambda *a: contextlib.nullcontext())
+    # a held control's real injection patches the installed vLLM's older proposer, which vLLM
+    # 0.34 no longer has: the runner's scheduling is what these tests read
+    monkeypatch.setattr(controls, "injected", lambda name, first_index=2: contextlib.nullcontext())
     fake = attrs.evolve(platform, prepare=lambda: "0.0-test", recorder=_Recorder,
                         gpus=lambda: (1, gib))
     return fake, log, most
