@@ -130,6 +130,10 @@ def _release_session(release: Release) -> None:
             _run_suite(session, f"{release.version}.0")
             return
         session.install("--no-deps", "-e", ".")
+        # the session's own seeded setuptools (65.5 with Python 3.11) would shadow the base's,
+        # and torch 2.14 requires setuptools >= 77: pip then finds nothing to install for the
+        # suite's `pip install` commands (the example package, the wheel into an environment)
+        session.run("python", "-m", "pip", "uninstall", "-q", "-y", "setuptools")
         _read_base_environment(session, base)
         _run_suite(session, f"{release.version}.0", install=False)
 
