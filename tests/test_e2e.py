@@ -131,6 +131,57 @@ def test_the_command_rejects_k_outside_1_to_8() -> None:
         _parse(["--ks", "9"])
 
 
+def test_the_workers_setup_is_in_the_environment_only_around_an_engines_creation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from draftmeta.integrations.vllm.tools.e2e.workers import WORKER_ENV, worker_environment
+
+    monkeypatch.delenv(WORKER_ENV, raising=False)
+    with worker_environment(device="cpu", reinitialize_seed=3, rope_fix=False):
+        assert json.loads(os.environ[WORKER_ENV]) == {"device": "cpu", "reinitialize_seed": 3,
+                                                      "rope_fix": False}
+    assert WORKER_ENV not in os.environ
+
+
+def _observed(tokens: list[int], accepted: int) -> Any:
+    from draftmeta.integrations.vllm.tools.e2e.acceptance import Acceptance
+    from draftmeta.integrations.vllm.tools.e2e.cpu_recorder import RefreshRecord
+    from draftmeta.integrations.vllm.tools.e2e.observed import Observed
+
+    return Observed([[tokens]], [], Acceptance(drafts=accepted), 1, 1, 0.5, RefreshRecord())
+
+
+class _Llm:
+    """``collective_rpc`` answering ``draftmeta_e2e_finish`` for the ranks given."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        self.ranks = ranks
+
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        assert method == "draftmeta_e2e_finish"
+        return [(rank, 100 + rank, True, {"CPU_MLA": {"in_place": rank + 1}},
+                 _observed([rank], accepted=0)) for rank in self.ranks]
+
+
+def test_the_workers_observation_is_rank_0s_with_the_acceptance_counted_by_the_scheduler(
+) -> None:
+    from draftmeta.integrations.vllm.tools.e2e.workers import Workers
+
+    observed, ranks = Workers(_Llm([1, 0])).finish(_observed([], accepted=7))
+    assert observed.draft_tokens == [[[0]]] and observed.acceptance.drafts == 7
+    assert [(r.rank, r.pid, r.plugin_stats["CPU_MLA"]["in_place"]) for r in ranks] == [
+        (0, 100, 1), (1, 101, 2)]
+
+
+def test_workers_that_do_not_answer_for_every_rank_stop_the_run() -> None:
+    from draftmeta.integrations.vllm.tools.e2e.errors import E2EError
+    from draftmeta.integrations.vllm.tools.e2e.workers import Workers
+
+    with pytest.raises(E2EError, match=r"ranks \[1\]"):
+        Workers(_Llm([1])).finish(_observed([], accepted=0))
+
+
 # -- a real engine: the trained checkpoint through --model, as a user's model --------------------
 
 

@@ -28,6 +28,7 @@ import json
 import os
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import attrs
 
@@ -54,15 +55,8 @@ def worker_environment(*, device: str, reinitialize_seed: int | None,
     ``rope_fix``."""
     value = json.dumps({"device": device, "reinitialize_seed": reinitialize_seed,
                         "rope_fix": rope_fix})
-    previous = os.environ.get(WORKER_ENV)
-    os.environ[WORKER_ENV] = value
-    try:
+    with mock.patch.dict(os.environ, {WORKER_ENV: value}):
         yield
-    finally:
-        if previous is None:
-            os.environ.pop(WORKER_ENV, None)
-        else:
-            os.environ[WORKER_ENV] = previous
 
 
 @attrs.frozen
