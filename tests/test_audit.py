@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif("hook" not in current_release().paths,
 
 from draftmeta.cli import main  # noqa: E402
 from draftmeta.integrations.vllm.tools import audit as audit_module  # noqa: E402
+from draftmeta.integrations.vllm.tools import audit_builders  # noqa: E402
 from draftmeta.integrations.vllm.tools.audit import (  # noqa: E402
     CONTROLS,
     GPU_CONTROLS,
@@ -210,10 +211,16 @@ def test_on_a_gpu_every_builder_that_loads_is_audited_and_one_that_does_not_says
             assert "--device cuda" not in hooked.runs_here
         else:
             assert on_cpu[name].runs_here is None or "--device cuda" in on_cpu[name].runs_here
-    sparse = on_gpu["FLASHINFER_MLA_SPARSE"]  # vLLM's hook; no recipe in the catalogue
-    assert sparse.runs_here is None and sparse.recipe is not None
-    assert sparse.recipe.block_size == 64 and sparse.recipe.backend is not None
-    assert sparse.recipe.backend.qualname == "FlashInferMLASparseTRTLLMBackend"
+    # vLLM's hook from 0.33 on (0.32's sparse builder has none); no recipe in the catalogue
+    sparse_class = audit_builders.registry_backend("FLASHINFER_MLA_SPARSE")
+    hooked = (sparse_class is not None
+              and audit_builders._declares_hook(sparse_class.get_builder_cls()))
+    assert ("FLASHINFER_MLA_SPARSE" in on_gpu) == hooked
+    if hooked:
+        sparse = on_gpu["FLASHINFER_MLA_SPARSE"]
+        assert sparse.runs_here is None and sparse.recipe is not None
+        assert sparse.recipe.block_size == 64 and sparse.recipe.backend is not None
+        assert sparse.recipe.backend.qualname == "FlashInferMLASparseTRTLLMBackend"
     assert on_gpu["TRITON_MLA"].dcp and on_gpu["TRITON_MLA"].kv_cache_dtypes == ("auto",)
 
 
