@@ -125,7 +125,7 @@ _E2E = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     import attrs
     from draftmeta.arguments import Extent
-    from draftmeta.integrations.vllm.tools.e2e import platforms, report, runner
+    from draftmeta.integrations.vllm.tools.e2e import platforms, rendering, report, runner
 
     def run(config, *, workdir, progress, checkpoint, vllm_version):
         # what the engines do: vLLM's log lines on stdout, torch's C++ warnings on stderr
@@ -143,8 +143,8 @@ _E2E = textwrap.dedent("""
     report.extent = lambda data: Extent.of([], 1)
     report.summary = lambda result, **kwargs: {{
         "decided": {{"strictly_identical": True, "controls": {{"missed": []}}}}, "failed": []}}
-    report.write_results = lambda data, out, stem, **kwargs: {{}}
-    report.markdown = lambda data: "a table"
+    rendering.write_results = lambda data, out, stem, **kwargs: {{}}
+    rendering.markdown = lambda data: "a table"
     from draftmeta.cli import main
 
     sys.exit(main(["e2e", *sys.argv[1:]]))

@@ -190,7 +190,9 @@ def test_each_release_session_installs_its_release_as_its_catalogue_module_says(
         installs = [args for kind, args in calls if kind == "install"]
         assert any(r.pin in args for args in installs), (r.version, installs)
         assert (("--no-deps", r.pin) in installs) == (r.install.requirements_of is not None)
-        removed = [args for kind, args in calls if kind == "run" and "uninstall" in args]
+        uninstalls = [args for kind, args in calls if kind == "run" and "uninstall" in args]
+        # the overlay's own setuptools goes before the base environment is read (noxfile)
+        removed = [args for args in uninstalls if args[-1:] != ("setuptools",)]
         assert [set(args) >= set(r.install.remove) for args in removed] == \
             ([True] if r.install.remove else [])
         assert any(f"assert installed_version() == '{r.version}.0'" in " ".join(args)
