@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 
 from draftmeta import DraftSpec, HostConstant
@@ -168,11 +169,12 @@ def test_verify_passes_shows_progress_and_names_the_backends_it_skips(
 def test_verify_fails_on_a_broken_spec(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    good = equivalence.BUILDERS["TRITON_MLA"]("advance")
+    entry = equivalence.BUILDERS["TRITON_MLA"]
+    good = entry.make_spec()
     broken = DraftSpec(good.cls, {**good.rules, "max_seq_len": HostConstant()},
                        nested=good.nested, preconditions=good.preconditions, name="broken")
     monkeypatch.setitem(equivalence.BUILDERS, "TRITON_MLA",
-                        lambda policy, builder=None: broken)
+                        attrs.evolve(entry, spec=lambda **kwargs: broken))
     assert main(["verify", "--batches", "2", "--seed", "11"]) == 1
     out = capsys.readouterr().out
     assert "FAIL TRITON_MLA seed=11" in out and "field=max_seq_len" in out

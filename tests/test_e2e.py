@@ -189,8 +189,9 @@ def _one_short(num_reqs: int) -> int:
     return num_reqs - 1
 
 
-def _wrong_spec(*, host_bound: str = "advance", dcp: bool = False, builder: Any = None
-                ) -> Any:
+def _wrong_spec(
+    *, name: str, host_bound: str = "advance", dcp: bool = False, builder: Any = None,
+) -> Any:
     """CPU_MLA's shipped spec with one rule made wrong: ``num_actual_tokens`` derived as
     ``num_reqs - 1`` (an off-by-one), so attention skips the last request's draft token.
 

@@ -241,7 +241,7 @@ needs_vllm_cpu = pytest.mark.skipif(not _vllm_cpu(), reason="needs vLLM's CPU bu
 def _stale_extra_field(**kwargs: object) -> object:
     """The example's spec with ``seq_lens_i64`` left as the first draft step built it."""
     stale = attrs.evolve(ENTRY.spec, extra_rules=(("seq_lens_i64", Unchanged()),))  # type: ignore[misc]
-    return stale(name=ENTRY.name, **kwargs)
+    return stale(**kwargs)
 
 
 def _engines(**overrides: object) -> object:

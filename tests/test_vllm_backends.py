@@ -125,7 +125,7 @@ def test_an_interleave_without_dcp_leaves_the_host_max_seq_len_the_global_maximu
         kwargs["block_table_width"] = 16
     updater = harness.make_builder(builder, config, **kwargs)
     rebuilder = harness.make_builder(builder, config, **kwargs)
-    spec = BUILDERS[builder]("advance", updater)
+    spec = BUILDERS[builder].make_spec(builder=updater)
     state = random_state(torch.Generator().manual_seed(3), batch_size=5, block_size=64,
                          max_model_len=1000, steps=5)
     state.dcp_interleave = 8
@@ -147,7 +147,7 @@ def test_a_kpool_tail_batch_of_more_tokens_than_requests_is_refused_naming_the_s
 
     config = harness.cached_vllm_config(max_model_len=1000, block_size=64)
     updater = harness.make_builder("KPOOL_TAIL", config, block_size=64, dcp_rank=0)
-    spec = BUILDERS["KPOOL_TAIL"]("advance", updater)
+    spec = BUILDERS["KPOOL_TAIL"].make_spec(builder=updater)
     state = random_state(torch.Generator().manual_seed(3), batch_size=5, block_size=64,
                          max_model_len=1000, steps=5)
     metadata = harness.build_metadata(updater, harness.common_metadata_for(state), draft_index=1)
@@ -189,7 +189,7 @@ def test_indexer_metadata_with_global_lengths_but_no_dcp_is_refused_by_name() ->
     config = harness.cached_vllm_config(max_model_len=1000, block_size=64)
     updater = harness.make_builder("INDEXER", config, block_size=64, dcp_rank=0,
                                    block_table_width=16)
-    spec = BUILDERS["INDEXER"]("advance", updater)
+    spec = BUILDERS["INDEXER"].make_spec(builder=updater)
     state = random_state(torch.Generator().manual_seed(3), batch_size=5, block_size=64,
                          max_model_len=1000, steps=5)
     metadata = harness.build_metadata(updater, harness.common_metadata_for(state), draft_index=1)

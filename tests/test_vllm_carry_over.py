@@ -175,7 +175,7 @@ def test_a_spec_with_a_step_by_step_rule_is_never_carried_over() -> None:
     assert spec_refuses(stepping) == "decode.seq_lens is Advance: it moves one step at a time"
 
 
-def _stepping(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+def _stepping(*, name: str, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
     """CPU_MLA's spec with ``decode.seq_lens`` advanced step by step (a spec whose update
     cannot refresh another loop's metadata)."""
     spec = RELEASE.entry("CPU_MLA").make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
@@ -242,7 +242,9 @@ def test_a_carried_object_is_checked_for_attributes_its_spec_has_no_rule_for_bef
     assert plugin.stats()[name]["carried_over"] == (0 if extra else 2)
 
 
-def _stale_max_seq_len(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+def _stale_max_seq_len(
+    *, name: str, host_bound: Any, dcp: bool = False, builder: Any = None,
+) -> Any:
     """CPU_MLA's spec with its host ``max_seq_len`` frozen: deliberately stale."""
     from draftmeta import HostConstant
 

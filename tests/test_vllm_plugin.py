@@ -284,7 +284,7 @@ def _triton_mla_dcp_spec_with(prefill: Any) -> Any:
 
     entry = RELEASE.entry("TRITON_MLA")
 
-    def override(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+    def override(*, name: str, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
         spec = entry.make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
         if not dcp:
             return spec
@@ -456,12 +456,9 @@ def test_an_attribute_the_spec_does_not_cover_keeps_that_builder_rebuilding(
     assert isinstance(entry.spec, MLASpec)
     bare = MLASpec("dense", entry.spec.metadata, entry.spec.decode)
 
-    def without_attributes(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
-        return bare(name="AMX_MLA", host_bound=host_bound, dcp=dcp, builder=builder)
-
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     plugin.unregister()
-    plugin.register(spec_overrides={"AMX_MLA": without_attributes})
+    plugin.register(spec_overrides={"AMX_MLA": bare})
     try:
         _older_loop_counts("AMX_MLA")
         _older_loop_counts("AMX_MLA", seed=4)
@@ -497,7 +494,9 @@ def test_the_hook_refuses_metadata_carrying_an_uncovered_attribute(
         assert raised.value.path == "decode.kernel_hint"  # the field, for whoever catches it
 
 
-def _refused_when_bound(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+def _refused_when_bound(
+    *, name: str, host_bound: Any, dcp: bool = False, builder: Any = None,
+) -> Any:
     """CPU_MLA's spec, refused once bound to a live builder (as a builder-bound spec that
     does not fit that builder would be): the plan accepts it, the builder's init does not."""
     from draftmeta import SpecError
@@ -573,7 +572,7 @@ def test_a_builder_whose_spec_was_refused_does_not_satisfy_supports_draft_update
 
 def _refused_when_bound_as(name: str) -> Any:
     """``name``'s catalogue spec, refused once bound to a live builder."""
-    def override(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+    def override(*, name: str, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
         from draftmeta import SpecError
 
         if builder is not None:
@@ -619,7 +618,7 @@ def test_a_builder_of_an_engine_without_full_cuda_graphs_is_bound_no_spec(
     assert builder.supports_draft_decode_metadata_update is False
 
 
-def _stale_cpu_mla(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+def _stale_cpu_mla(*, name: str, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
     """CPU_MLA's spec with its host ``max_seq_len`` frozen: deliberately stale."""
     from draftmeta import DraftSpec, HostConstant
 
@@ -706,7 +705,7 @@ def _refusing(name: str) -> Any:
     """Builder ``name``'s spec with one more precondition, which no draft step meets."""
     from draftmeta import DraftSpec, Equals
 
-    def factory(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+    def factory(*, name: str, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
         good = RELEASE.entry(name).make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
         return DraftSpec(good.cls, good.rules, name="refusing", nested=good.nested,
                          preconditions=[*good.preconditions,
@@ -1271,7 +1270,7 @@ def test_on_the_older_proposers_path_a_spec_that_cannot_serve_leaves_the_builder
 
     entry = RELEASE.entry("CPU_MLA")
 
-    def override(*, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
+    def override(*, name: str, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
         good = entry.make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
         rules = {n: r for n, r in good.rules.items() if n != "max_seq_len"}
         if spec == "unsupported":
@@ -1452,7 +1451,7 @@ def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> Non
     assert "(cudagraph_mode PIECEWISE)" in str(without_full_cudagraphs(builder(Unnamed())))
 
 
-def _amx_without_attribute_rules(*, host_bound: Any, dcp: bool = False,
+def _amx_without_attribute_rules(*, name: str, host_bound: Any, dcp: bool = False,
                                  builder: Any = None) -> Any:
     """AMX_MLA's spec without the rules of the attributes its builder adds to the metadata."""
     from draftmeta.integrations.vllm.specs.mla import MLASpec
@@ -1460,7 +1459,7 @@ def _amx_without_attribute_rules(*, host_bound: Any, dcp: bool = False,
     entry = RELEASE.entry("AMX_MLA")
     assert isinstance(entry.spec, MLASpec)
     bare = MLASpec("dense", entry.spec.metadata, entry.spec.decode)
-    return bare(name="AMX_MLA", host_bound=host_bound, dcp=dcp, builder=builder)
+    return bare(name=name, host_bound=host_bound, dcp=dcp, builder=builder)
 
 
 def _both_loops(monkeypatch: pytest.MonkeyPatch, name: str, override: Any, steps: int = 4
@@ -1475,7 +1474,8 @@ def _both_loops(monkeypatch: pytest.MonkeyPatch, name: str, override: Any, steps
                                         cudagraph_mode=CAPTURED)
     base = random_state(torch.Generator().manual_seed(0), batch_size=3, block_size=16,
                         max_model_len=1024, steps=steps)
-    make = override or RELEASE.entry(name).make_spec
+    entry = RELEASE.entry(name)
+    make = (attrs.evolve(entry, spec=override) if override else entry).make_spec
     plugin.unregister()
     builder = harness.make_builder(name, config, block_size=16)
     build = type(builder).build_for_drafting

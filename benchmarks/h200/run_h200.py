@@ -110,7 +110,7 @@ def equivalence(batches: int) -> dict[str, Any]:
         failures: list[str] = []
         for seed in range(batches):
             case = random_case(name, seed)
-            spec = BUILDERS[name](case.host_bound)
+            spec = BUILDERS[name].make_spec(host_bound=case.host_bound)
             up, rb = _builders(name, case.max_model_len, case.block_size)
             state = random_state(torch.Generator().manual_seed(seed), batch_size=case.batch_size,
                                  block_size=case.block_size, max_model_len=case.max_model_len,
@@ -128,7 +128,7 @@ def equivalence(batches: int) -> dict[str, Any]:
                     failures.append(f"{case} step {step}: {found[0]}")
         # negative control: the update without the shared advance must differ from the rebuild
         case = random_case(name, 1)
-        spec = BUILDERS[name](case.host_bound)
+        spec = BUILDERS[name].make_spec(host_bound=case.host_bound)
         up, rb = _builders(name, case.max_model_len, case.block_size)
         state = random_state(torch.Generator().manual_seed(1), batch_size=max(case.batch_size, 2),
                              block_size=case.block_size, max_model_len=case.max_model_len,

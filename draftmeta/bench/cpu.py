@@ -42,7 +42,7 @@ def cpu_samples(config: BenchConfig, tick: Callable[[], None]) -> Iterator[Sampl
         block = 64 if backend == "INDEXER" else config.block_size
         cfg = harness.cached_vllm_config(max_model_len=config.max_model_len, block_size=block,
                                          max_num_seqs=max(config.batch_sizes))
-        spec = BUILDERS[backend]("advance")
+        spec = BUILDERS[backend].make_spec()
         for batch in config.batch_sizes:
             for k in config.steps:
                 state = bench_state(batch, k, block, config.max_model_len, seed=batch * 100 + k)

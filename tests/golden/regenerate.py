@@ -38,16 +38,15 @@ def explain_texts(
     return {f"{name}.txt": explain(factory()) for name, factory in (specs or SPECS).items()}
 
 
-def fused_groups(specs: dict[str, Callable[..., Any]] | None = None) -> tuple[Any, list[Any]]:
+def fused_groups() -> tuple[Any, list[Any]]:
     """A small CPU decode batch and ``(spec, metadata)`` of TRITON_MLA and INDEXER built for it
-    by vLLM's own builders (``specs``: spec factories by builder name, default the shipped)."""
+    by vLLM's own builders, with the shipped specs."""
     import torch
 
     from draftmeta.integrations.vllm.testing import harness
     from draftmeta.integrations.vllm.testing.equivalence import BUILDERS
     from draftmeta.testing import random_state
 
-    factories = specs or BUILDERS
     block, max_len = 16, 256
     state = random_state(torch.Generator().manual_seed(0), batch_size=4, block_size=block,
                          max_model_len=max_len, steps=4)
@@ -58,15 +57,15 @@ def fused_groups(specs: dict[str, Callable[..., Any]] | None = None) -> tuple[An
         builder = harness.make_builder(name, config, block_size=block, block_table_width=width)
         cad = harness.common_metadata_for(state)
         metadata = harness.build_metadata(builder, cad, draft_index=1)
-        groups.append((factories[name]("advance"), metadata))
+        groups.append((BUILDERS[name].make_spec(), metadata))
     return state, groups
 
 
-def fused_texts(specs: dict[str, Callable[..., Any]] | None = None) -> dict[str, str]:
+def fused_texts() -> dict[str, str]:
     """The fused kernel source of the shipped groups, by golden file name."""
     from draftmeta.fused import fused_source
 
-    state, groups = fused_groups(specs)
+    state, groups = fused_groups()
     source = fused_source(state, groups, policy="clamp", host_bound="advance")
     return {"TRITON_MLA+INDEXER.clamp.advance.txt": source}
 

@@ -62,7 +62,9 @@ class BuilderSpecFactory(Protocol):
     """How a catalogue declares one builder's spec: called with the builder's name, the
     host bound, whether DCP > 1, and the live builder where there is one (to bind what
     depends on it: a pool size, a scheduler, an FP8 flag). The factories of vLLM's builders
-    are in :mod:`draftmeta.integrations.vllm.specs`."""
+    are in :mod:`draftmeta.integrations.vllm.specs`; a factory given to the plugin in place of
+    the catalogue's (``register(spec_overrides=...)``, the e2e run's negative controls) is one
+    too, called the same way."""
 
     def __call__(
         self,

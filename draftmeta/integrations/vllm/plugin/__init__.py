@@ -72,6 +72,7 @@ import attrs
 
 from draftmeta.integrations.patching import Patches
 from draftmeta.integrations.vllm.catalogue import DraftPath
+from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 from draftmeta.integrations.vllm.plugin.log import LOGGER_NAME, announce, summary
 from draftmeta.integrations.vllm.plugin.log import reset as reset_log
 from draftmeta.integrations.vllm.plugin.older_proposer import BuilderStats
@@ -82,7 +83,6 @@ from draftmeta.integrations.vllm.plugin.plan import (
     Decision,
     DraftPathKind,
     Plan,
-    SpecOverride,
     Unsupported,
     make_plan,
 )
@@ -165,7 +165,7 @@ class BuilderPatch:
 
     @classmethod
     def make(cls, path: DraftPathKind, decision: Decision,
-             overrides: Mapping[str, SpecOverride] | None, counters: BuilderStats
+             overrides: Mapping[str, BuilderSpecFactory] | None, counters: BuilderStats
              ) -> BuilderPatch:
         """The replacements ``path`` declares for ``decision`` (its
         :attr:`~draftmeta.integrations.vllm.plugin.plan.DraftPathKind.install`):
@@ -193,7 +193,7 @@ class Plugin:
     counters: dict[str, BuilderStats] = attrs.field(factory=dict)
     installed: Installed | None = None
 
-    def register(self, overrides: Mapping[str, SpecOverride] | None = None) -> None:
+    def register(self, overrides: Mapping[str, BuilderSpecFactory] | None = None) -> None:
         """Install the plan for the installed vLLM (see :func:`register`)."""
         if self.installed is not None:
             return
@@ -279,13 +279,15 @@ def reset_stats() -> None:
     _plugin.reset_stats()
 
 
-def register(*, spec_overrides: Mapping[str, SpecOverride] | None = None) -> None:
+def register(*, spec_overrides: Mapping[str, BuilderSpecFactory] | None = None) -> None:
     """The plugin's entry point: idempotent, per-builder, fails closed, logs one line in
     vLLM's log (on with what it covers, off, or left untouched with the reason).
 
     Args:
-        spec_overrides: replacement spec factories by builder name (``{"CPU_MLA": factory}``),
-            for tests that must show a wrong spec is caught; vLLM calls it without.
+        spec_overrides: spec factories replacing the catalogue's, by builder name
+            (``{"CPU_MLA": factory}``), each called as the catalogue's
+            (:class:`~draftmeta.integrations.vllm.catalogue.model.BuilderSpecFactory`): for
+            tests that must show a wrong spec is caught; vLLM calls it without.
     """
     with _lock:
         _plugin.register(spec_overrides)

@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from draftmeta.errors import DraftMetaError, UpdateError
+from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 from draftmeta.integrations.vllm.plugin.log import LOGGER_NAME, fallback
-from draftmeta.integrations.vllm.plugin.plan import DISABLE_ENV, Decision, SpecOverride, spec_for
+from draftmeta.integrations.vllm.plugin.plan import DISABLE_ENV, Decision, spec_for
 from draftmeta.protocol import SupportsDraftUpdate, spec_of, why_not_in_place
 from draftmeta.spec import DraftSpec
 from draftmeta.state import DraftState
@@ -76,7 +77,7 @@ def _exactly(obj: Any, cls: type) -> bool:
 
 
 def replacement_init(
-    decision: Decision, overrides: Mapping[str, SpecOverride] | None
+    decision: Decision, overrides: Mapping[str, BuilderSpecFactory] | None
 ) -> Callable[..., None]:
     """The replacement of ``decision``'s builder class's ``__init__``: vLLM's, then the spec
     bound to the new builder and the hook flag set where it may be captured."""

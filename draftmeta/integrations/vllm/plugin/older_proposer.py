@@ -31,11 +31,12 @@ from typing import Any
 import attrs
 
 from draftmeta.errors import DraftMetaError
+from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 from draftmeta.integrations.vllm.plugin.carry_over import Snapshot, spec_refuses, unchanged_values
 from draftmeta.integrations.vllm.plugin.carry_over import enabled as carry_over_enabled
 from draftmeta.integrations.vllm.plugin.common_metadata import draft_state_of, rebind
 from draftmeta.integrations.vllm.plugin.log import LOGGER_NAME, fallback
-from draftmeta.integrations.vllm.plugin.plan import Decision, SpecOverride, spec_for
+from draftmeta.integrations.vllm.plugin.plan import Decision, spec_for
 from draftmeta.protocol import SpecBuilder
 from draftmeta.shadow import Sentinel, sentinel_for
 from draftmeta.spec import DraftSpec
@@ -163,7 +164,7 @@ def _report(name: str, reason: str, for_good: bool) -> None:
 
 
 def replacement_build_for_drafting(
-    decision: Decision, overrides: Mapping[str, SpecOverride] | None, counters: BuilderStats
+    decision: Decision, overrides: Mapping[str, BuilderSpecFactory] | None, counters: BuilderStats
 ) -> Callable[..., Any]:
     """The replacement of ``decision``'s builder class's ``build_for_drafting``: vLLM's build
     at draft index 1, draftmeta's in-place update at the later indices of the same loop,

@@ -35,6 +35,7 @@ from draftmeta.integrations.vllm.catalogue import (
     with_registered,
 )
 from draftmeta.integrations.vllm.catalogue.classes import import_class
+from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 from draftmeta.integrations.vllm.plugin import paths as path_modules
 from draftmeta.integrations.vllm.plugin.carry_over import enabled as carry_over_enabled
 from draftmeta.spec import DraftSpec
@@ -51,7 +52,6 @@ __all__ = [
     "DraftPathKind",
     "Install",
     "Plan",
-    "SpecOverride",
     "draft_path",
     "draft_paths",
     "make_plan",
@@ -73,10 +73,6 @@ UNPROVEN_ENV = "DRAFTMETA_VLLM_UNPROVEN"
 proven against the release's real builder
 (:meth:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.proof_on` is ``None``): by default
 such a builder is left to vLLM."""
-
-SpecOverride = Callable[..., DraftSpec[Any]]
-"""A replacement spec factory for one builder (tests inject deliberately wrong specs with it):
-called like :meth:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.make_spec`."""
 
 CoveredBy = Literal["draftmeta", "vllm", "none"]
 """Who updates a builder's metadata between draft steps: draftmeta's generated update, vLLM's own
@@ -112,15 +108,16 @@ class Decision:
         return self.covered_by == "draftmeta" or self.dcp_only
 
 
-Decide = Callable[[BuilderEntry, str, type | None, str, Mapping[str, SpecOverride] | None],
+Decide = Callable[[BuilderEntry, str, type | None, str, Mapping[str, BuilderSpecFactory] | None],
                   Decision]
 """How a draft path decides who covers one builder on it (:attr:`DraftPathKind.decide`): called
 with the catalogue entry, the catalogue's release (``"0.33"``), the imported builder class
 (``None`` where it does not import here), why it does not import (``""`` where it does) and the
-spec overrides (:data:`SpecOverride` by builder name, or ``None``); returns the
+spec overrides (a :class:`~draftmeta.integrations.vllm.catalogue.BuilderSpecFactory` by builder
+name, replacing the catalogue's, or ``None``); returns the
 :class:`Decision`, whose :attr:`~Decision.path` is the path's name."""
 
-Install = Callable[[Decision, Mapping[str, SpecOverride] | None, StepRecord],
+Install = Callable[[Decision, Mapping[str, BuilderSpecFactory] | None, StepRecord],
                    Mapping[str, Callable[..., Any]]]
 """What the plugin sets on a builder class a draft path covers (:attr:`DraftPathKind.install`):
 called with the decision (its :attr:`~Decision.installs` true, its class imported), the spec
@@ -258,7 +255,7 @@ def _import_class(entry: BuilderEntry) -> tuple[type | None, str]:
 
 def spec_for(
     entry: BuilderEntry,
-    overrides: Mapping[str, SpecOverride] | None,
+    overrides: Mapping[str, BuilderSpecFactory] | None,
     *,
     host_bound: HostBound,
     dcp: bool = False,
@@ -266,14 +263,12 @@ def spec_for(
 ) -> DraftSpec[Any]:
     """The spec the plugin uses for ``entry``: an override where one is given, else the
     catalogue's."""
-    override = (overrides or {}).get(entry.name)
-    if override is not None:
-        return override(host_bound=host_bound, dcp=dcp, builder=builder)
-    return entry.make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
+    factory = (overrides or {}).get(entry.name, entry.spec)
+    return factory(name=entry.name, host_bound=host_bound, dcp=dcp, builder=builder)
 
 
 def _older_proposer(entry: BuilderEntry, release: str, cls: type | None, why: str,
-                    overrides: Mapping[str, SpecOverride] | None) -> Decision:
+                    overrides: Mapping[str, BuilderSpecFactory] | None) -> Decision:
     if cls is None:
         return Decision(entry, "older_proposer", "none",
                         f"{entry.builder.qualname} does not import here ({why}): rebuilt")
@@ -299,7 +294,7 @@ def _older_proposer(entry: BuilderEntry, release: str, cls: type | None, why: st
 
 
 def _hook(entry: BuilderEntry, release: str, cls: type | None, why: str,
-          overrides: Mapping[str, SpecOverride] | None) -> Decision:
+          overrides: Mapping[str, BuilderSpecFactory] | None) -> Decision:
     upstream = entry.hook
     vllms: CoveredBy = "vllm" if upstream != "none" else "none"  # who covers it without us
     if upstream != "none" and not _switched_on(OVERRIDE_ENV):
@@ -345,7 +340,7 @@ def _why_no_hook(spec: DraftSpec[Any]) -> str | None:
 
 
 def _hook_under_dcp(entry: BuilderEntry, cls: type,
-                    overrides: Mapping[str, SpecOverride] | None) -> Decision:
+                    overrides: Mapping[str, BuilderSpecFactory] | None) -> Decision:
     """vLLM's own hook where DCP is off; draftmeta's under DCP > 1 where its DCP spec fits and
     is capture-safe."""
     own = f"vLLM's own hook ({entry.hook}) where DCP is off"
@@ -362,7 +357,7 @@ def _hook_under_dcp(entry: BuilderEntry, cls: type,
 
 
 def make_plan(
-    version: str, *, overrides: Mapping[str, SpecOverride] | None = None
+    version: str, *, overrides: Mapping[str, BuilderSpecFactory] | None = None
 ) -> Plan:
     """Decide, for vLLM ``version`` as installed in this process, who covers each builder.
 

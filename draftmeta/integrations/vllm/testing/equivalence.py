@@ -11,7 +11,6 @@ Used by the test suite and by ``draftmeta verify``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -23,34 +22,21 @@ from draftmeta.integrations.vllm.testing import harness
 from draftmeta.spec import DraftSpec
 from draftmeta.testing import Mismatch, compare_metadata, random_state
 
-__all__ = ["BUILDERS", "BatchResult", "CaseConfig", "HarnessSpecFactory", "check_batch",
-           "compare_on_cpu", "random_case"]
-
-HarnessSpecFactory = Callable[..., DraftSpec[Any]]
-"""``(host_bound, builder=None, dcp=False) -> spec``: the spec of a harness-built builder's
-metadata under a host bound (and decode context parallelism), bound to the live builder where
-one is given; ``dcp`` is passed only for a case with DCP, so a factory without it serves the
-others. (Its catalogue entry's
-:meth:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.make_spec` with the name bound.)"""
+__all__ = ["BUILDERS", "BatchResult", "CaseConfig", "check_batch", "compare_on_cpu",
+           "random_case"]
 
 
-def _builders() -> dict[str, HarnessSpecFactory]:
+def _builders() -> dict[str, BuilderEntry]:
     from draftmeta.integrations.vllm.catalogue import current_release
 
-    factories: dict[str, HarnessSpecFactory] = {}
-    for entry in current_release().builders:
-        if entry.harness is not None:
-            def factory(host_bound: HostBound, builder: Any = None, dcp: bool = False,
-                        entry: BuilderEntry = entry) -> DraftSpec[Any]:
-                return entry.make_spec(host_bound=host_bound, builder=builder, dcp=dcp)
-
-            factories[entry.name] = factory
-    return factories
+    return {entry.name: entry for entry in current_release().builders
+            if entry.harness is not None}
 
 
-BUILDERS: dict[str, HarnessSpecFactory] = _builders()
-"""The installed release's builders that construct on a CPU (from its catalogue), and the
-spec of the metadata each builds."""
+BUILDERS: dict[str, BuilderEntry] = _builders()
+"""The installed release's builders that construct on a CPU, by name: their catalogue entries
+(the spec of the metadata each builds is the entry's
+:meth:`~draftmeta.integrations.vllm.catalogue.BuilderEntry.make_spec`)."""
 
 _UNFILLED_ON_CPU = frozenset({"decode.schedule_metadata"})
 """Buffers vLLM allocates with ``torch.empty`` and fills only on CUDA with DeepGEMM: on CPU
@@ -177,9 +163,8 @@ def check_batch(case: CaseConfig, *, spec: DraftSpec[Any] | None = None) -> Batc
     updater = harness.make_builder(case.builder, config, **kwargs)
     rebuilder = harness.make_builder(case.builder, config, **kwargs)
     if spec is None:
-        factory = BUILDERS[case.builder]
-        spec = factory(case.host_bound, updater, dcp=True) if dcp else factory(
-            case.host_bound, updater)
+        spec = BUILDERS[case.builder].make_spec(host_bound=case.host_bound, builder=updater,
+                                                dcp=dcp)
 
     g = torch.Generator().manual_seed(case.seed)
     state = random_state(

@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from draftmeta.integrations.vllm.catalogue import BuilderEntry
+from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 from draftmeta.integrations.vllm.plugin import hook
 from draftmeta.integrations.vllm.plugin.plan import (
     CoveredBy,
     Decision,
     DraftPathKind,
-    SpecOverride,
     _hook,
 )
 from draftmeta.step_policy import StepRecord
@@ -27,7 +27,7 @@ from draftmeta.step_policy import StepRecord
 __all__ = ["PATH"]
 
 
-def _install(decision: Decision, overrides: Mapping[str, SpecOverride] | None,
+def _install(decision: Decision, overrides: Mapping[str, BuilderSpecFactory] | None,
              counters: StepRecord) -> dict[str, Callable[..., Any]]:
     """``__init__`` (the spec bound to each new builder) and ``update_draft_decode_metadata``
     (the bound spec's refresh); the hook path counts nothing."""

@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from draftmeta.integrations.vllm.catalogue import BuilderEntry
+from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 from draftmeta.integrations.vllm.plugin import older_proposer
 from draftmeta.integrations.vllm.plugin.plan import (
     CoveredBy,
     Decision,
     DraftPathKind,
-    SpecOverride,
     _older_proposer,
 )
 from draftmeta.step_policy import StepRecord
@@ -27,7 +27,7 @@ from draftmeta.step_policy import StepRecord
 __all__ = ["PATH"]
 
 
-def _install(decision: Decision, overrides: Mapping[str, SpecOverride] | None,
+def _install(decision: Decision, overrides: Mapping[str, BuilderSpecFactory] | None,
              counters: StepRecord) -> dict[str, Callable[..., Any]]:
     """``build_for_drafting``: vLLM's build at draft index 1, the in-place update after it,
     counted in the builder's counters (the plugin's

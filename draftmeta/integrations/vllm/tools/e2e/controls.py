@@ -41,7 +41,10 @@ from typing import Any, Literal
 
 import attrs
 
+from draftmeta.advance import HostBound
 from draftmeta.integrations.patching import Patches
+from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
+from draftmeta.spec import DraftSpec
 
 __all__ = ["CAUGHT_DRAFT_SHARE", "CAUGHT_LENGTH_DROP", "CONTROLS", "FLASHMLA_TILE",
            "SCHEDULED_BACKENDS", "Control", "Verdict", "caught", "controls_for", "injected",
@@ -169,7 +172,7 @@ def controls_for(device: str) -> tuple[str, ...]:
     return tuple(name for name, c in CONTROLS.items() if c.device == device)
 
 
-def stale_scheduler_spec(backend: str = "FLASHMLA") -> Callable[..., Any]:
+def stale_scheduler_spec(backend: str = "FLASHMLA") -> BuilderSpecFactory:
     """The ``stale-scheduler`` control's spec factory for ``backend`` (one of
     :data:`SCHEDULED_BACKENDS`): its shipped spec with the decode part's scheduler left
     ``Unchanged`` between draft steps. FlashMLA's steps 2.. then replay step 1's tile schedule
@@ -183,20 +186,20 @@ def stale_scheduler_spec(backend: str = "FLASHMLA") -> Callable[..., Any]:
         raise ValueError(f"{backend} has no kernel schedule to leave stale; the negative "
                          f"control is for {' and '.join(SCHEDULED_BACKENDS)}")
 
-    def spec(*, host_bound: str = "frozen", dcp: bool = False, builder: Any = None) -> Any:
+    def spec(*, name: str, host_bound: HostBound = "frozen", dcp: bool = False,
+             builder: Any = None) -> DraftSpec[Any]:
         from draftmeta.integrations.vllm.catalogue import current_release
         from draftmeta.rules import Unchanged
-        from draftmeta.spec import DraftSpec
 
-        real = current_release().entry(backend).make_spec(host_bound=host_bound,  # type: ignore[arg-type]
-                                                          dcp=dcp, builder=builder)
+        real = current_release().entry(name).make_spec(host_bound=host_bound, dcp=dcp,
+                                                       builder=builder)
         rules = dict(real.rules)
         for path in [p for p in rules if p.startswith("decode.scheduler_metadata")]:
             del rules[path]
         rules["decode.scheduler_metadata"] = Unchanged()
         nested = {p: c for p, c in real.nested.items()
                   if not p.startswith("decode.scheduler")}
-        return DraftSpec(real.cls, rules, name=f"{backend}.stale_scheduler",
+        return DraftSpec(real.cls, rules, name=f"{name}.stale_scheduler",
                          preconditions=real.preconditions, nested=nested, dtypes=real.dtypes,
                          attributes=real.attributes)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 from draftmeta.integrations.vllm.tools.e2e.environment import (
     BACKENDS,
     CUDA_BACKENDS,
@@ -77,7 +78,7 @@ class EngineSettings:
     load_format: str = "dummy"
     method: str = "mtp"
     draft_model: Path | None = None
-    spec_overrides: Mapping[str, Callable[..., Any]] | None = None
+    spec_overrides: Mapping[str, BuilderSpecFactory] | None = None
     override_upstream: bool = False
     kv_cache_dtype: str = "auto"
     eager: bool = False

@@ -24,10 +24,10 @@ import contextlib
 import gc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 
+from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 from draftmeta.integrations.vllm.tools.e2e.compare import Case, Comparison, Pair, Side
 from draftmeta.integrations.vllm.tools.e2e.controls import CONTROLS, stale_scheduler_spec
 from draftmeta.integrations.vllm.tools.e2e.engine import Engine, Generated, open_engine
@@ -73,7 +73,7 @@ class RunConfig:
     prompts_file: Path | None = None
     tensor_parallel_size: int = 1
     decode_context_parallel_size: int = 1
-    spec_overrides: Mapping[str, Callable[..., Any]] | None = None
+    spec_overrides: Mapping[str, BuilderSpecFactory] | None = None
 
     def __attrs_post_init__(self) -> None:
         problems = [f"{name} must be at least {low}, got {value}" for name, value, low in (
