@@ -227,3 +227,27 @@ def test_the_plan_is_every_unit_the_run_makes_and_none_for_a_backend_skipped_her
     result = runner.run(config, workdir=tmp_path, progress=progress)  # type: ignore[arg-type]
     assert result.skipped == {"SKIPPED": "not here"}
     assert progress.kinds == runner.plan(config)
+
+
+@pytest.mark.parametrize("backend", controls.SCHEDULED_BACKENDS)
+def test_the_stale_scheduler_control_is_the_shipped_spec_with_only_its_schedule_left_unchanged(
+        backend: str) -> None:
+    """The factory the run hands the plugin for the ``stale-scheduler`` control, called as the
+    plugin calls any override (:func:`~draftmeta.integrations.vllm.plugin.plan.spec_for`)."""
+    pytest.importorskip("vllm")
+    from draftmeta.integrations.vllm.catalogue import current_release
+    from draftmeta.integrations.vllm.plugin.plan import spec_for
+    from draftmeta.rules import Unchanged
+
+    entry = current_release().entry(backend)
+    stale = spec_for(entry, {backend: controls.stale_scheduler_spec(backend)},
+                     host_bound="frozen")
+    shipped = entry.make_spec(host_bound="frozen")
+
+    def unscheduled(rules: Any) -> dict[str, Any]:
+        return {p: r for p, r in rules.items() if not p.startswith("decode.scheduler")}
+
+    assert isinstance(stale.rules["decode.scheduler_metadata"], Unchanged)
+    assert not isinstance(shipped.rules["decode.scheduler_metadata"], Unchanged)
+    assert unscheduled(stale.rules) == unscheduled(shipped.rules)
+    assert stale.name == f"{backend}.stale_scheduler"
