@@ -230,14 +230,18 @@ def test_the_command_refuses_decode_context_parallelism_on_the_cpu_engine(
     code, err = _run(["--tensor-parallel-size", "2", "--decode-context-parallel-size", "2",
                       "--out", str(tmp_path / "out")], capsys)
     assert (code, err.count("\n")) == (2, 1)
-    assert "do not run decode context parallelism" in err and "--device cuda" in err
+    assert "do not run decode context parallelism" in err and "leave it at 1" in err
 
 
-def test_the_command_refuses_a_dcp_size_that_does_not_divide_the_tp_size(
+def test_the_command_refuses_decode_context_parallelism_on_a_gpu_until_it_runs_tp_there(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = _run(["--decode-context-parallel-size", "2", "--out", str(tmp_path / "out")],
-                     capsys)
-    assert code == 2 and "--decode-context-parallel-size 2 needs a --tensor-parallel-size" in err
+    for tp in ("1", "2"):
+        code, err = _run(["--device", "cuda", "--tensor-parallel-size", tp,
+                          "--decode-context-parallel-size", "2", "--out", str(tmp_path / "out")],
+                         capsys)
+        assert (code, err.count("\n")) == (2, 1), (tp, err)
+        assert "--decode-context-parallel-size 2 on --device cuda" in err, (tp, err)
+        assert "does not run tensor parallelism yet" in err, (tp, err)
 
 
 def test_the_command_refuses_gpu_backends_on_the_cpu_and_cpu_backends_on_a_gpu(

