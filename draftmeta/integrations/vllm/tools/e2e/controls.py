@@ -37,14 +37,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from draftmeta.advance import HostBound
 from draftmeta.integrations.patching import Patches
-from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
-from draftmeta.spec import DraftSpec
+
+if TYPE_CHECKING:
+    from draftmeta.advance import HostBound
+    from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
+    from draftmeta.spec import DraftSpec
 
 __all__ = ["CAUGHT_DRAFT_SHARE", "CAUGHT_LENGTH_DROP", "CONTROLS", "FLASHMLA_TILE",
            "SCHEDULED_BACKENDS", "Control", "Verdict", "caught", "controls_for", "injected",
@@ -190,6 +192,7 @@ def stale_scheduler_spec(backend: str = "FLASHMLA") -> BuilderSpecFactory:
              builder: Any = None) -> DraftSpec[Any]:
         from draftmeta.integrations.vllm.catalogue import current_release
         from draftmeta.rules import Unchanged
+        from draftmeta.spec import DraftSpec
 
         real = current_release().entry(name).make_spec(host_bound=host_bound, dcp=dcp,
                                                        builder=builder)

@@ -17,11 +17,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 from draftmeta.integrations.vllm.tools.e2e.environment import (
     BACKENDS,
     CUDA_BACKENDS,
@@ -32,6 +31,9 @@ from draftmeta.integrations.vllm.tools.e2e.environment import (
 from draftmeta.integrations.vllm.tools.e2e.errors import E2EUnavailable
 from draftmeta.integrations.vllm.tools.e2e.observed import Recorder
 from draftmeta.integrations.vllm.tools.e2e.workers import WORKER_EXTENSION
+
+if TYPE_CHECKING:
+    from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 
 __all__ = ["CPU", "CUDA", "CUDA_ENVIRONMENT", "PLATFORMS", "EngineSettings", "Platform"]
 

@@ -24,10 +24,10 @@ import contextlib
 import gc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
-from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 from draftmeta.integrations.vllm.tools.e2e.compare import Case, Comparison, Pair, Side
 from draftmeta.integrations.vllm.tools.e2e.controls import CONTROLS, stale_scheduler_spec
 from draftmeta.integrations.vllm.tools.e2e.engine import Engine, Generated, open_engine
@@ -36,6 +36,9 @@ from draftmeta.integrations.vllm.tools.e2e.observed import EngineShape, Recorder
 from draftmeta.integrations.vllm.tools.e2e.platforms import EngineSettings, Platform
 from draftmeta.integrations.vllm.tools.e2e.progress import RunProgress
 from draftmeta.integrations.vllm.tools.e2e.prompts import Prompts, prompts_for
+
+if TYPE_CHECKING:
+    from draftmeta.integrations.vllm.catalogue.model import BuilderSpecFactory
 
 __all__ = ["Failure", "RunConfig", "RunResult", "plan", "run"]
 
