@@ -166,3 +166,29 @@ def test_python_m_draftmeta_e2e_json_prints_one_json_document_and_hides_warnings
     assert "draftmeta e2e: [1/1, 0:00 elapsed, estimating what is left] two fresh engines" \
         in done.stderr
     assert ("was resized" in done.stderr) is verbose, done.stderr
+
+
+_LOADED_BY_IMPORTS = textwrap.dedent("""
+    import importlib, pkgutil, sys
+    sys.path.insert(0, {root!r})
+    import draftmeta.cli
+    from draftmeta.integrations.vllm.tools import e2e
+
+    draftmeta.cli.parser()
+    for module in pkgutil.iter_modules(e2e.__path__):
+        if module.name not in {skipped!r}:
+            importlib.import_module(f"{{e2e.__name__}}.{{module.name}}")
+    print(sorted(name for name in ("torch", "vllm") if name in sys.modules))
+""")
+
+
+def test_the_parser_and_the_e2e_modules_load_neither_torch_nor_vllm() -> None:
+    """What a command imports before :func:`~draftmeta.commands.terminal.quiet_imports` sets
+    torch's C++ log level (torch reads it once, when first imported): the parser of every
+    command and the e2e run's modules. (``e2e.weights`` handles tensors and is imported by the
+    run itself, inside it; ``e2e.trained`` is the model's package.)"""
+    code = _LOADED_BY_IMPORTS.format(root=str(ROOT), skipped={"weights", "trained"})
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
