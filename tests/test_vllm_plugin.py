@@ -450,15 +450,9 @@ def test_an_attribute_the_spec_does_not_cover_keeps_that_builder_rebuilding(
 ) -> None:
     """The negative control of the test above: AMX's attributes without their rules. Two
     builders of that backend refuse their metadata; vLLM's log gets one warning for it."""
-    from draftmeta.integrations.vllm.specs.mla import MLASpec
-
-    entry = RELEASE.entry("AMX_MLA")
-    assert isinstance(entry.spec, MLASpec)
-    bare = MLASpec("dense", entry.spec.metadata, entry.spec.decode)
-
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     plugin.unregister()
-    plugin.register(spec_overrides={"AMX_MLA": bare})
+    plugin.register(spec_overrides={"AMX_MLA": _amx_without_attribute_rules()})
     try:
         _older_loop_counts("AMX_MLA")
         _older_loop_counts("AMX_MLA", seed=4)
@@ -497,14 +491,15 @@ def test_the_hook_refuses_metadata_carrying_an_uncovered_attribute(
 def _refused_when_bound(
     *, name: str, host_bound: Any, dcp: bool = False, builder: Any = None,
 ) -> Any:
-    """CPU_MLA's spec, refused once bound to a live builder (as a builder-bound spec that
-    does not fit that builder would be): the plan accepts it, the builder's init does not."""
+    """Builder ``name``'s catalogue spec, refused once bound to a live builder (as a
+    builder-bound spec that does not fit that builder would be): the plan accepts it, the
+    builder's init does not."""
     from draftmeta import SpecError
 
     if builder is not None:
-        raise SpecError("CPU_MLA.bound", "decode", "does not fit this builder (test)",
+        raise SpecError(f"{name}.bound", "decode", "does not fit this builder (test)",
                         "bind it to a builder it fits")
-    return RELEASE.entry("CPU_MLA").make_spec(host_bound=host_bound, dcp=dcp)
+    return RELEASE.entry(name).make_spec(host_bound=host_bound, dcp=dcp)
 
 
 def test_a_spec_that_does_not_fit_its_builder_leaves_that_builder_to_vllm(
@@ -570,19 +565,6 @@ def test_a_builder_whose_spec_was_refused_does_not_satisfy_supports_draft_update
         plugin.unregister()
 
 
-def _refused_when_bound_as(name: str) -> Any:
-    """``name``'s catalogue spec, refused once bound to a live builder."""
-    def override(*, name: str, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
-        from draftmeta import SpecError
-
-        if builder is not None:
-            raise SpecError(f"{name}.bound", "decode", "does not fit this builder (test)",
-                            "bind it to a builder it fits")
-        return RELEASE.entry(name).make_spec(host_bound=host_bound, dcp=dcp)
-
-    return override
-
-
 def test_a_spec_that_does_not_fit_is_warned_once_per_builder_not_once_for_all(
     monkeypatch: pytest.MonkeyPatch, vllm_log: list[logging.LogRecord]
 ) -> None:
@@ -592,7 +574,7 @@ def test_a_spec_that_does_not_fit_is_warned_once_per_builder_not_once_for_all(
     monkeypatch.setenv(plugin.OVERRIDE_ENV, "1")
     plugin.unregister()
     names = ("CPU_MLA", "TRITON_MLA")
-    plugin.register(spec_overrides={n: _refused_when_bound_as(n) for n in names})
+    plugin.register(spec_overrides=dict.fromkeys(names, _refused_when_bound))
     try:
         config = harness.cached_vllm_config(max_model_len=512, block_size=16,
                                             cudagraph_mode=CAPTURED)
@@ -701,20 +683,13 @@ def test_without_shadow_mode_the_same_stale_spec_goes_unnoticed(
     assert not [r for r in caplog.records if r.name == plugin.LOGGER_NAME]
 
 
-def _refusing(name: str) -> Any:
+def _refusing(*, name: str, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
     """Builder ``name``'s spec with one more precondition, which no draft step meets."""
     from draftmeta import DraftSpec, Equals
 
-    def factory(*, name: str, host_bound: Any, dcp: bool = False, builder: Any = None) -> Any:
-        good = RELEASE.entry(name).make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
-        return DraftSpec(good.cls, good.rules, name="refusing", nested=good.nested,
-                         preconditions=[*good.preconditions,
-                                        Equals("num_reqs", -1, name="never_met")])
-
-    return factory
-
-
-_refusing_cpu_mla = _refusing("CPU_MLA")
+    good = RELEASE.entry(name).make_spec(host_bound=host_bound, dcp=dcp, builder=builder)
+    return DraftSpec(good.cls, good.rules, name="refusing", nested=good.nested,
+                     preconditions=[*good.preconditions, Equals("num_reqs", -1, name="never_met")])
 
 
 @needs_older_proposer
@@ -726,7 +701,7 @@ def test_a_builder_whose_spec_refuses_at_run_time_warns_in_vllms_log_once_and_re
     with the reason, the rest at DEBUG. The shipped spec (the control) warns nothing."""
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     plugin.unregister()
-    plugin.register(spec_overrides={"CPU_MLA": _refusing_cpu_mla} if spec == "refusing"
+    plugin.register(spec_overrides={"CPU_MLA": _refusing} if spec == "refusing"
                     else None)
     try:
         config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
@@ -761,7 +736,7 @@ def test_each_builder_that_falls_back_warns_once_under_its_own_name(
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     plugin.unregister()
     names = ("CPU_MLA", "TRITON_MLA")
-    plugin.register(spec_overrides={name: _refusing(name) for name in names})
+    plugin.register(spec_overrides=dict.fromkeys(names, _refusing))
     try:
         config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
                                             cudagraph_mode=CAPTURED)
@@ -794,7 +769,7 @@ def test_a_refused_in_place_step_hands_vllms_build_the_draft_index_it_was_called
         return vllms(self, common_attn_metadata, draft_index)
 
     monkeypatch.setattr(cls, "build_for_drafting", recording)
-    plugin.register(spec_overrides={"CPU_MLA": _refusing_cpu_mla})
+    plugin.register(spec_overrides={"CPU_MLA": _refusing})
     try:
         config = harness.cached_vllm_config(max_model_len=1024, block_size=16,
                                             cudagraph_mode=CAPTURED)
@@ -1451,15 +1426,14 @@ def test_a_builder_that_does_not_say_its_cuda_graph_mode_keeps_the_hook() -> Non
     assert "(cudagraph_mode PIECEWISE)" in str(without_full_cudagraphs(builder(Unnamed())))
 
 
-def _amx_without_attribute_rules(*, name: str, host_bound: Any, dcp: bool = False,
-                                 builder: Any = None) -> Any:
-    """AMX_MLA's spec without the rules of the attributes its builder adds to the metadata."""
+def _amx_without_attribute_rules() -> Any:
+    """AMX_MLA's spec factory without the rules of the attributes its builder adds to the
+    metadata."""
     from draftmeta.integrations.vllm.specs.mla import MLASpec
 
     entry = RELEASE.entry("AMX_MLA")
     assert isinstance(entry.spec, MLASpec)
-    bare = MLASpec("dense", entry.spec.metadata, entry.spec.decode)
-    return bare(name=name, host_bound=host_bound, dcp=dcp, builder=builder)
+    return MLASpec("dense", entry.spec.metadata, entry.spec.decode)
 
 
 def _both_loops(monkeypatch: pytest.MonkeyPatch, name: str, override: Any, steps: int = 4
@@ -1516,7 +1490,7 @@ def test_a_step_the_spec_refuses_is_rebuilt_with_the_same_reason_on_both_loops(
     """One policy: a precondition no draft step meets is recorded in the same words, and every
     step rebuilt, by ``DraftLoop`` and by the older proposer. The shipped spec (the control)
     updates every step in place on both, with no reason."""
-    ran = _both_loops(monkeypatch, "CPU_MLA", _refusing_cpu_mla if spec == "refusing" else None)
+    ran = _both_loops(monkeypatch, "CPU_MLA", _refusing if spec == "refusing" else None)
     reason = _the_same_on_both(ran, in_place=spec == "shipped")
     assert spec == "shipped" or reason.startswith("precondition 'never_met' failed: "), reason
 
@@ -1530,7 +1504,7 @@ def test_metadata_the_spec_does_not_cover_is_rebuilt_with_the_same_reason_on_bot
     update, so both loops rebuild every step, for the same recorded reason, decided once
     before the first update. The shipped spec (the control) updates in place on both."""
     ran = _both_loops(monkeypatch, "AMX_MLA",
-                      _amx_without_attribute_rules if spec != "shipped" else None)
+                      _amx_without_attribute_rules() if spec != "shipped" else None)
     reason = _the_same_on_both(ran, in_place=spec == "shipped")
     if spec != "shipped":
         assert reason.startswith("its built metadata carries decode."), reason
